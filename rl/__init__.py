@@ -1,0 +1,8 @@
+"""rl — the model and the learning side of fbrl, with no Ray and no vLLM.
+
+Owns: the full-bandwidth transformer (fusion, multi-pass forward, recurrent step) on Hugging Face backbones,
+multi-pass pretraining/SFT, likelihood estimators, the GRPO family as pure functions, batch types, the config
+schema, datasets/tasks, and the RL loop written against worker interfaces. Importing `rl` registers the FBT
+configs and models with transformers' Auto classes.
+"""
+from rl import model as _model  # noqa: F401  (registers AutoConfig / AutoModelForCausalLM)
