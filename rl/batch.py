@@ -1,0 +1,111 @@
+"""Batch types shared by engines, rewards, the loop and the learner.
+
+`Sample` is one generated completion as an engine returns it (token ids in, token ids out). `LearnerBatch`
+is a right-padded tensor view of many samples, aligned for the likelihood estimators: response token j of row b
+sits at position `prompt_lens[b] + j`, and its log-prob is read from the state at position `prompt_lens[b] + j - 1`
+(row j of the recorded states, shared/DESIGN.md §4).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+FINISH_REASONS = ("stop", "length", "aborted")
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]  # engine log-probs: log_softmax(logits / T) over the full vocabulary
+    finish_reason: str  # stop | length | aborted
+    policy_version: int
+    states: torch.Tensor | None = None  # [R, d]; row j is the state that predicted response_ids[j]
+    group_id: int = 0  # index of the prompt in the request (GRPO groups)
+    sample_index: int = 0  # index within the group
+    decode_mode: str = "soft"
+    preempted: bool = False  # engine recomputed the request: its recurrent state is lost, never train on it
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def response_len(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+@dataclass
+class LearnerBatch:
+    input_ids: torch.Tensor  # [B, L] prompt + response, right-padded with pad_id
+    attention_mask: torch.Tensor  # [B, L]
+    prompt_lens: torch.Tensor  # [B]
+    response_lens: torch.Tensor  # [B]
+    response_mask: torch.Tensor  # [B, R] float, 1 on real response tokens
+    engine_logprobs: torch.Tensor  # [B, R]
+    states: torch.Tensor | None = None  # [B, R, d] recorded states (replay), zero-padded
+    extras: dict = field(default_factory=dict)  # advantages, rewards, ... keyed by name, [B] or [B, R]
+
+    @property
+    def response_ids(self) -> torch.Tensor:
+        """[B, R] response tokens (pad where response_mask is 0)."""
+        idx = self.response_positions() + 1
+        return torch.gather(self.input_ids, 1, idx.clamp(max=self.input_ids.shape[1] - 1))
+
+    def response_positions(self) -> torch.Tensor:
+        """[B, R] position of the state that predicts response token j: prompt_len - 1 + j (clamped)."""
+        R = self.response_mask.shape[1]
+        pos = self.prompt_lens[:, None] - 1 + torch.arange(R)[None, :]
+        return pos.clamp(max=self.input_ids.shape[1] - 1)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows) -> "LearnerBatch":
+        """A sub-batch (micro-batch or a rank's share) with the same padding."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        pick = lambda t: None if t is None else t[rows]
+        return LearnerBatch(pick(self.input_ids), pick(self.attention_mask), pick(self.prompt_lens),
+                            pick(self.response_lens), pick(self.response_mask), pick(self.engine_logprobs),
+                            pick(self.states), {k: v[rows] for k, v in self.extras.items()})
+
+
+def collate(samples: list[Sample], pad_id: int = 0, with_states: bool = False) -> LearnerBatch:
+    """Right-pad samples into a LearnerBatch (states cast to fp32 for the learner)."""
+    if not samples:
+        raise ValueError("collate: no samples")
+    B = len(samples)
+    L = max(s.prompt_len + s.response_len for s in samples)
+    R = max(max(s.response_len for s in samples), 1)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros(B, L, dtype=torch.long)
+    response_mask = torch.zeros(B, R)
+    engine_logprobs = torch.zeros(B, R)
+    states = None
+    if with_states:
+        missing = [i for i, s in enumerate(samples) if s.states is None]
+        if missing:
+            raise ValueError(f"collate: samples {missing[:5]} have no recorded states (rollout.record_states "
+                             f"must be on for the replay estimator)")
+        d = samples[0].states.shape[-1]
+        states = torch.zeros(B, R, d)
+    for b, s in enumerate(samples):
+        seq = s.prompt_ids + s.response_ids
+        input_ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[b, :len(seq)] = 1
+        response_mask[b, :s.response_len] = 1
+        engine_logprobs[b, :s.response_len] = torch.tensor(s.logprobs, dtype=torch.float32)
+        if states is not None:
+            if s.states.shape[0] != s.response_len:
+                raise ValueError(f"collate: sample {b} has {s.states.shape[0]} state rows for "
+                                 f"{s.response_len} response tokens")
+            states[b, :s.response_len] = s.states.float()
+    return LearnerBatch(input_ids, attention_mask,
+                        torch.tensor([s.prompt_len for s in samples]),
+                        torch.tensor([s.response_len for s in samples]),
+                        response_mask, engine_logprobs, states)

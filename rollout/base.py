@@ -1,0 +1,86 @@
+"""The one interface every rollout engine implements, and the validation they share.
+
+Token ids in, token ids out: an engine never re-tokenizes text. Each call returns `rl.batch.Sample`s carrying
+engine log-probs under the log-prob contract (log_softmax(logits / T) over the full vocabulary; T = 0 means
+greedy and log-probs of the untempered logits), the finish reason, the policy version, and, when asked, the
+recorded states (row j = the state that predicted response token j).
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+from rl.batch import Sample
+from rl.model import PROMPT_MODES
+
+STATE_DTYPES = ("float32", "bfloat16")
+
+
+class StaleWeightsError(RuntimeError):
+    """A request required a newer policy version than the engine holds."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    decode_mode: str = "soft"
+    record_states: bool = False
+    states_dtype: str = "float32"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        checks = [
+            ("n", self.n >= 1, "must be >= 1"),
+            ("temperature", self.temperature >= 0, "must be >= 0 (0 = greedy)"),
+            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("top_k", self.top_k >= 0, "must be >= 0 (0 = off)"),
+            ("max_tokens", self.max_tokens >= 1, "must be >= 1"),
+            ("decode_mode", self.decode_mode in PROMPT_MODES, f"must be one of {PROMPT_MODES}"),
+            ("states_dtype", self.states_dtype in STATE_DTYPES, f"must be one of {STATE_DTYPES}"),
+        ]
+        for name, ok, why in checks:
+            if not ok:
+                raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r}: {why}")
+
+
+def validate_prompts(prompts: list[list[int]], vocab_size: int) -> None:
+    """Raise ValueError naming the prompt index and the bad token id; nothing is generated on bad input."""
+    if not prompts:
+        raise ValueError("prompts: empty request (no prompts)")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompts[{i}]: empty prompt")
+        for j, tok in enumerate(p):
+            if not isinstance(tok, int) or not 0 <= tok < vocab_size:
+                raise ValueError(f"prompts[{i}][{j}]: token id {tok!r} outside the vocabulary [0, {vocab_size})")
+
+
+class RolloutEngine(abc.ABC):
+    """A versioned generator of `Sample`s. `version` is the policy version of the weights it holds."""
+
+    version: int = 0
+
+    @abc.abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 min_version: int | None = None) -> list[Sample]:
+        """n samples per prompt, flat, ordered by prompt then sample (`group_id`, `sample_index` set)."""
+
+    @abc.abstractmethod
+    def load_weights(self, weights, version: int) -> None:
+        """Install new weights (a state dict, or a path to a safetensors file / save_pretrained dir) as
+        policy `version`. Versions must increase."""
+
+    def check_version(self, min_version: int | None) -> None:
+        if min_version is not None and self.version < min_version:
+            raise StaleWeightsError(f"engine holds policy version {self.version}, request requires "
+                                    f">= {min_version}; sync weights first")
+
+    def _check_new_version(self, version: int) -> None:
+        if version <= self.version and not (version == 0 and self.version == 0):
+            raise ValueError(f"load_weights: version {version} is not newer than the engine's {self.version}")
