@@ -1,0 +1,617 @@
+"""One typed config schema for every fbrl command (pretrain/SFT, eval, compare-likelihood, RL train).
+
+Owns: the nested dataclasses below (one per section), loading them from YAML plus dotted `key=value`
+overrides (`load_config`), strict validation (unknown key, wrong type, bad choice -> `ConfigError` naming
+the full dotted key, the file and line or the override, and what was expected), dumping back to YAML,
+and comparing two configs field by field (`diff_configs`, `check_resume`).
+
+The loader is generic: it reads the dataclasses' annotations, so adding a field is adding one line to a
+section. Rules inside one section live in its `validate()` (it returns `(field, message)` problems; the
+loader turns them into errors carrying the key's location). Rules that need other packages (e.g. vLLM
+option compatibility, `enable_prefix_caching` must stay false) are checked where those packages are used.
+The defaults are the embedded CPU default (tiny checkpoint, arithmetic task).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+DecodeMode = Literal["standard", "soft", "fused"]
+
+
+class ConfigError(ValueError):
+    """A config problem; the message names the dotted key, where it came from, and what was expected."""
+
+
+# ----------------------------------------------------------------------------------------------- schema
+
+@dataclass
+class ModelInitConfig:
+    """Architecture of a model built from scratch (pretrain of the tiny default)."""
+    backbone: Literal["llama", "qwen2"] = "llama"
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 2          # head_dim = hidden_size / num_heads; vLLM's CPU kernel needs 64
+    num_kv_heads: int = 2
+    intermediate_size: int = 512
+    max_position_embeddings: int = 256
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+
+    def validate(self):
+        if self.hidden_size % self.num_heads:
+            yield "num_heads", f"must divide hidden_size ({self.hidden_size}), got {self.num_heads}"
+        elif self.num_heads % self.num_kv_heads:
+            yield "num_kv_heads", f"must divide num_heads ({self.num_heads}), got {self.num_kv_heads}"
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = "checkpoints/tiny-arith"   # FBT checkpoint, or a stock HF one to convert
+    tokenizer: Optional[str] = None                   # null: the tokenizer saved with `path`
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    fusion_mode: Literal["gate_product", "concat_projection", "linear_addition"] = "gate_product"
+    init: Optional[ModelInitConfig] = None            # set: build fresh with this architecture, ignore path
+
+
+@dataclass
+class DataConfig:
+    task: Literal["arith", "jsonl", "parquet", "hf_disk"] = "arith"
+    train_path: Optional[str] = None    # jsonl / parquet file, or a `datasets.save_to_disk` dir
+    test_path: Optional[str] = None
+    train_split: str = "train"          # split names (arith: train|val|test; hf_disk: DatasetDict keys)
+    test_split: str = "test"
+    difficulty: list[int] = field(default_factory=lambda: [1, 2, 3])   # arith levels to mix (1..4)
+    num_train: int = 20000              # arith: problems generated for the train split
+    seed: int = 0
+    prompt_field: str = "prompt"
+    answer_field: str = "answer"
+
+    def validate(self):
+        if not self.difficulty or any(not 1 <= d <= 4 for d in self.difficulty):
+            yield "difficulty", f"expected a non-empty list of levels in 1..4, got {self.difficulty}"
+        if self.task != "arith" and not self.train_path:
+            yield "train_path", f"required when task is {self.task!r}"
+
+
+@dataclass
+class PretrainConfig:
+    """Multi-pass pretraining / SFT (`fbrl pretrain`)."""
+    steps: int = 2000
+    batch_size: int = 32
+    seq_len: int = 96
+    lr: float = 1e-3
+    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    min_lr_ratio: float = 0.1
+    warmup: int = 100                     # steps
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    # K passes by step fraction: K=1 until 75% of steps, K=2 until 97%, K=3 to the end (the paper's 75/22/3)
+    pass_schedule: list[tuple[float, int]] = field(
+        default_factory=lambda: [(0.75, 1), (0.97, 2), (1.0, 3)])
+    schedule: Literal["boundaries", "mixture"] = "boundaries"
+    mixture_probs: list[float] = field(default_factory=lambda: [0.75, 0.22, 0.03])  # P(K=1), P(K=2), ...
+    jitter: float = 0.02                  # uniform noise on carried states, training only
+    prefix_mixin: float = 0.0             # probability of a plain prefix per document and pass
+    loss_on: Literal["all", "response"] = "all"   # response: SFT loss mask on the solution tokens only
+    eval_every: int = 200
+    val_batches: int = 4
+    out_dir: str = "checkpoints/tiny-arith"
+    seed: int = 0
+    threads: int = 2
+
+    def validate(self):
+        fr = [f for f, _ in self.pass_schedule]
+        if not fr or fr != sorted(fr) or fr[-1] != 1.0 or fr[0] <= 0:
+            yield "pass_schedule", f"fractions must increase in (0, 1] and end at 1.0, got {fr}"
+        if any(k < 1 for _, k in self.pass_schedule):
+            yield "pass_schedule", "every K must be >= 1"
+        if any(p < 0 for p in self.mixture_probs) or abs(sum(self.mixture_probs) - 1) > 1e-6:
+            yield "mixture_probs", f"must be >= 0 and sum to 1, got {self.mixture_probs}"
+        if not 0 <= self.prefix_mixin <= 1:
+            yield "prefix_mixin", f"is a probability, got {self.prefix_mixin}"
+
+
+@dataclass
+class VllmOptions:
+    kv_cache_gib: float = 1.0             # CPU: VLLM_CPU_KVCACHE_SPACE
+    gpu_memory_utilization: float = 0.5
+    max_num_seqs: int = 64
+    max_model_len: Optional[int] = None   # null: prompt + max_tokens bound
+    enforce_eager: bool = True
+    enable_prefix_caching: bool = False   # must stay false (recurrent state); the engine rejects true
+    tensor_parallel_size: int = 1
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["vllm", "torch"] = "vllm"
+    num_engines: int = 1
+    num_gpus_per_engine: float = 0.0
+    decode_mode: DecodeMode = "soft"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1                       # -1: off (vLLM's convention)
+    max_tokens: int = 48
+    n_samples_per_prompt: int = 8         # G
+    record_states_dtype: Literal["bf16", "fp32"] = "fp32"   # states are recorded when the estimator is replay
+    vllm: VllmOptions = field(default_factory=VllmOptions)
+
+    def validate(self):
+        if not 0 < self.top_p <= 1:
+            yield "top_p", f"expected a value in (0, 1], got {self.top_p}"
+        if self.temperature <= 0:
+            yield "temperature", f"must be > 0 for training rollouts, got {self.temperature}"
+        for name in ("num_engines", "max_tokens", "n_samples_per_prompt"):
+            if getattr(self, name) < 1:
+                yield name, f"must be >= 1, got {getattr(self, name)}"
+
+
+@dataclass
+class AlgoConfig:
+    adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    adv_eps: float = 1e-6
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    clip_ratio_c: Optional[float] = None  # dual clip (> 1); null: off
+    kl_coef: float = 0.0                  # 0: no reference model
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = 0.0
+    dynamic_sampling: bool = False        # drop groups whose rewards are all equal
+    overlong_buffer: int = 0              # tokens before max_tokens where the penalty ramps in; 0: off
+    overlong_factor: float = 1.0
+    tis_cap: Optional[float] = None       # truncated importance sampling for the engine/learner mismatch
+    tis_mode: Literal["truncate", "mask"] = "truncate"
+    ppo_epochs: int = 1
+    mini_batches: int = 1                 # optimizer steps per rollout batch per epoch
+
+    def validate(self):
+        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
+            yield "clip_ratio_c", f"must be > 1 (dual clip), got {self.clip_ratio_c}"
+        if self.eps_low < 0 or self.eps_high < 0:
+            yield "eps_low", "clip ranges must be >= 0"
+
+
+@dataclass
+class LikelihoodConfig:
+    estimator: Literal["replay", "kpass", "exact", "standard"] = "replay"
+    passes: int = 3                       # K for kpass
+    micro_batch_size: int = 8
+
+    def validate(self):
+        if self.passes < 1:
+            yield "passes", f"must be >= 1, got {self.passes}"
+
+
+@dataclass
+class LearnerConfig:
+    num_workers: int = 1
+    num_gpus_per_worker: float = 0.0
+    zero_stage: int = 2
+    dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    micro_batch_size: int = 8
+    bf16: bool = False
+    torch_adam: bool = True               # DeepSpeed's CPU FusedAdam JIT-compiles for minutes
+
+    def validate(self):
+        if not 0 <= self.zero_stage <= 3:
+            yield "zero_stage", f"expected 0, 1, 2 or 3, got {self.zero_stage}"
+
+
+@dataclass
+class RewardFn:
+    fn: str                               # "path/to/file.py:fn" or "package.module:fn"
+    weight: float = 1.0
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self):
+        if ":" not in self.fn:
+            yield "fn", f"expected 'path/to/file.py:fn' or 'package.module:fn', got {self.fn!r}"
+
+
+@dataclass
+class RewardConfig:
+    fns: list[RewardFn] = field(default_factory=lambda: [RewardFn("rewards.math:math_reward")])
+    timeout_s: float = 5.0
+    num_workers: int = 2
+
+
+@dataclass
+class TrainConfig:
+    """The RL job (`fbrl train`)."""
+    steps: int = 30
+    prompts_per_step: int = 16            # B
+    seed: int = 0
+    eval_every: int = 10
+    eval_n: int = 500
+    eval_decode_modes: list[DecodeMode] = field(default_factory=lambda: ["soft"])
+    checkpoint_every: int = 10
+    run_dir: Optional[str] = None         # null: runs/<date-time>/
+    resume: Optional[str] = None          # a run dir to continue
+
+
+@dataclass
+class EvalConfig:
+    """`fbrl eval` (checkpoint = model.path, task = data)."""
+    split: str = "test"
+    n: int = 500
+    decode_modes: list[DecodeMode] = field(default_factory=lambda: ["standard", "soft", "fused"])
+    samples: int = 1                      # k for pass@k (sampled at `temperature`); greedy always runs
+    temperature: float = 1.0
+    max_tokens: int = 48
+    batch_size: int = 64
+    seed: int = 0
+    json_out: Optional[str] = None
+
+
+@dataclass
+class CompareConfig:
+    """`fbrl compare-likelihood` (checkpoint = model.path)."""
+    n_samples: int = 16
+    max_passes: int = 6
+    decode_mode: Literal["soft", "fused"] = "soft"
+    seed: int = 0
+    json_out: Optional[str] = None
+    plot_out: Optional[str] = None
+
+
+@dataclass
+class LoggingConfig:
+    wandb_project: str = "fbrl"
+    wandb_entity: Optional[str] = None
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    log_every: int = 1
+    progress: bool = True
+
+
+@dataclass
+class RayConfig:
+    address: Optional[str] = None         # null: start a local Ray
+    num_cpus: Optional[int] = None
+    dashboard: bool = False
+    colocate: bool = False                # rollout and learner share resources
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    likelihood: LikelihoodConfig = field(default_factory=LikelihoodConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    compare: CompareConfig = field(default_factory=CompareConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def to_dict(self) -> dict:
+        """Plain dicts/lists/scalars (tuples become lists), in schema order."""
+        return _plain(self)
+
+    def to_yaml(self) -> str:
+        return yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml())
+
+    def flat(self) -> dict[str, Any]:
+        """{'train.lr': 1e-6, ...}: every leaf under its dotted key (lists are leaves)."""
+        return _flatten(self.to_dict())
+
+    def get(self, dotted: str) -> Any:
+        obj: Any = self
+        for part in dotted.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+# Fields whose change makes a resumed run a different experiment (checked by `check_resume`).
+RESUME_LOCKED = ("model.path", "model.init", "model.fusion_mode", "data", "likelihood.estimator",
+                 "likelihood.passes", "rollout.decode_mode", "rollout.n_samples_per_prompt",
+                 "train.seed", "train.prompts_per_step")
+
+
+class _Dumper(yaml.SafeDumper):
+    """Sections as blocks, lists of scalars (and of scalar pairs) inline: `pass_schedule: [[0.75, 1], ...]`."""
+
+    def represent_list(self, data):
+        flat = all(not isinstance(v, (dict, list)) or
+                   (isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v)) for v in data)
+        return self.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
+
+
+_Dumper.add_representer(list, _Dumper.represent_list)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+# PyYAML implements YAML 1.1, which reads `1e-6` (no dot) as a string; users mean a float.
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def _parse_yaml(text: str, where: str) -> tuple[Any, dict[str, str]]:
+    """YAML text -> (data, {dotted key: 'where line N'}); duplicate keys are errors (PyYAML keeps the last)."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"invalid YAML ({where}{line}): {e.problem or e}") from None
+    finally:
+        loader.dispose()
+    origins: dict[str, str] = {}
+    if node is not None:
+        _index_marks(node, "", where, origins)
+    return data, origins
+
+
+def _index_marks(node, prefix: str, where: str, origins: dict[str, str]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for knode, vnode in node.value:
+            path = _join(prefix, str(knode.value))
+            loc = f"{where} line {knode.start_mark.line + 1}"
+            if knode.value in seen:
+                raise ConfigError(f"{path}: duplicate key ({loc})")
+            seen.add(knode.value)
+            origins[path] = loc
+            _index_marks(vnode, path, where, origins)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            origins[f"{prefix}[{i}]"] = f"{where} line {item.start_mark.line + 1}"
+            _index_marks(item, f"{prefix}[{i}]", where, origins)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _under(key: str, prefix: str) -> bool:
+    """`key` is `prefix` or beneath it (`prefix.x`, `prefix[0]`)."""
+    return key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "[")
+
+
+def _apply_override(raw: dict, origins: dict[str, str], text: str) -> None:
+    key, eq, value_text = text.partition("=")
+    key = key.strip()
+    where = f"override {text!r}"
+    if not eq or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
+        raise ConfigError(f"{where}: expected dotted.key=value")
+    value, _ = _parse_yaml(value_text, where)   # a YAML scalar or flow collection: 1e-6, soft, [1,2], null
+    parts = key.split(".")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[:i + 1])}: is a value, not a section ({where})")
+        node = child
+    node[parts[-1]] = value
+    for k in [k for k in origins if _under(k, key)]:
+        del origins[k]   # the override replaced whatever the file said beneath this key
+    origins[key] = where
+
+
+def _where(path: str, origins: dict[str, str]) -> str:
+    for k in origins:   # a key that only exists in the input: report where its first child came from
+        if _under(k, path):
+            return f" ({origins[k]})"
+    p = path
+    while p:   # else its nearest parent that has a location (e.g. a whole override)
+        if p in origins:
+            return f" ({origins[p]})"
+        parent = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", p)
+        p = "" if parent == p else parent
+    return ""
+
+
+def _type_name(tp) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is Union:
+        rest = [a for a in args if a is not type(None)]
+        return " or ".join(_type_name(a) for a in rest) + (" or null" if len(rest) < len(args) else "")
+    if origin is list:
+        return f"a list of {_type_name(args[0])}"
+    if origin is tuple:
+        return "[" + ", ".join(_type_name(a) for a in args) + "]"
+    if origin is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping (section {tp.__name__})"
+    return getattr(tp, "__name__", str(tp))
+
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _coerce(tp, value, path: str, origins: dict[str, str]):
+    """Check `value` against annotation `tp`, returning the typed value; errors name path and location."""
+    def fail(extra: str = ""):
+        raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}{extra}{_where(path, origins)}")
+
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin is Union:
+        if value is None:
+            if type(None) in args:
+                return None
+            fail()
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            try:
+                return _coerce(rest[0], value, path, origins)
+            except ConfigError as e:   # re-say a mismatch of this very key as "X or null"
+                if not str(e).startswith(f"{path}: expected "):
+                    raise
+                fail(" (quote it to make it a string)" if rest[0] is str else "")
+        for a in rest:
+            try:
+                return _coerce(a, value, path, origins)
+            except ConfigError:
+                pass
+        fail()
+    if origin is Literal:
+        if value in args and not isinstance(value, bool):
+            return value
+        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
+        fail(f" (did you mean {close[0]!r}?)" if close else "")
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path, origins)
+    if origin is list:
+        if not isinstance(value, list):
+            fail()
+        return [_coerce(args[0], v, f"{path}[{i}]", origins) for i, v in enumerate(value)]
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            fail()
+        return tuple(_coerce(a, v, f"{path}[{i}]", origins) for i, (a, v) in enumerate(zip(args, value)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            fail()
+        return {str(k): _coerce(args[1], v, f"{path}.{k}", origins) for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        fail()
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():   # `steps: 1e3`
+            return int(value)
+        fail()
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        fail()
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        fail(" (quote it to make it a string)" if value is not None else "")
+    raise TypeError(f"{path}: unsupported annotation {tp!r} in the config schema")
+
+
+def _build(cls, raw, path: str, origins: dict[str, str]):
+    if raw is None and not path:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected {_type_name(cls)}, got {raw!r}{_where(path, origins)}")
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            sub = _join(path, str(key))
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"{sub}: unknown key ({hint}valid keys under "
+                              f"{path or 'the top level'}: {', '.join(names)}){_where(sub, origins)}")
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in raw
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{_join(path, missing[0])}: required{_where(path, origins)}")
+    obj = cls(**{k: _coerce(hints[k], v, _join(path, k), origins) for k, v in raw.items()})
+    for name, msg in getattr(obj, "validate", lambda: ())():
+        sub = _join(path, name)
+        raise ConfigError(f"{sub}: {msg}{_where(sub, origins)}")
+    return obj
+
+
+def config_from_dict(data: dict | None, overrides: list[str] | tuple = (),
+                     origins: dict[str, str] | None = None) -> Config:
+    """Build a Config from plain data (e.g. a saved run's config) plus overrides."""
+    raw = copy.deepcopy(data or {})
+    origins = dict(origins or {})
+    for text in overrides:
+        _apply_override(raw, origins, text)
+    return _build(Config, raw, "", origins)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Load `path` (YAML; None: the defaults) and apply dotted `key=value` overrides in order."""
+    data, origins = None, {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        data, origins = _parse_yaml(p.read_text(), str(p))
+        if data is not None and not isinstance(data, dict):
+            raise ConfigError(f"{p}: expected a mapping of sections at the top level, got {type(data).__name__}")
+    return config_from_dict(data, overrides, origins)
+
+
+# ------------------------------------------------------------------------------------------- comparing
+
+def diff_configs(a: Config, b: Config, keys: tuple[str, ...] | list[str] | None = None
+                 ) -> dict[str, tuple[Any, Any]]:
+    """{dotted key: (value in a, value in b)} for every differing leaf (only under `keys` if given)."""
+    fa, fb = a.flat(), b.flat()
+    out = {}
+    for k in list(fa) + [k for k in fb if k not in fa]:
+        if fa.get(k) != fb.get(k) and (keys is None or any(_under(k, p) for p in keys)):
+            out[k] = (fa.get(k), fb.get(k))
+    return out
+
+
+def check_resume(saved: Config, current: Config, locked: tuple[str, ...] = RESUME_LOCKED) -> None:
+    """Refuse to resume when a locked field changed; the error names every changed field."""
+    changed = diff_configs(saved, current, locked)
+    if changed:
+        lines = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in
+                          ((k, *v) for k, v in changed.items()))
+        raise ConfigError(f"cannot resume: these fields differ from the saved run's config: {lines}")
+
+
+def _plain(obj):
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, _join(prefix, k)))
+        else:
+            out[_join(prefix, k)] = v
+    return out
