@@ -1,0 +1,57 @@
+"""The worker interfaces the RL loop is written against.
+
+The loop (`rl/loop.py`) calls only these methods; `actors/` provides two implementations of each — in-process
+objects (one process, real engines and a real learner) and Ray actor groups — so the same loop runs on a laptop
+and on a cluster. Arguments and results are plain Python / tensors so they cross Ray unchanged.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from rl.batch import Sample
+
+
+class RolloutWorkers(Protocol):
+    def generate(self, prompts: list[list[int]], params, min_version: int) -> list[Sample]:
+        """n samples per prompt from every engine together (ordered by prompt, then sample); refuses when
+        an engine holds a policy older than `min_version`."""
+
+    def load_weights(self, weights_path: str, version: int) -> list[int]:
+        """Install the learner's exported weights (a safetensors file) as `version` on every engine; returns
+        each engine's version after the load (the caller checks they all equal `version`)."""
+
+    def weight_checksums(self) -> dict[str, float]:
+        """Per-tensor checksums of the first engine's weights (the weight-sync test compares them)."""
+
+
+class RewardWorkers(Protocol):
+    def score(self, prompts: list[str], completions: list[str], answers: list[str],
+              finish_reasons: list[str]) -> tuple[list[float], dict[str, float]]:
+        """One reward per completion (weighted sum of the configured rewards) and per-reward metrics."""
+
+
+class LearnerWorkers(Protocol):
+    def update(self, samples: list[Sample], advantages: list[float]) -> dict[str, float]:
+        """One rollout batch of policy updates (mini-batches × epochs as configured); returns metrics
+        (loss, grad_norm, clip fractions, mismatch, entropy, skipped)."""
+
+    def export_weights(self, path: str) -> str:
+        """Rank 0 writes the current weights as one safetensors file at `path` (atomically); returns it."""
+
+    def weight_checksums(self) -> dict[str, float]:
+        """Per-tensor checksums of rank 0's weights, same keys as the engine's."""
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Model (save_pretrained), optimizer / DeepSpeed state into `directory` (caller makes it atomic)."""
+
+    def load_checkpoint(self, directory: str) -> None:
+        ...
+
+
+def tensor_checksums(named_tensors) -> dict[str, float]:
+    """Checksum per tensor: float64 sum of values and of squares (cheap, order-independent per tensor)."""
+    out = {}
+    for name, t in named_tensors:
+        t = t.detach().double()
+        out[name] = float(t.sum()) + 1e-3 * float((t * t).sum())
+    return out
