@@ -1,6 +1,6 @@
 """Batch types shared by engines, rewards, the loop and the learner.
 
-`Sample` is one generated completion as an engine returns it (token ids in, token ids out). `LearnerBatch`
+`SamplingParams` is what a rollout request asks for. `Sample` is one generated completion as an engine returns it (token ids in, token ids out). `LearnerBatch`
 is a right-padded tensor view of many samples, aligned for the likelihood estimators: response token j of row b
 sits at position `prompt_lens[b] + j`, and its log-prob is read from the state at position `prompt_lens[b] + j - 1`
 (row j of the recorded states, shared/DESIGN.md §4).
@@ -11,7 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rl.model import PROMPT_MODES
+
 FINISH_REASONS = ("stop", "length", "aborted")
+STATE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass
@@ -109,3 +112,32 @@ def collate(samples: list[Sample], pad_id: int = 0, with_states: bool = False) -
                         torch.tensor([s.prompt_len for s in samples]),
                         torch.tensor([s.response_len for s in samples]),
                         response_mask, engine_logprobs, states)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+    decode_mode: str = "soft"
+    record_states: bool = False
+    states_dtype: str = "float32"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        checks = [
+            ("n", self.n >= 1, "must be >= 1"),
+            ("temperature", self.temperature >= 0, "must be >= 0 (0 = greedy)"),
+            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("top_k", self.top_k >= 0, "must be >= 0 (0 = off)"),
+            ("max_tokens", self.max_tokens >= 1, "must be >= 1"),
+            ("decode_mode", self.decode_mode in PROMPT_MODES, f"must be one of {PROMPT_MODES}"),
+            ("states_dtype", self.states_dtype in STATE_DTYPES, f"must be one of {STATE_DTYPES}"),
+        ]
+        for name, ok, why in checks:
+            if not ok:
+                raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r}: {why}")

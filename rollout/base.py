@@ -8,45 +8,12 @@ recorded states (row j = the state that predicted response token j).
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
 
-from rl.batch import Sample
-from rl.model import PROMPT_MODES
-
-STATE_DTYPES = ("float32", "bfloat16")
+from rl.batch import STATE_DTYPES, Sample, SamplingParams  # noqa: F401  (re-exported: engines import them from here)
 
 
 class StaleWeightsError(RuntimeError):
     """A request required a newer policy version than the engine holds."""
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    max_tokens: int = 64
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
-    decode_mode: str = "soft"
-    record_states: bool = False
-    states_dtype: str = "float32"
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad field."""
-        checks = [
-            ("n", self.n >= 1, "must be >= 1"),
-            ("temperature", self.temperature >= 0, "must be >= 0 (0 = greedy)"),
-            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
-            ("top_k", self.top_k >= 0, "must be >= 0 (0 = off)"),
-            ("max_tokens", self.max_tokens >= 1, "must be >= 1"),
-            ("decode_mode", self.decode_mode in PROMPT_MODES, f"must be one of {PROMPT_MODES}"),
-            ("states_dtype", self.states_dtype in STATE_DTYPES, f"must be one of {STATE_DTYPES}"),
-        ]
-        for name, ok, why in checks:
-            if not ok:
-                raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r}: {why}")
 
 
 def validate_prompts(prompts: list[list[int]], vocab_size: int) -> None:

@@ -1,0 +1,169 @@
+"""The RL loop: prompts → rollouts → rewards → advantages → update → weight sync → metrics / eval / checkpoint.
+
+Written against the worker interfaces of `rl/workers.py`, so the same function drives in-process workers and Ray
+actor groups (`actors/launch.py` builds either). One step is synchronous (shared/DESIGN.md §7): the engines
+generate with policy version v, the learner updates once per rollout batch, and the new weights are tagged v+1
+before the next rollout asks for them (`min_version`), so no sample is ever drawn from a stale policy.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rl import algos
+from rl.batch import SamplingParams
+from rl.config import Config
+from rl.data.loaders import PromptSampler, load_task_split
+from rl.run import RunDir
+from rl.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
+
+
+def sampling_params(cfg: Config, eos_id: int, greedy: bool = False, decode_mode: str | None = None, seed=None):
+    r = cfg.rollout
+    return SamplingParams(
+        n=1 if greedy else r.n_samples_per_prompt, temperature=0.0 if greedy else r.temperature,
+        top_p=1.0 if greedy else r.top_p, top_k=0 if greedy or r.top_k < 0 else r.top_k, max_tokens=r.max_tokens,
+        stop_token_ids=(eos_id,), seed=seed, decode_mode=decode_mode or r.decode_mode,
+        record_states=not greedy and cfg.likelihood.estimator == "replay",
+        states_dtype="bfloat16" if r.record_states_dtype == "bf16" else "float32")
+
+
+def evaluate(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorkers, version: int) -> dict:
+    """Greedy held-out accuracy per decode mode (fraction of problems with positive reward)."""
+    out = {}
+    prompts = [tokenizer.encode(r["prompt"]) for r in rows]
+    for mode in cfg.train.eval_decode_modes:
+        samples = rollout.generate(prompts, sampling_params(cfg, tokenizer.eos_token_id, True, mode), version)
+        texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+        scores, _ = rewards.score([r["prompt"] for r in rows], texts, [r["answer"] for r in rows],
+                                  [s.finish_reason for s in samples])
+        out[mode] = sum(s > 0 for s in scores) / len(scores)
+    return out
+
+
+def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorkers, rewards: RewardWorkers,
+          run: RunDir, log=print, progress=None) -> list[dict]:
+    train_rows = load_task_split(cfg.data, "train")
+    eval_rows = load_task_split(cfg.data, "test", n=cfg.train.eval_n)
+    sampler = PromptSampler(train_rows, seed=cfg.train.seed)
+    eos = tokenizer.eos_token_id
+    step, version = 0, 0
+
+    if cfg.train.resume:  # continue at the next step with the same data order, RNGs, weights and optimizer
+        run.check_resume_config(cfg)
+        state = run.load_checkpoint(learner)
+        step, version = state["step"], state["version"]
+        sampler.load_state_dict(state["sampler"])
+        run.truncate_metrics_after(step)
+        log(f"resumed {run.path} at step {step} (policy version {version})")
+    else:
+        run.write_config(cfg)
+    version += 1  # engines start from the checkpoint file, so push the learner's weights once, tagged
+    _sync(learner, rollout, run, version)
+
+    if step == 0 and cfg.train.eval_every > 0:
+        acc = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version)
+        run.log_metrics({"step": 0, **{f"eval_accuracy_{m}": a for m, a in acc.items()},
+                         "eval_accuracy": acc[cfg.train.eval_decode_modes[0]]})
+        log(f"step 0 | held-out greedy accuracy {_fmt(acc)}")
+
+    history = []
+    while step < cfg.train.steps:
+        step += 1
+        t_step = time.perf_counter()
+
+        # 1. rollouts: G samples per prompt from policy `version`
+        rows = sampler.next(cfg.train.prompts_per_step)
+        prompts = [tokenizer.encode(r["prompt"]) for r in rows]
+        t0 = time.perf_counter()
+        seed = cfg.train.seed * 1_000_003 + step
+        samples = rollout.generate(prompts, sampling_params(cfg, eos, seed=seed), min_version=version)
+        time_rollout = time.perf_counter() - t0
+        preempted = sum(s.preempted for s in samples)
+        samples = [s for s in samples if not s.preempted]  # their recurrent state was lost: never train on them
+
+        # 2. rewards
+        t0 = time.perf_counter()
+        completions = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+        scores, reward_metrics = rewards.score([rows[s.group_id]["prompt"] for s in samples], completions,
+                                               [rows[s.group_id]["answer"] for s in samples],
+                                               [s.finish_reason for s in samples])
+        time_reward = time.perf_counter() - t0
+        reward = torch.tensor(scores, dtype=torch.float32)
+        lengths = torch.tensor([s.response_len for s in samples], dtype=torch.float32)
+        if cfg.algo.overlong_buffer > 0:
+            reward = reward + algos.overlong_penalty(lengths, cfg.rollout.max_tokens, cfg.algo.overlong_buffer,
+                                                     cfg.algo.overlong_factor)
+
+        # 3. advantages per prompt group; groups with no signal are dropped if asked
+        groups = torch.tensor([s.group_id for s in samples])
+        advantages = algos.compute_advantages(reward, groups, cfg.algo.adv_estimator, cfg.algo.adv_eps)
+        keep, dropped = (algos.dynamic_sampling_mask(reward, groups) if cfg.algo.dynamic_sampling
+                         else (torch.ones(len(samples), dtype=torch.bool), 0))
+        token_mask = (lengths > 0)[:, None]
+        skip = len(samples) == 0 or algos.no_usable_signal(keep, token_mask)
+
+        # 4. learner update, then the new weights go to every engine as version + 1
+        t0 = time.perf_counter()
+        learner_metrics = {}
+        if not skip:
+            kept = keep.nonzero().flatten().tolist()
+            learner_metrics = learner.update([samples[i] for i in kept], advantages[kept].tolist())
+        time_learner = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if not skip:
+            version += 1
+            _sync(learner, rollout, run, version)
+        time_sync = time.perf_counter() - t0
+
+        metrics = {
+            "step": step, "policy_version": version, "skipped": int(skip),
+            "reward_mean": float(reward.mean()) if len(samples) else 0.0,
+            "accuracy": sum(s > 0 for s in scores) / max(len(scores), 1),
+            "response_len_mean": float(lengths.mean()) if len(samples) else 0.0,
+            "truncation_rate": sum(s.truncated for s in samples) / max(len(samples), 1),
+            "groups_dropped": dropped, "samples_preempted": preempted,
+            "logprob_mismatch_abs_mean": learner_metrics.get("mismatch/abs_logp_diff"),
+            "time_rollout_s": time_rollout, "time_reward_s": time_reward, "time_learner_s": time_learner,
+            "time_sync_s": time_sync,
+            **{f"reward/{k}": v for k, v in reward_metrics.items()},
+            **{f"learner/{k}": v for k, v in learner_metrics.items()},
+        }
+        if cfg.train.eval_every > 0 and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
+            acc = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version)
+            metrics["eval_accuracy"] = acc[cfg.train.eval_decode_modes[0]]
+            metrics.update({f"eval_accuracy_{m}": a for m, a in acc.items()})
+        if cfg.train.checkpoint_every > 0 and (step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps):
+            run.save_checkpoint(step, learner, {"version": version, "sampler": sampler.state_dict()})
+        metrics["time_step_s"] = time.perf_counter() - t_step
+        run.log_metrics(metrics)
+        history.append(metrics)
+        log(_console_line(metrics))
+        if progress is not None:
+            progress(metrics)
+    return history
+
+
+def _sync(learner: LearnerWorkers, rollout: RolloutWorkers, run: RunDir, version: int) -> None:
+    path = learner.export_weights(str(run.path / "weights" / "policy.safetensors"))
+    versions = rollout.load_weights(path, version)
+    if any(v != version for v in versions):
+        raise RuntimeError(f"weight sync: engines report versions {versions}, expected {version}")
+
+
+def _fmt(acc: dict) -> str:
+    return " ".join(f"{m}={a:.3f}" for m, a in acc.items())
+
+
+def _console_line(m: dict) -> str:
+    mismatch = m["logprob_mismatch_abs_mean"]
+    parts = [f"step {m['step']}", f"reward {m['reward_mean']:.3f}", f"acc {m['accuracy']:.3f}",
+             f"len {m['response_len_mean']:.1f}",
+             f"mismatch {mismatch:.2e}" if mismatch is not None else "mismatch -",
+             f"rollout {m['time_rollout_s']:.1f}s learner {m['time_learner_s']:.1f}s sync {m['time_sync_s']:.2f}s"]
+    if "eval_accuracy" in m:
+        parts.append(f"eval {m['eval_accuracy']:.3f}")
+    if m["skipped"]:
+        parts.append("(no usable signal: optimizer step skipped)")
+    return " | ".join(parts)
