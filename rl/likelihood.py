@@ -1,0 +1,286 @@
+"""Likelihood estimators: the learner's log-probs of rollout tokens (shared/DESIGN.md §4).
+
+Every estimator has the signature
+
+    fn(model, batch: LearnerBatch, decode_mode, passes=3, temperature=1.0, with_entropy=False,
+       micro_batch_size=None) -> LikelihoodOutput(logprobs [B, R], entropy [B, R] | None)
+
+and returns log_softmax(logits / T) over the full vocabulary gathered at the response tokens, zero where
+`batch.response_mask` is 0. Alignment: response token j of row b sits at position P_b + j and is predicted by the
+state at P_b + j - 1 (recorded state row j); when consumed, its input is F(row j, e(y_j)).
+
+| name       | what runs                                                                | gradient                     |
+|------------|--------------------------------------------------------------------------|------------------------------|
+| `exact`    | the teacher-forced recurrence (`model.recurrent_forward`)                | through the whole recurrence |
+| `kpass`    | K-1 parallel passes under no_grad, one pass fed their detached states   | last pass only               |
+| `replay`   | one pass fed the engine's recorded states (detached)                     | that pass only               |
+| `standard` | an ordinary forward (standard models / standard decoding)                | that pass                    |
+
+Prompt modes: `soft` keeps the prompt ordinary; `fused` feeds the prompt positions the states of the engine's
+earlier prefill passes (`model.prompt_carried`, always detached except in `exact`, where the true gradient flows
+through them too); `standard` switches feedback off everywhere.
+
+Besides the estimators this module exposes the pieces `rl/likelihood_compare.py` reuses: `last_pass_inputs`
+(the detached carried states and fusion mask each estimator's final pass consumes), `run_pass` (one pass over
+such inputs, optionally returning the per-layer K/V cache) and `response_log_dists` (full-vocabulary log-probs at
+the response positions).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from rl.batch import LearnerBatch
+from rl.model import PROMPT_MODES, positions_from_mask, shift_right
+
+__all__ = ["ESTIMATORS", "LikelihoodOutput", "get_estimator", "register_estimator", "response_hidden",
+           "last_pass_inputs", "run_pass", "response_log_dists", "token_logprobs", "micro_batches"]
+
+
+@dataclass
+class LikelihoodOutput:
+    logprobs: torch.Tensor  # [B, R] fp32, 0 on padding
+    entropy: torch.Tensor | None = None  # [B, R] fp32 entropy of softmax(logits / T), 0 on padding
+
+
+ESTIMATORS: dict[str, Callable[..., LikelihoodOutput]] = {}
+# name -> fn(model, batch, decode_mode, passes) -> final-normalized top states h [B, L, d]
+_HIDDEN: dict[str, Callable[..., torch.Tensor]] = {}
+
+
+def get_estimator(name: str) -> Callable[..., LikelihoodOutput]:
+    """The estimator called `name`; ValueError listing the valid names otherwise."""
+    try:
+        return ESTIMATORS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown likelihood estimator {name!r}; valid: {', '.join(sorted(ESTIMATORS))}") from None
+
+
+def register_estimator(name: str):
+    """Decorator: register `hidden_fn(model, batch, decode_mode, passes) -> h [B, L, d]` as estimator `name`.
+
+    The registered estimator wraps it with micro-batching and the log-prob / entropy gathering, so every
+    estimator shares one log-prob contract.
+    """
+    def deco(hidden_fn):
+        if name in ESTIMATORS:
+            raise ValueError(f"likelihood estimator {name!r} is already registered")
+        _HIDDEN[name] = hidden_fn
+
+        def estimator(model, batch: LearnerBatch, decode_mode: str = "soft", passes: int = 3,
+                      temperature: float = 1.0, with_entropy: bool = False,
+                      micro_batch_size: int | None = None) -> LikelihoodOutput:
+            _check(model, name, decode_mode, passes)
+            outs = [token_logprobs(model, hidden_fn(model, mb, decode_mode, passes), mb, temperature, with_entropy)
+                    for mb in micro_batches(batch, micro_batch_size)]
+            ent = torch.cat([o.entropy for o in outs]) if with_entropy else None
+            return LikelihoodOutput(torch.cat([o.logprobs for o in outs]), ent)
+
+        estimator.__name__ = f"{name}_estimator"
+        estimator.__doc__ = hidden_fn.__doc__
+        ESTIMATORS[name] = estimator
+        return hidden_fn
+
+    return deco
+
+
+def _check(model, name, decode_mode, passes):
+    if decode_mode not in PROMPT_MODES:
+        raise ValueError(f"decode_mode: expected one of {PROMPT_MODES}, got {decode_mode!r}")
+    if name == "kpass" and passes < 1:
+        raise ValueError(f"kpass: passes must be >= 1, got {passes}")
+    if name != "standard" and not hasattr(model, "multipass_forward"):
+        raise ValueError(f"estimator {name!r} needs an FBT model (latent feedback); "
+                         f"{type(model).__name__} only supports 'standard'")
+
+
+# ---- batching ---------------------------------------------------------------------------------------------
+def micro_batches(batch: LearnerBatch, micro_batch_size: int | None):
+    """Split rows into micro-batches (trailing all-padding columns trimmed; R kept so results concatenate).
+
+    Without grad this bounds peak memory; with grad the graphs of all micro-batches live until backward, so a
+    learner that must bound memory calls the estimator per micro-batch and backpropagates each one.
+    """
+    B = len(batch)
+    size = B if not micro_batch_size or micro_batch_size >= B else micro_batch_size
+    for start in range(0, B, size):
+        mb = batch if size == B else batch.select(range(start, min(start + size, B)))
+        L = int((mb.prompt_lens + mb.response_lens).max())
+        if L < mb.input_ids.shape[1]:
+            mb = LearnerBatch(mb.input_ids[:, :L], mb.attention_mask[:, :L], mb.prompt_lens, mb.response_lens,
+                              mb.response_mask, mb.engine_logprobs, mb.states, mb.extras)
+        yield mb
+
+
+def _device(model):
+    return next(model.parameters()).device
+
+
+def _masks(model, batch: LearnerBatch, decode_mode: str):
+    """(feedback [B, L] bool of response positions, prompt carried [B, L, d] | None, prompt mask [B, L] | None).
+
+    Feedback starts at the first response position (soft and fused alike); fused prompts additionally get
+    the engine's prefill states, computed here under no_grad (they are constants to the learner).
+    """
+    fb = _feedback(model, batch, decode_mode)
+    if decode_mode != "fused":
+        return fb, None, None
+    dev = _device(model)
+    with torch.no_grad():
+        pc, pm = model.prompt_carried(batch.input_ids.to(dev), batch.prompt_lens.to(dev), batch.attention_mask.to(dev))
+    return fb, pc, pm
+
+
+def _feedback(model, batch: LearnerBatch, decode_mode: str) -> torch.Tensor:
+    """[B, L] bool: response positions whose input fuses the previous state (none in `standard` mode)."""
+    dev = _device(model)
+    ids = batch.input_ids.to(dev)
+    if decode_mode == "standard":
+        return torch.zeros_like(ids, dtype=torch.bool)
+    return model.feedback_mask(ids, batch.attention_mask.to(dev), no_feedback_before=batch.prompt_lens.to(dev))
+
+
+def _recorded_carried(model, batch: LearnerBatch, fb: torch.Tensor) -> torch.Tensor:
+    """Recorded state row j placed at position P_b + j ([B, L, d], zeros elsewhere)."""
+    if batch.states is None:
+        raise ValueError("replay needs recorded states (batch.states is None): generate with "
+                         "record_states=True and collate(..., with_states=True)")
+    B, L = fb.shape
+    emb = model.get_input_embeddings().weight
+    carried = torch.zeros(B, L, batch.states.shape[-1], dtype=emb.dtype, device=emb.device)
+    rows, js = batch.response_mask.bool().nonzero(as_tuple=True)
+    pos = batch.prompt_lens[rows] + js
+    keep = pos < L
+    carried[rows[keep], pos[keep]] = batch.states[rows[keep], js[keep]].to(emb.dtype).to(emb.device)
+    return carried
+
+
+# ---- the four estimators (hidden states) ------------------------------------------------------------------
+@register_estimator("exact")
+def _exact_hidden(model, batch, decode_mode, passes):
+    """Ground truth: the token-by-token recurrence with a KV cache, teacher-forced on the rollout tokens.
+    Differentiable through the whole recurrence when grad is enabled (sequential in R)."""
+    dev = _device(model)
+    fb = _feedback(model, batch, decode_mode)
+    # recurrent_forward builds the fused prompt's states itself (with grad when enabled: the true gradient).
+    return model.recurrent_forward(batch.input_ids.to(dev), batch.prompt_lens.to(dev), mode=decode_mode,
+                                   feedback_mask=fb)
+
+
+@register_estimator("kpass")
+def _kpass_hidden(model, batch, decode_mode, passes):
+    """K-1 parallel passes under no_grad, then one differentiable pass fed the detached pass-(K-1) states.
+    The first K response log-probs are exact (soft and fused); K >= R makes all of them exact."""
+    dev = _device(model)
+    fb, pc, pm = _masks(model, batch, decode_mode)
+    out = model.multipass_forward(batch.input_ids.to(dev), passes, batch.attention_mask.to(dev), feedback_mask=fb,
+                                  fixed_carried=pc, fixed_mask=pm, no_grad_until_last=True)
+    return out.last_hidden
+
+
+@register_estimator("replay")
+def _replay_hidden(model, batch, decode_mode, passes):
+    """One differentiable pass fed the engine's recorded states (detached): exact up to numerics for the
+    weights that generated the rollout (one update per rollout batch)."""
+    carried, mask = last_pass_inputs(model, batch, decode_mode, "replay")
+    dev = _device(model)
+    return model.multipass_forward(batch.input_ids.to(dev), 1, batch.attention_mask.to(dev),
+                                   feedback_mask=torch.zeros_like(mask), fixed_carried=carried,
+                                   fixed_mask=mask).last_hidden
+
+
+@register_estimator("standard")
+def _standard_hidden(model, batch, decode_mode, passes):
+    """An ordinary forward: standard (non-FBT) models, or FBT models decoded without feedback."""
+    dev = _device(model)
+    ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
+    if hasattr(model, "run_stack"):
+        return model.run_stack(model.embed(ids), am, positions_from_mask(am))[0]
+    return model.model(input_ids=ids, attention_mask=am, position_ids=positions_from_mask(am)).last_hidden_state
+
+
+def response_hidden(model, batch: LearnerBatch, decode_mode: str, estimator: str, passes: int = 3) -> torch.Tensor:
+    """Final-normalized top states h [B, L, d] of `estimator` (one micro-batch, gradient as the estimator's)."""
+    get_estimator(estimator)
+    _check(model, estimator, decode_mode, passes)
+    return _HIDDEN[estimator](model, batch, decode_mode, passes)
+
+
+# ---- final-pass inputs and K/V (for the comparison tool) --------------------------------------------------
+@torch.no_grad()
+def last_pass_inputs(model, batch: LearnerBatch, decode_mode: str, estimator: str, passes: int = 3,
+                     prev_hidden: torch.Tensor | None = None):
+    """(carried [B, L, d], mask [B, L] bool): what the estimator's final pass fuses, all detached.
+
+    Running `run_pass` on them reproduces the estimator's final pass (for `exact`: the parallel pass over the
+    recurrence's own inputs, whose K/V are the exact cache up to numerics). `prev_hidden`, when given, are the
+    states whose right shift feeds that pass, already computed (exact: the recurrence's output; kpass: the
+    final states of kpass with K-1 passes) — the comparison walks K = 1..M with one pass per K this way.
+    """
+    fb, pc, pm = _masks(model, batch, decode_mode)
+    dev = _device(model)
+    ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
+    dtype = model.get_input_embeddings().weight.dtype
+    zeros = torch.zeros(*ids.shape, model.config.hidden_size, device=dev, dtype=dtype)
+    if estimator == "replay":
+        carried = _recorded_carried(model, batch, fb)
+    elif estimator == "exact":
+        carried = shift_right(prev_hidden if prev_hidden is not None
+                              else _exact_hidden(model, batch, decode_mode, passes))
+    elif estimator == "kpass":
+        if passes > 1:
+            if prev_hidden is None:
+                prev_hidden = model.multipass_forward(ids, passes - 1, am, feedback_mask=fb, fixed_carried=pc,
+                                                      fixed_mask=pm).last_hidden
+            carried = shift_right(prev_hidden)
+        else:
+            carried, fb = zeros, torch.zeros_like(fb)  # one pass: only a fused prompt's states are fed
+    elif estimator == "standard":
+        return zeros, torch.zeros_like(fb)
+    else:
+        get_estimator(estimator)  # raises with the valid names
+        raise ValueError(f"last_pass_inputs: no final-pass description for estimator {estimator!r}")
+    if pm is not None:
+        carried = torch.where(pm[..., None], pc.to(carried.dtype), carried)
+        fb = fb | pm
+    return carried, fb
+
+
+def run_pass(model, batch: LearnerBatch, carried: torch.Tensor, mask: torch.Tensor, with_kv: bool = False):
+    """One pass over the rows, fusing `carried` at `mask`. Returns (h [B, L, d], kv) where kv is a list over
+    layers of (keys, values) [B, kv_heads, L, head_dim] read from the backbone's DynamicCache (None unless
+    `with_kv`). Keys are post-RoPE, as cached."""
+    dev = _device(model)
+    ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
+    e = model.embed(ids)
+    x = torch.where(mask[..., None], model.fuse(carried, e), e) if bool(mask.any()) else e
+    h, cache = model.run_stack(x, am, positions_from_mask(am), use_cache=with_kv)
+    kv = [(layer.keys, layer.values) for layer in cache.layers] if with_kv else None
+    return h, kv
+
+
+# ---- log-probs ---------------------------------------------------------------------------------------------
+def _temperature(t: float) -> float:
+    return t if t > 0 else 1.0  # T = 0 is greedy: log-probs of the untempered logits (the engine contract)
+
+
+def response_log_dists(model, h: torch.Tensor, batch: LearnerBatch, temperature: float = 1.0) -> torch.Tensor:
+    """Full-vocabulary log_softmax(logits / T) at the states predicting each response token: [B, R, V] fp32."""
+    pos = batch.response_positions().to(h.device)
+    h_resp = torch.gather(h, 1, pos[..., None].expand(-1, -1, h.shape[-1]))
+    head = model.logits_from_hidden if hasattr(model, "logits_from_hidden") else model.get_output_embeddings()
+    logits = head(h_resp).float() / _temperature(temperature)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def token_logprobs(model, h: torch.Tensor, batch: LearnerBatch, temperature: float = 1.0,
+                   with_entropy: bool = False) -> LikelihoodOutput:
+    """Gather the response tokens' log-probs (and entropies) from states h; 0 on padding."""
+    logp = response_log_dists(model, h, batch, temperature)
+    mask = batch.response_mask.to(logp.device)
+    tok = batch.response_ids.to(logp.device)
+    lp = torch.gather(logp, -1, tok[..., None])[..., 0] * mask
+    ent = -(logp.exp() * logp).sum(-1) * mask if with_entropy else None
+    return LikelihoodOutput(lp, ent)
