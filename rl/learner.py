@@ -99,7 +99,7 @@ class PolicyUpdater:
         batch = collate(samples, self.pad_id, with_states=replay)
         batch.extras["advantages"] = torch.tensor(advantages, dtype=torch.float32)
         plan = plan_update(len(batch), self.cfg.algo.mini_batches, backend.world_size,
-                           self.cfg.likelihood.micro_batch_size)
+                           self.cfg.learner.micro_batch_size)
         old_logp = None
         if self.multiple_updates:  # the behaviour policy is the learner before its first step
             with torch.no_grad():
