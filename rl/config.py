@@ -214,20 +214,28 @@ class LearnerConfig:
 
 @dataclass
 class RewardFn:
-    fn: str                               # "path/to/file.py:fn" or "package.module:fn"
+    """One reward; the same keys as an entry of `rewards.loader.build_reward_set`."""
+    fn: str                               # built-in name ("math", "format"), "path/to/file.py:fn" or "pkg.mod:fn"
     weight: float = 1.0
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout_s: Optional[float] = None     # null: reward.timeout_s (math: its pool's per-item deadline)
+    name: str = ""
+    options: dict[str, Any] = field(default_factory=dict)   # keyword arguments for the reward
 
     def validate(self):
-        if ":" not in self.fn:
-            yield "fn", f"expected 'path/to/file.py:fn' or 'package.module:fn', got {self.fn!r}"
+        if ":" not in self.fn and not self.fn.isidentifier():
+            yield "fn", (f"expected a built-in reward name, 'path/to/file.py:fn' or 'package.module:fn', "
+                         f"got {self.fn!r}")
 
 
 @dataclass
 class RewardConfig:
-    fns: list[RewardFn] = field(default_factory=lambda: [RewardFn("rewards.math:math_reward")])
-    timeout_s: float = 5.0
+    fns: list[RewardFn] = field(default_factory=lambda: [RewardFn("math")])
+    timeout_s: float = 5.0                # default per-call deadline of user rewards
     num_workers: int = 2
+
+    def entries(self) -> list[dict]:
+        """`fns` as the dicts `rewards.loader.build_reward_set` takes (unset timeouts left out)."""
+        return [{k: v for k, v in _plain(f).items() if not (k == "timeout_s" and v is None)} for f in self.fns]
 
 
 @dataclass

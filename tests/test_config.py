@@ -36,6 +36,8 @@ def test_file_and_overrides(tmp_path):
     assert cfg.algo.tis_cap == 2.0 and isinstance(cfg.algo.tis_cap, float)
     assert cfg.model.init.hidden_size == 128 and cfg.model.init.num_layers == 2
     assert cfg.reward.fns[0].fn == "my/file.py:fn" and cfg.reward.fns[0].weight == 0.5
+    assert cfg.reward.entries() == [{"fn": "my/file.py:fn", "weight": 0.5, "name": "", "options": {}}]
+    assert load_config(None).reward.entries()[0]["fn"] == "math"
 
 
 @pytest.mark.parametrize("text, expect", [
@@ -48,6 +50,7 @@ def test_file_and_overrides(tmp_path):
      ["rollout.decode_mode: expected one of 'standard', 'soft', 'fused', got 'sotf'", "did you mean 'soft'"]),
     ("reward:\n  fns:\n    - fn: a.py:f\n    - weight: 2\n", ["reward.fns[1].fn: required", "line 4"]),
     ("reward:\n  fns:\n    - fn: a.py:f\n      wieght: 2\n", ["reward.fns[0].wieght: unknown key", "line 4"]),
+    ("reward:\n  fns:\n    - fn: my reward\n", ["reward.fns[0].fn: expected a built-in reward name", "line 3"]),
     ("pretrain:\n  pass_schedule: [[0.5, 1], [0.9, 2]]\n", ["pretrain.pass_schedule: fractions", "line 2"]),
     ("pretrain:\n  pass_schedule: [[0.5, 1, 3]]\n", ["pretrain.pass_schedule[0]: expected [float, int]"]),
     ("train:\n  steps: 1\n  steps: 2\n", ["train.steps: duplicate key", "line 3"]),
@@ -85,7 +88,7 @@ def test_errors_are_value_errors():
 
 def test_round_trip_through_yaml(tmp_path):
     cfg = load_config(None, ["learner.lr=3e-6", "pretrain.pass_schedule=[[0.5,1],[1.0,2]]",
-                             "reward.fns=[{fn: a.py:f, weight: 2, kwargs: {box: last}}]", "model.init={}"])
+                             "reward.fns=[{fn: a.py:f, weight: 2, options: {box: last}}]", "model.init={}"])
     path = tmp_path / "dump.yaml"
     cfg.save(path)
     again = load_config(path)
