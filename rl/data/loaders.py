@@ -1,0 +1,188 @@
+"""Prompt/answer datasets from files, and the resumable prompt sampler.
+
+Owns: JSONL read/write (errors name file:line), parquet (pyarrow, when installed), Hugging Face `datasets`
+saved to disk (when `datasets` is installed), `load_task_split` which maps a `data` config section to rows, and
+`PromptSampler`, which draws prompts in a seeded per-epoch order and can save/restore its position so that a
+resumed run draws exactly the prompts an uninterrupted run would have.
+
+Rows are plain dicts with at least `prompt` (str) and `answer` (str); other fields ride along (the reward
+functions receive them as `**row_fields`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any, Iterable
+
+
+class DataError(ValueError):
+    """A dataset problem; the message names the file (and line or row) at fault."""
+
+
+def write_jsonl(rows: Iterable[dict], path: str | Path) -> None:
+    """Write rows as JSON lines, atomically (a half-written file never appears under `path`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Every non-blank line must be a JSON object; errors name `file:line`."""
+    return [row for _, row in _read_numbered(path)]
+
+
+def _read_numbered(path: str | Path) -> list[tuple[int, dict]]:
+    out = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            out.append((lineno, row))
+    return out
+
+
+def _normalize(rows: list[dict], where, prompt_field: str, answer_field: str) -> list[dict]:
+    """Rename the configured fields to `prompt` / `answer`; `where(i)` names row i for errors."""
+    out = []
+    for i, row in enumerate(rows):
+        for name in (prompt_field, answer_field):
+            if name not in row or row[name] is None:
+                raise DataError(f"{where(i)}: missing field {name!r} (fields: {sorted(row)})")
+        prompt, answer = row[prompt_field], row[answer_field]
+        if not isinstance(prompt, str):
+            raise DataError(f"{where(i)}: field {prompt_field!r} must be a string, got {type(prompt).__name__}")
+        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+            raise DataError(f"{where(i)}: field {answer_field!r} must be a string or number, "
+                            f"got {type(answer).__name__}")
+        new = dict(row)
+        new["prompt"], new["answer"] = prompt, str(answer)
+        out.append(new)
+    return out
+
+
+def load_jsonl(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer") -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    numbered = _read_numbered(path)   # keep line numbers so that a missing field names its line
+    return _normalize([row for _, row in numbered], lambda i: f"{path}:{numbered[i][0]}",
+                      prompt_field, answer_field)
+
+
+def load_parquet(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer") -> list[dict]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+    if not Path(path).exists():
+        raise DataError(f"{path}: no such file")
+    rows = pq.read_table(path).to_pylist()
+    return _normalize(rows, lambda i: f"{path}: row {i}", prompt_field, answer_field)
+
+
+def load_hf_disk(path: str | Path, split: str | None = None, prompt_field: str = "prompt",
+                 answer_field: str = "answer") -> list[dict]:
+    """A `datasets` Dataset or DatasetDict written by `save_to_disk`; `split` picks from a DatasetDict."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"{path}: reading a saved Hugging Face dataset needs `datasets`") from None
+    if not Path(path).exists():
+        raise DataError(f"{path}: no such directory")
+    ds = datasets.load_from_disk(str(path))
+    where = str(path)
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{path}: no split {split!r} (splits: {sorted(ds)})")
+        ds, where = ds[split], f"{path}[{split}]"
+    return _normalize(ds.to_list(), lambda i: f"{where}: row {i}", prompt_field, answer_field)
+
+
+def load_task_split(data: Any, split: str, n: int | None = None) -> list[dict]:
+    """Rows for `split` ('train', 'val' or 'test') of a `data` config section (rl.config.DataConfig).
+
+    arith: generated (`n` problems; train defaults to `data.num_train`), with split names `data.train_split` /
+    `data.test_split` mapping onto the task's own splits. Files: `train_path` for train, `test_path` for the
+    others; `n` keeps the first n rows.
+    """
+    name = data.train_split if split == "train" else data.test_split if split == "test" else split
+    if data.task == "arith":
+        from rl.data import arith
+        if n is None:
+            if split != "train":
+                raise DataError(f"data: say how many {split} problems to generate (n)")
+            n = data.num_train
+        return arith.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty))
+    path = data.train_path if split == "train" else data.test_path
+    if not path:
+        raise DataError(f"data.{'train' if split == 'train' else 'test'}_path: required for task {data.task!r}")
+    fields = dict(prompt_field=data.prompt_field, answer_field=data.answer_field)
+    if data.task == "jsonl":
+        rows = load_jsonl(path, **fields)
+    elif data.task == "parquet":
+        rows = load_parquet(path, **fields)
+    elif data.task == "hf_disk":
+        rows = load_hf_disk(path, name, **fields)
+    else:
+        raise DataError(f"data.task: unknown task {data.task!r}")
+    return rows if n is None else rows[:n]
+
+
+class PromptSampler:
+    """Draws rows in a seeded shuffled order, epoch after epoch; `state_dict()` is the exact data position.
+
+    The order of epoch e depends only on (seed, e, len(rows)), so restoring (epoch, pos) replays the same
+    stream. A batch that crosses an epoch boundary takes the rest of one epoch and the start of the next.
+    """
+
+    def __init__(self, rows: list[dict], seed: int = 0, shuffle: bool = True):
+        if not rows:
+            raise DataError("PromptSampler: no rows to sample from")
+        self.rows, self.seed, self.shuffle = rows, seed, shuffle
+        self.epoch, self.pos = 0, 0
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.rows)))
+        if self.shuffle:
+            random.Random(f"fbrl-sampler:{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next_indices(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            if self.pos == len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._epoch_order(self.epoch)
+            take = min(k - len(out), len(self._order) - self.pos)
+            out += self._order[self.pos:self.pos + take]
+            self.pos += take
+        return out
+
+    def next(self, k: int) -> list[dict]:
+        """The next `k` rows."""
+        return [self.rows[i] for i in self.next_indices(k)]
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "pos": self.pos, "num_rows": len(self.rows),
+                "shuffle": self.shuffle}
+
+    def load_state_dict(self, state: dict) -> None:
+        # a different dataset or seed would silently draw other prompts: refuse, naming what changed
+        for key, mine in (("seed", self.seed), ("num_rows", len(self.rows)), ("shuffle", self.shuffle)):
+            if state[key] != mine:
+                raise DataError(f"sampler state: {key} was {state[key]!r}, now {mine!r} (data changed)")
+        self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
+        self._order = self._epoch_order(self.epoch)

@@ -1,0 +1,169 @@
+"""rl.data: arithmetic task (determinism, disjoint splits), char tokenizer, loaders, resumable sampler."""
+import importlib.util
+import json
+
+import pytest
+
+from rl.config import DataConfig
+from rl.data import arith
+from rl.data.loaders import (DataError, PromptSampler, load_hf_disk, load_jsonl, load_parquet, load_task_split,
+                             read_jsonl, write_jsonl)
+
+ALL = (1, 2, 3, 4)
+
+
+def test_generation_is_deterministic_and_seeded():
+    a = arith.generate("train", 300, seed=1, difficulties=ALL)
+    assert a == arith.generate("train", 300, seed=1, difficulties=ALL)
+    assert a[:100] == arith.generate("train", 100, seed=1, difficulties=ALL)   # a prefix, not a reshuffle
+    assert a != arith.generate("train", 300, seed=2, difficulties=ALL)
+
+
+def test_rows_are_well_formed_and_short():
+    for row in arith.generate("val", 400, seed=0, difficulties=ALL):
+        assert set(row) >= {"prompt", "answer", "solution", "difficulty"}
+        assert row["prompt"].endswith("Put the answer in \\boxed{}.\nA:") and len(row["prompt"]) <= 60
+        assert row["solution"].endswith(f"\\boxed{{{row['answer']}}}")
+        assert int(row["answer"]) == eval(row["question"])   # Python's precedence is the task's
+        assert row["question"].count("+") + row["question"].count("*") + row["question"].count("-") \
+            == row["difficulty"]
+        assert arith.score(row["solution"], row["answer"]) == 1.0
+    assert arith.score("... \\boxed{3}", "4") == 0.0 and arith.score("4", "4") == 0.0
+
+
+def test_worked_solution_format():
+    import random
+
+    class Fixed(random.Random):   # drives make_problem to 37+5*3
+        seq = iter(["+", "*", 37, 5, 3])
+
+        def choice(self, s):
+            return next(self.seq)
+
+        def randint(self, a, b):
+            return next(self.seq)
+
+    row = arith.make_problem(Fixed(), 2)
+    assert row["prompt"] == "Q: 37+5*3=? Put the answer in \\boxed{}.\nA:"
+    assert row["solution"] == " 5*3=15, 37+15=52. \\boxed{52}" and row["answer"] == "52"
+
+
+def test_test_split_never_in_train():
+    train = arith.generate("train", 20000, seed=0, difficulties=ALL)
+    test = arith.generate("test", 500, seed=0, difficulties=ALL)
+    val = arith.generate("val", 500, seed=0, difficulties=ALL)
+    h = lambda rows: {arith.problem_hash(r["question"]) for r in rows}   # noqa: E731
+    assert len(h(test)) == 500 and len(h(val)) == 500   # held-out splits have no repeats
+    assert not h(test) & h(train) and not h(val) & h(train) and not h(test) & h(val)
+    # by construction: even another seed's train never contains this test set
+    assert not h(test) & h(arith.generate("train", 5000, seed=7, difficulties=ALL))
+
+
+def test_small_space_runs_out_loudly():
+    with pytest.raises(ValueError, match="distinct test problems"):
+        arith.generate("test", 1000, difficulties=(1,))
+
+
+def test_tokenizer_round_trip_and_autotokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    from rl.data.tokenizer import save_tokenizer
+
+    tok = save_tokenizer(tmp_path / "tok")
+    assert len(tok) <= 128 and (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
+    assert (loaded.pad_token, loaded.bos_token, loaded.eos_token, loaded.unk_token) == \
+        ("<pad>", "<bos>", "<eos>", "<unk>")
+    texts = [r["prompt"] + r["solution"] for r in arith.generate("test", 50, difficulties=ALL)]
+    texts += ["  spaces  .  , ;\t{}\\^_ ~`'\"|\n\nend ", "What is 37 + 5 * 3? (-12) [x] #1 @a $b %c &d"]
+    for t in (tok, loaded):
+        for x in texts:
+            bare = t.encode(x, add_special_tokens=False)
+            assert len(bare) == len(x) and 3 not in bare   # one token per character, nothing unknown
+            assert t.decode(bare) == x
+            ids = t(x)["input_ids"]
+            assert ids[0] == t.bos_token_id and ids[1:] == bare
+            assert t.decode(ids, skip_special_tokens=True) == x
+    assert loaded.encode("é", add_special_tokens=False) == [loaded.unk_token_id]
+
+
+def test_jsonl_write_read_and_errors_name_file_line(tmp_path):
+    rows = arith.generate("val", 20, difficulties=ALL)
+    p = tmp_path / "val.jsonl"
+    write_jsonl(rows, p)
+    assert read_jsonl(p) == rows
+    loaded = load_jsonl(p)
+    assert [r["prompt"] for r in loaded] == [r["prompt"] for r in rows]
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "1"}\n\n{"prompt": "b", "answer": \n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:3: invalid JSON"):
+        load_jsonl(bad)
+    bad.write_text('{"prompt": "a", "answer": "1"}\n[1, 2]\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: expected a JSON object"):
+        load_jsonl(bad)
+    bad.write_text('{"prompt": "a", "answer": "1"}\n\n{"prompt": "b"}\n')
+    with pytest.raises(DataError, match=r"bad\.jsonl:3: missing field 'answer'"):
+        load_jsonl(bad)
+
+
+def test_custom_fields_and_numeric_answers(tmp_path):
+    p = tmp_path / "q.jsonl"
+    p.write_text("\n".join(json.dumps({"problem": f"q{i}", "solution": i, "level": 2}) for i in range(3)))
+    rows = load_jsonl(p, prompt_field="problem", answer_field="solution")
+    assert rows[1]["prompt"] == "q1" and rows[1]["answer"] == "1" and rows[1]["level"] == 2
+
+
+def test_load_task_split_from_config(tmp_path):
+    data = DataConfig(difficulty=[1, 2], num_train=50, seed=3)
+    assert load_task_split(data, "train") == arith.generate("train", 50, seed=3, difficulties=(1, 2))
+    assert len(load_task_split(data, "test", n=10)) == 10
+    p = tmp_path / "t.jsonl"
+    write_jsonl([{"prompt": "p", "answer": 1}] * 5, p)
+    rows = load_task_split(DataConfig(task="jsonl", train_path=str(p), test_path=str(p)), "test", n=2)
+    assert rows == [{"prompt": "p", "answer": "1"}] * 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None, reason="pyarrow not installed")
+def test_parquet(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    p = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}]), p)
+    assert [r["answer"] for r in load_parquet(p)] == ["1", "2"]
+    with pytest.raises(DataError, match="row 0: missing field 'q'"):
+        load_parquet(p, prompt_field="q")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="datasets not installed")
+def test_hf_disk(tmp_path):
+    import datasets
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "a", "answer": "1"}]),
+                               "test": datasets.Dataset.from_list([{"prompt": "b", "answer": "2"}])})
+    dd.save_to_disk(str(tmp_path / "ds"))
+    assert load_hf_disk(tmp_path / "ds", "test")[0]["prompt"] == "b"
+    assert load_hf_disk(tmp_path / "ds" / "train")[0]["answer"] == "1"   # a single Dataset dir
+    with pytest.raises(DataError, match="no split 'dev'"):
+        load_hf_disk(tmp_path / "ds", "dev")
+
+
+def test_sampler_epochs_and_resume_equivalence():
+    rows = [{"prompt": str(i), "answer": str(i)} for i in range(10)]
+    full = PromptSampler(rows, seed=5)
+    stream = [full.next(4) for _ in range(8)]   # 32 draws: crosses three epoch boundaries
+    flat = [r["prompt"] for batch in stream for r in batch]
+    assert sorted(flat[:10]) == sorted(flat[10:20]) == [str(i) for i in range(10)]   # each epoch a permutation
+    assert flat[:10] != flat[10:20]   # reshuffled per epoch
+
+    first = PromptSampler(rows, seed=5)
+    for _ in range(3):
+        first.next(4)
+    state = json.loads(json.dumps(first.state_dict()))   # survives a checkpoint as JSON
+    resumed = PromptSampler(rows, seed=5)
+    resumed.load_state_dict(state)
+    assert [resumed.next(4) for _ in range(5)] == stream[3:]
+
+    with pytest.raises(DataError, match="num_rows was 10, now 9"):
+        PromptSampler(rows[:9], seed=5).load_state_dict(state)
+    with pytest.raises(DataError, match="seed"):
+        PromptSampler(rows, seed=6).load_state_dict(state)
