@@ -1,0 +1,157 @@
+"""rewards.loader — turns config strings into reward functions and a `RewardSet`.
+
+Owns: `load_reward_fn` for user functions named `path/to/file.py:fn` or `package.module:fn` (a dotted name
+after the colon reaches into an object, `mod:scorer.score`), the signature check, the built-in names
+(`math`, `format`), and `build_reward_set` for a config's list of rewards. Every failure raises
+`RewardLoadError` naming the spec and the file, module or function that is missing or does not fit, so a bad
+config stops the job at start-up instead of scoring 0 for hours.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rewards.base import RewardEntry, RewardSet
+
+BUILTINS = ("math", "format")
+
+
+class RewardLoadError(ValueError):
+    """A reward named in config cannot be loaded or cannot be called as a reward."""
+
+
+def check_reward_signature(fn: Any, name: str) -> None:
+    """Raise unless fn can be called as fn(prompts, completions, answers, **row_fields).
+
+    Extra required parameters after the first three are allowed: they are filled from row fields of the same
+    name at call time (a missing one is then a counted call error, not a load error: the rows are not known
+    here). Keyword-only parameters likewise.
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # builtins and C callables: nothing to check
+    params = list(sig.parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 3:
+        raise RewardLoadError(f"reward function {name!r} must accept (prompts, completions, answers, "
+                              f"**row_fields); its signature is {sig}")
+    extra_pos_only = [p.name for p in positional[3:] if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    if extra_pos_only:
+        raise RewardLoadError(f"reward function {name!r} has required positional-only parameters "
+                              f"{extra_pos_only} beyond (prompts, completions, answers); its signature is {sig}")
+
+
+def _import_file(path_str: str, spec: str, base_dir: Path) -> Any:
+    path = Path(path_str).expanduser()
+    path = path if path.is_absolute() else base_dir / path
+    if not path.is_file():
+        raise RewardLoadError(f"reward file not found: {path} (from {spec!r})")
+    path = path.resolve()
+    # A stable, unique module name per file, registered in sys.modules so dataclasses and pickling by reference
+    # inside that file work.
+    mod_name = f"fbrl_reward_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    mspec = importlib.util.spec_from_file_location(mod_name, path)
+    if mspec is None or mspec.loader is None:
+        raise RewardLoadError(f"reward file {path} cannot be imported as Python (from {spec!r})")
+    module = importlib.util.module_from_spec(mspec)
+    sys.modules[mod_name] = module
+    try:
+        mspec.loader.exec_module(module)
+    except BaseException as e:
+        del sys.modules[mod_name]
+        raise RewardLoadError(f"importing reward file {path} failed: {type(e).__name__}: {e}") from e
+    return module
+
+
+def _import_module(mod: str, spec: str) -> Any:
+    try:
+        return importlib.import_module(mod)
+    except ModuleNotFoundError as e:
+        if e.name and (mod == e.name or mod.startswith(e.name + ".")):
+            raise RewardLoadError(f"reward module {mod!r} not found (from {spec!r}); is it installed or on "
+                                  f"PYTHONPATH? A file is written as path/to/file.py:fn") from e
+        raise RewardLoadError(f"importing reward module {mod!r} failed: {e}") from e
+    except BaseException as e:
+        raise RewardLoadError(f"importing reward module {mod!r} failed: {type(e).__name__}: {e}") from e
+
+
+def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None) -> Callable:
+    """Load `path/to/file.py:fn` (relative paths from base_dir, default the working directory) or
+    `package.module:fn`. A class is instantiated without arguments (for rewards that keep state); the result
+    must be callable with the reward signature."""
+    if not isinstance(spec, str) or spec.count(":") < 1:
+        raise RewardLoadError(f"reward spec {spec!r} must look like 'path/to/file.py:fn' or 'package.module:fn'")
+    where, attr = spec.rsplit(":", 1)
+    if not where or not attr:
+        raise RewardLoadError(f"reward spec {spec!r} must look like 'path/to/file.py:fn' or 'package.module:fn'")
+    is_file = where.endswith(".py") or "/" in where or os.sep in where
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    module = _import_file(where, spec, base) if is_file else _import_module(where, spec)
+    label = f"reward file {where}" if is_file else f"reward module {where!r}"
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            raise RewardLoadError(f"{label} has no function {attr!r} (from {spec!r}); callables there: "
+                                  f"{', '.join(names[:20]) or 'none'}")
+        obj = getattr(obj, part)
+    if inspect.isclass(obj):
+        try:
+            obj = obj()
+        except Exception as e:
+            raise RewardLoadError(f"reward class {attr!r} in {label} cannot be created without arguments: "
+                                  f"{type(e).__name__}: {e}") from e
+    if not callable(obj):
+        raise RewardLoadError(f"{attr!r} in {label} is a {type(obj).__name__}, not a function")
+    check_reward_signature(obj, attr)
+    if not getattr(obj, "__name__", None):
+        try:  # an instance: metrics and error messages use the name from the config
+            obj.__name__ = attr
+        except (AttributeError, TypeError):
+            pass
+    return obj
+
+
+def make_reward(spec: str, base_dir: str | os.PathLike | None = None, **options) -> Callable:
+    """A built-in reward by name (`math` -> MathReward(**options), `format` -> format_reward) or a user one."""
+    if spec == "math":
+        from rewards.math import MathReward
+
+        return MathReward(**options)
+    if spec == "format":
+        from rewards.math import format_reward
+
+        return format_reward
+    if options:
+        raise RewardLoadError(f"options {sorted(options)} are only for built-in rewards, not {spec!r}")
+    return load_reward_fn(spec, base_dir)
+
+
+def build_reward_set(entries: Sequence[str | dict], base_dir: str | os.PathLike | None = None,
+                     default_timeout_s: float = 60.0) -> RewardSet:
+    """A RewardSet from config entries: a spec string, or {fn, weight?, timeout_s?, name?, options?}.
+
+    The built-in math reward defaults to timeout_s None (called inline): its pool enforces per-item deadlines.
+    """
+    out = []
+    for e in entries:
+        e = {"fn": e} if isinstance(e, str) else dict(e)
+        unknown = set(e) - {"fn", "weight", "timeout_s", "name", "options"}
+        if "fn" not in e or unknown:
+            raise RewardLoadError(f"reward entry {e!r}: needs 'fn'; allowed keys fn, weight, timeout_s, name, options")
+        fn = make_reward(e["fn"], base_dir, **(e.get("options") or {}))
+        timeout = e.get("timeout_s", None if e["fn"] == "math" else default_timeout_s)
+        out.append(RewardEntry(fn, float(e.get("weight", 1.0)), e.get("name", ""), timeout))
+    return RewardSet(out)

@@ -1,0 +1,152 @@
+"""RewardPool: hard per-item timeouts, crash recovery, and ≥ 50 adversarial completions through the math scorer.
+
+Every adversarial item must come back within timeout + 1 s with a score in {0, 1}; the caller never sees an
+exception, and afterwards the same pool still scores ordinary items correctly.
+"""
+
+import os
+import time
+
+import pytest
+
+from rewards.math import WORKER_PRELOAD, MathReward, score_completion, warm_worker
+from rewards.pool import RewardPool
+
+MB = 1_000_000
+TIMEOUT_S = 2.0
+
+
+# Item functions run in the workers; they are module-level so they pickle by reference.
+def echo(x):
+    return x
+
+
+def sleep_then(seconds, x):
+    time.sleep(seconds)
+    return x
+
+
+def hard_exit(code):
+    os._exit(code)
+
+
+def raise_value_error(msg):
+    raise ValueError(msg)
+
+
+def busy_c_loop():
+    return 9 ** (9 ** 9)  # seconds of C bignum work: no signal gets in, only a kill stops it
+
+
+def unpicklable():
+    return lambda: None
+
+
+@pytest.fixture(scope="module")
+def pool():
+    # Same preload as the math reward so the fork server (one per process) is warm for every pool in this run.
+    p = RewardPool(num_workers=2, timeout_s=TIMEOUT_S, preload=WORKER_PRELOAD, init=warm_worker)
+    yield p
+    p.close()
+
+
+def test_results_in_order(pool):
+    out = pool.map(echo, [(i,) for i in range(20)])
+    assert [r.value for r in out] == list(range(20))
+    assert all(r.status == "ok" for r in out)
+
+
+def test_hang_crash_error_are_isolated_and_workers_replaced(pool):
+    pids = set(pool.worker_pids())
+    before = dict(pool.stats)
+    t0 = time.monotonic()
+    out = pool.map(echo, [])
+    assert out == []
+    items = [(sleep_then, (30, "hung")), (hard_exit, (3,)), (raise_value_error, ("boom",)), (echo, ("fine",))]
+    results = [pool.map(fn, [args])[0] for fn, args in items]
+    assert [r.status for r in results] == ["timeout", "crash", "error", "ok"]
+    assert results[0].seconds < TIMEOUT_S + 1
+    assert "exit code 3" in results[1].error and "boom" in results[2].error
+    assert results[3].value == "fine"
+    assert pool.stats["timeouts"] == before["timeouts"] + 1 and pool.stats["crashes"] == before["crashes"] + 1
+    assert pool.stats["restarts"] == before["restarts"] + 2
+    assert len(set(pool.worker_pids()) - pids) == 2  # both killed/dead workers were replaced
+    assert time.monotonic() - t0 < 2 * (TIMEOUT_S + 1)
+
+
+def test_c_level_hang_is_killed_while_other_items_flow(pool):
+    out = pool.map(busy_c_loop, [()]) + pool.map(unpicklable, [()])
+    assert out[0].status == "timeout" and out[0].seconds < TIMEOUT_S + 1
+    assert out[1].status == "error" and "could not be sent" in out[1].error
+    mixed = pool.map(sleep_then, [(30, 0)] + [(0, i) for i in range(1, 9)])
+    assert mixed[0].status == "timeout"
+    assert [r.value for r in mixed[1:]] == list(range(1, 9))  # the other worker kept serving meanwhile
+
+
+def test_bad_start_is_loud():
+    with pytest.raises(RuntimeError, match="no_such_module_xyz"):
+        p = RewardPool(num_workers=1, timeout_s=1.0, preload=("no_such_module_xyz",))
+        try:
+            p.map(echo, [(1,)])
+        finally:
+            p.close()
+    with pytest.raises(ValueError, match="fork"):
+        RewardPool(start_method="fork")
+
+
+def adversarial_completions() -> list[str]:
+    huge_exponents = [
+        "\\boxed{9^{9^{9^{9}}}}", "\\boxed{9^9^9^9}", "The final answer is 9^9^9^9", "\\boxed{10^{10^{10}}}",
+        "\\boxed{2^{2^{2^{2^{2^{2}}}}}}", "\\boxed{(10^{100})!}", "\\boxed{100000!}", "\\boxed{10^{-10^{10}}}",
+        "\\boxed{e^{e^{e^{e^{100}}}}}", "\\boxed{\\sqrt{2}^{10^{10}}}", "\\boxed{9^{9^{9^{9}}} - 9^{9^{9^{9}}}}",
+        "\\boxed{\\sum_{n=1}^{10^{10}} n}", "\\boxed{\\binom{10^{9}}{5 \\cdot 10^{8}}}", "\\boxed{42^{42^{42}}}",
+    ]
+    nested = ["\\boxed{" + "{" * k + "42" + "}" * k + "}" for k in (10, 100, 250, 5000)] + [
+        "\\boxed{" + "\\frac{1}{" * 200 + "2" + "}" * 200 + "}",
+        "\\boxed{" + "(" * 400 + "1" + ")" * 400 + "}",
+        "\\boxed{" + "\\sqrt{" * 100 + "2" + "}" * 100 + "}",
+    ]
+    malformed = [
+        "\\boxed{\\frac{1}{}", "\\boxed{\\frac}", "\\boxed{\\left( 1 }", "\\boxed{\\begin{matrix} 1 & 2 \\\\ }",
+        "\\boxed{\\sqrt[}{2}}", "\\boxed{^^^}", "\\boxed{\\\\\\\\}", "\\boxed{$$}", "\\boxed{\\end{array}}",
+        "\\boxed{1 = = = 2}", "\\boxed{\\text{}}", "\\boxed{}", "\\boxed{{}}", "\\boxed{\\}", "\\boxed{\\frac{1}{0}}",
+        "\\boxed{0/0}", "\\boxed{\\log(0)}", "\\boxed{\\infty - \\infty}", "Final answer: $$$$",
+    ]
+    unicode = [
+        "\\boxed{４２}", "\\boxed{٤٢}", "\\boxed{42\u200b}", "\\boxed{½}", "\\boxed{√2}", "\\boxed{π}",
+        "\\boxed{\ud800}", "\\boxed{😀}", "\\boxed{4\u03002}", "\\boxed{\u202e42}", "\\boxed{4\x002}",
+    ]
+    one_mb = [
+        "x" * MB, "x" * MB + "\\boxed{42}", "\\boxed{" + "1" * MB + "}", "$" * MB, "{" * MB, "}" * MB, "\\" * MB,
+        "\\boxed{" * (MB // 7), "final answer is " + "9" * MB, "Final answer: " + "(" * MB, "😀" * (MB // 4),
+        "\\boxed{42}" + " " * MB,
+    ]
+    return huge_exponents + nested + malformed + unicode + one_mb
+
+
+def test_adversarial_completions(pool):
+    comps = adversarial_completions()
+    assert len(comps) >= 50
+    items = [("42", c, 512, 1) for c in comps]
+    t0 = time.monotonic()
+    out = pool.map(score_completion, items)
+    wall = time.monotonic() - t0
+    slow = [(i, r.seconds) for i, r in enumerate(out) if r.seconds > TIMEOUT_S + 1]
+    assert not slow
+    assert wall < (len(items) / pool.num_workers + 1) * (TIMEOUT_S + 1)
+    scores = [r.value[0] if r.status == "ok" else 0.0 for r in out]
+    assert set(scores) <= {0.0, 1.0}
+    # The answer after a megabyte of junk, and before a megabyte of spaces, is still found.
+    assert scores[comps.index("x" * MB + "\\boxed{42}")] == 1.0
+    assert scores[comps.index("\\boxed{42}" + " " * MB)] == 1.0
+    # The pool still answers, correctly, through the math reward.
+    reward = MathReward(pool=pool)
+    assert list(reward(["q"] * 3, ["\\boxed{42}", "\\boxed{41}", "\\boxed{-7}"], ["42", "42", "-7"])) == [1, 0, 1]
+
+
+def test_math_reward_counts_hard_timeouts():
+    with RewardPool(num_workers=1, timeout_s=1.0, preload=WORKER_PRELOAD, init=warm_worker) as p:
+        reward = MathReward(pool=p, mv_timeout_s=30)  # soft timeout above the hard one: the kill must act
+        out = reward(["q"] * 2, ["\\boxed{42^{42^{42}}}", "\\boxed{42}"], ["42", "42"])
+        assert list(out) == [0.0, 1.0]
+        assert out.timeouts == 1 and p.stats["timeouts"] == 1
