@@ -267,11 +267,14 @@ def _temperature(t: float) -> float:
 
 
 def response_log_dists(model, h: torch.Tensor, batch: LearnerBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Full-vocabulary log_softmax(logits / T) at the states predicting each response token: [B, R, V] fp32."""
+    """Full-vocabulary log_softmax(logits / T) at the states predicting each response token: [B, R, V], in fp32
+    (or wider)."""
     pos = batch.response_positions().to(h.device)
     h_resp = torch.gather(h, 1, pos[..., None].expand(-1, -1, h.shape[-1]))
     head = model.logits_from_hidden if hasattr(model, "logits_from_hidden") else model.get_output_embeddings()
-    logits = head(h_resp).float() / _temperature(temperature)
+    logits = head(h_resp)
+    # fp32 at least (bf16 log-softmax is too coarse for ratios); fp64 models keep fp64 (gradient checks)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / _temperature(temperature)
     return torch.log_softmax(logits, dim=-1)
 
 

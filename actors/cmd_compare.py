@@ -1,0 +1,101 @@
+"""`fbrl compare-likelihood`: the likelihood estimators against the exact recurrence on fresh rollouts.
+
+Generates N rollouts with the torch engine (recording the states the engine fed back), then reports, for
+K = 1..M passes and for replay, the log-prob error, KL, top-1 agreement and KV-cache error against the exact
+recurrence, and time per token (rl/likelihood_compare.py). Optional JSON (keys `passes`, `replay`, ...) and a plot
+of error against passes with replay as a horizontal line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+TASKS = ("arith", "random")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help="FBT checkpoint directory (save_pretrained + tokenizer)")
+    p.add_argument("--task", choices=TASKS, default="arith",
+                   help="prompt source: arith (test split, needs the checkpoint's tokenizer) or random token ids")
+    p.add_argument("--n-samples", type=int, default=16, help="rollouts (one per prompt)")
+    p.add_argument("--max-passes", type=int, default=6, help="compare kpass for K = 1..M")
+    p.add_argument("--decode-mode", choices=("soft", "fused"), default="soft")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--max-tokens", type=int, default=32, help="response length cap")
+    p.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward in the comparison")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
+    p.add_argument("--plot", dest="plot_out", default=None, metavar="OUT.png", help="error-vs-passes figure")
+
+
+def task_prompts(task: str, n: int, tokenizer=None, vocab_size: int | None = None, bos_id: int | None = None,
+                 seed: int = 0) -> list[list[int]]:
+    """n prompts as token ids: arith test-split prompts through the tokenizer, or random ids (BOS first)."""
+    if task == "arith":
+        if tokenizer is None:
+            raise ValueError("--task arith needs a tokenizer in the checkpoint directory (or use --task random)")
+        from rl.data import arith
+        return [tokenizer(row["prompt"])["input_ids"] for row in arith.generate("test", n, seed=seed)]
+    if task == "random":
+        rng = random.Random(seed)
+        lo = 3 if vocab_size > 8 else 0  # keep clear of the special ids (pad/bos/eos) of small vocabularies
+        return [([bos_id] if bos_id is not None else []) + [rng.randrange(lo, vocab_size)
+                                                             for _ in range(rng.randint(6, 16))] for _ in range(n)]
+    raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
+
+
+def generate_rollouts(model, prompts: list[list[int]], decode_mode: str, temperature: float, max_tokens: int,
+                      seed: int, tokenizer=None):
+    """One sample per prompt from the torch engine (stops at the model's / tokenizer's EOS), states recorded in
+    fp32; drops samples that cannot be compared (empty, preempted, aborted)."""
+    from rollout.base import SamplingParams
+    from rollout.torch_engine import TorchEngine
+
+    params = SamplingParams(n=1, temperature=temperature, max_tokens=max_tokens, decode_mode=decode_mode,
+                            record_states=True, seed=seed)
+    samples = TorchEngine(model, tokenizer=tokenizer).generate(prompts, params)
+    return [s for s in samples if s.response_len > 0 and not s.preempted and s.finish_reason != "aborted"]
+
+
+def run(args) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import rl.model  # noqa: F401  (registers the FBT model types with the Auto classes)
+    from rl.likelihood_compare import compare_samples, format_report, plot_report
+
+    if args.n_samples < 1 or args.max_passes < 1:
+        raise SystemExit("compare-likelihood: --n-samples and --max-passes must be >= 1")
+    torch.manual_seed(args.seed)
+    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
+    if not hasattr(model, "multipass_forward"):
+        raise SystemExit(f"compare-likelihood: {args.checkpoint} is not an FBT checkpoint "
+                         f"(model_type {model.config.model_type!r}); convert it first (fbrl convert)")
+    tokenizer = None
+    if (Path(args.checkpoint) / "tokenizer_config.json").exists():
+        tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+    cfg = model.config
+    try:
+        prompts = task_prompts(args.task, args.n_samples, tokenizer, cfg.vocab_size, cfg.bos_token_id, args.seed)
+    except ValueError as e:
+        raise SystemExit(f"compare-likelihood: {e}") from None
+    samples = generate_rollouts(model, prompts, args.decode_mode, args.temperature, args.max_tokens, args.seed,
+                                tokenizer)
+    if not samples:
+        raise SystemExit("compare-likelihood: the engine returned no comparable samples")
+    pad = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
+    report = compare_samples(model, samples, pad_id=pad, decode_mode=args.decode_mode, max_passes=args.max_passes,
+                             temperature=args.temperature, micro_batch_size=args.micro_batch_size)
+    report.update(checkpoint=str(args.checkpoint), task=args.task)
+    print(format_report(report))
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json_out}")
+    if args.plot_out:
+        Path(args.plot_out).parent.mkdir(parents=True, exist_ok=True)
+        plot_report(report, args.plot_out)
+        print(f"wrote {args.plot_out}")
+    return 0

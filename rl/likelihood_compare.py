@@ -1,0 +1,183 @@
+"""Compare the likelihood estimators against the exact recurrence (`fbrl compare-likelihood`).
+
+For a batch of rollouts (with recorded states) and K = 1..M passes plus replay, pooled over response tokens:
+
+- `mean_abs_logp_diff` (and `max_abs_logp_diff`): |log p_est(y) - log p_exact(y)| at the sampled tokens;
+- `kl`: KL(exact ‖ estimate) over the full vocabulary, per token;
+- `top1_agreement`: fraction of response positions whose argmax token agrees with the exact one;
+- `k_rel_l2` / `v_rel_l2`: per layer, ||K_est - K_exact|| / ||K_exact|| over the cache entries of the response
+  tokens (the prompt's entries are identical for every estimator, so they would only dilute the figure); the
+  exact cache is the one a parallel pass over the recurrence's own inputs builds;
+- `time_per_token_ms`: wall time of the estimator (forward, no grad) per response token.
+
+Everything is computed per micro-batch of rows and pooled, so memory stays bounded by the micro-batch.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rl.batch import LearnerBatch, Sample, collate
+from rl.likelihood import (get_estimator, last_pass_inputs, micro_batches, response_hidden, response_log_dists,
+                           run_pass)
+
+METRICS = ("mean_abs_logp_diff", "max_abs_logp_diff", "kl", "top1_agreement", "k_rel_l2_mean", "v_rel_l2_mean",
+           "time_per_token_ms")
+
+
+class _Pool:
+    """Token-pooled sums for one estimator."""
+
+    def __init__(self, n_layers: int):
+        self.abs = self.kl = self.agree = self.n = 0.0
+        self.max_abs = 0.0
+        self.dk = [0.0] * n_layers
+        self.dv = [0.0] * n_layers
+        self.seconds = 0.0
+
+    def add(self, lp_est, lp_ex, logp_est, logp_ex, mask, kv_est, kv_ex, kv_mask):
+        d = (lp_est - lp_ex).abs() * mask
+        self.abs += float(d.sum())
+        self.max_abs = max(self.max_abs, float(d.max()))
+        kl = (logp_ex.exp() * (logp_ex - logp_est)).sum(-1)
+        self.kl += float((kl * mask).sum())
+        self.agree += float(((logp_est.argmax(-1) == logp_ex.argmax(-1)).float() * mask).sum())
+        self.n += float(mask.sum())
+        m = kv_mask[:, None, :, None].to(kv_ex[0][0].dtype)  # [B, 1, L, 1] over [B, heads, L, head_dim]
+        for i, ((k, v), (k0, v0)) in enumerate(zip(kv_est, kv_ex)):
+            self.dk[i] += float((((k - k0) * m) ** 2).sum())
+            self.dv[i] += float((((v - v0) * m) ** 2).sum())
+
+    def record(self, ref_k: list[float], ref_v: list[float]) -> dict:
+        n = max(self.n, 1.0)
+        k_rel = [(a / max(b, 1e-30)) ** 0.5 for a, b in zip(self.dk, ref_k)]
+        v_rel = [(a / max(b, 1e-30)) ** 0.5 for a, b in zip(self.dv, ref_v)]
+        return {"mean_abs_logp_diff": self.abs / n, "max_abs_logp_diff": self.max_abs, "kl": self.kl / n,
+                "top1_agreement": self.agree / n, "k_rel_l2": k_rel, "v_rel_l2": v_rel,
+                "k_rel_l2_mean": sum(k_rel) / len(k_rel), "v_rel_l2_mean": sum(v_rel) / len(v_rel),
+                "time_per_token_ms": 1000.0 * self.seconds / n}
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def _kv_mask(batch: LearnerBatch) -> torch.Tensor:
+    """[B, L] bool: cache positions of the response tokens (P_b .. P_b + R_b - 1)."""
+    L = batch.input_ids.shape[1]
+    pos = torch.arange(L)[None, :]
+    return (pos >= batch.prompt_lens[:, None]) & (pos < (batch.prompt_lens + batch.response_lens)[:, None])
+
+
+@torch.no_grad()
+def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", max_passes: int = 6,
+                       temperature: float = 1.0, micro_batch_size: int | None = 8) -> dict:
+    """Every estimator against `exact` on one batch (needs `batch.states` for replay). Returns the report dict:
+    `passes` (one record per K = 1..max_passes, each with `k`), `replay`, `exact` (its time per token) and
+    `engine` (the engine's own log-probs against exact)."""
+    if max_passes < 1:
+        raise ValueError(f"max_passes must be >= 1, got {max_passes}")
+    model.eval()
+    n_layers = model.config.num_hidden_layers
+    pools = {k: _Pool(n_layers) for k in range(1, max_passes + 1)}
+    pools["replay"] = _Pool(n_layers)
+    exact_seconds, engine_abs, engine_max = 0.0, 0.0, 0.0
+    ref_k, ref_v = [0.0] * n_layers, [0.0] * n_layers
+    dev = next(model.parameters()).device
+    for mb in micro_batches(batch, micro_batch_size):
+        mask = mb.response_mask.to(dev)
+        kv_mask = _kv_mask(mb).to(dev)
+        tok = mb.response_ids.to(dev)[..., None]
+        t0 = time.perf_counter()
+        h_ex = response_hidden(model, mb, decode_mode, "exact")
+        logp_ex = response_log_dists(model, h_ex, mb, temperature)
+        exact_seconds += time.perf_counter() - t0
+        lp_ex = torch.gather(logp_ex, -1, tok)[..., 0] * mask
+        d_eng = (mb.engine_logprobs.to(dev) - lp_ex).abs() * mask
+        engine_abs += float(d_eng.sum())
+        engine_max = max(engine_max, float(d_eng.max()))
+        _, kv_ex = run_pass(model, mb, *last_pass_inputs(model, mb, decode_mode, "exact", prev_hidden=h_ex),
+                            with_kv=True)
+        m = kv_mask[:, None, :, None].to(kv_ex[0][0].dtype)
+        for i, (k0, v0) in enumerate(kv_ex):
+            ref_k[i] += float(((k0 * m) ** 2).sum())
+            ref_v[i] += float(((v0 * m) ** 2).sum())
+
+        def score(key, name, passes, prev):
+            carried, fmask = last_pass_inputs(model, mb, decode_mode, name, passes, prev_hidden=prev)
+            h, kv = run_pass(model, mb, carried, fmask, with_kv=True)
+            logp = response_log_dists(model, h, mb, temperature)
+            pools[key].add(torch.gather(logp, -1, tok)[..., 0] * mask, lp_ex, logp, logp_ex, mask, kv, kv_ex,
+                           kv_mask)
+            # timing through the public estimator, as the learner calls it
+            pools[key].seconds += _timed(lambda: get_estimator(name)(model, mb, decode_mode, passes, temperature))[1]
+            return h
+
+        prev = None
+        for k in range(1, max_passes + 1):
+            prev = score(k, "kpass", k, prev)  # kpass K's final states feed kpass K+1's final pass
+        score("replay", "replay", 1, None)
+    n_tok = float(batch.response_mask.sum())
+    return {
+        "decode_mode": decode_mode, "temperature": temperature, "n_samples": len(batch), "n_tokens": int(n_tok),
+        "n_layers": n_layers,
+        "exact": {"time_per_token_ms": 1000.0 * exact_seconds / max(n_tok, 1.0)},
+        "engine": {"mean_abs_logp_diff": engine_abs / max(n_tok, 1.0), "max_abs_logp_diff": engine_max},
+        "passes": [{"k": k, **pools[k].record(ref_k, ref_v)} for k in range(1, max_passes + 1)],
+        "replay": pools["replay"].record(ref_k, ref_v),
+    }
+
+
+def compare_samples(model, samples: list[Sample], pad_id: int = 0, **kwargs) -> dict:
+    """`compare_estimators` on engine samples (they must carry recorded states)."""
+    return compare_estimators(model, collate(samples, pad_id=pad_id, with_states=True), **kwargs)
+
+
+def format_report(report: dict) -> str:
+    """A plain-text table: one line per K, then replay and exact."""
+    head = f"{'estimator':>10} {'|dlogp|':>10} {'KL':>10} {'top1':>7} {'K relL2':>9} {'V relL2':>9} {'ms/tok':>8}"
+    rows = [f"compare-likelihood: {report['n_samples']} samples, {report['n_tokens']} response tokens, "
+            f"decode_mode={report['decode_mode']}, T={report['temperature']}", head]
+
+    def line(name, r):
+        return (f"{name:>10} {r['mean_abs_logp_diff']:10.3e} {r['kl']:10.3e} {r['top1_agreement']:7.2%} "
+                f"{r['k_rel_l2_mean']:9.3%} {r['v_rel_l2_mean']:9.3%} {r['time_per_token_ms']:8.3f}")
+
+    rows += [line(f"K={r['k']}", r) for r in report["passes"]]
+    rows.append(line("replay", report["replay"]))
+    rows.append(f"{'exact':>10} {'':>10} {'':>10} {'':>7} {'':>9} {'':>9} {report['exact']['time_per_token_ms']:8.3f}")
+    rows.append(f"engine log-probs vs exact: mean |dlogp| {report['engine']['mean_abs_logp_diff']:.3e}, "
+                f"max {report['engine']['max_abs_logp_diff']:.3e}")
+    return "\n".join(rows)
+
+
+def plot_report(report: dict, path: str) -> None:
+    """Error against passes with replay as a horizontal line (the paper's Figure 8 layout): left mean |Δ log p|
+    and KL, right mean K / V relative L2. Log scale; exact zeros are drawn at a floor of 1e-10."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    floor = 1e-10
+    ks = [r["k"] for r in report["passes"]]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    panels = [(axes[0], [("mean_abs_logp_diff", "mean |Δ log p|", "C0"), ("kl", "KL(exact‖est)", "C1")]),
+              (axes[1], [("k_rel_l2_mean", "K rel. L2", "C2"), ("v_rel_l2_mean", "V rel. L2", "C3")])]
+    for ax, series in panels:
+        for key, label, color in series:
+            ax.plot(ks, [max(r[key], floor) for r in report["passes"]], "o-", color=color, label=f"K-pass {label}")
+            ax.axhline(max(report["replay"][key], floor), color=color, ls="--", label=f"replay {label}")
+        ax.set_yscale("log")
+        ax.set_xlabel("passes K")
+        ax.set_xticks(ks)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_title("log-prob error vs exact recurrence")
+    axes[1].set_title("KV-cache error vs exact recurrence")
+    fig.suptitle(f"{report['n_samples']} samples, {report['n_tokens']} tokens, {report['decode_mode']} decoding")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
