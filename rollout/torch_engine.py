@@ -1,0 +1,374 @@
+"""The pure-torch reference rollout engine: batched latent-feedback decoding with a KV cache.
+
+Owns `TorchEngine` (the `RolloutEngine` every other engine is checked against, the engine of unit tests, and
+the fallback where vLLM is not installed) and its counter-based sampler. It runs the FBT model's own building
+blocks (`prefill`, `embed`, `run_stack`, `logits_from_hidden` of rl/model.py), so what it computes is the
+model's recurrence (`recurrent_forward`), batched; tests/test_torch_engine.py holds it to that.
+
+Design choices (bench/decode.py measures them; docs/BENCHMARKS.md has the figures):
+
+- **Left padding.** Prompts of different lengths are left-padded into one batch with an attention mask and
+  `positions_from_mask` positions. Every row's last prompt state then sits in the same column, and every
+  generated token of every row is appended at the same cache column, so one Hugging Face `DynamicCache` with a
+  single shared length serves the whole batch and each decode step is one `[B, 1]` forward. Right padding would
+  need a per-row write position (not supported by `DynamicCache`); packing needs varlen attention kernels that
+  plain torch SDPA does not have. The price is attention over (masked) padding columns, small for RL prompts.
+  The decode mask is built once per call as the 4D mask the attention implementation takes and sliced per
+  step, so the backbone does not rebuild it from the 2D mask every token.
+- **n samples per prompt** share one prefill: the prompt is prefilled once and its cache rows repeated n times.
+- **Early exit.** When rows finish (a stop token), they are dropped from the batch at once: the cache, mask,
+  positions, `h_prev` and sampler keys are `index_select`ed to the unfinished rows, so no compute is spent on
+  finished rows. `DynamicCache` already copies the cache every step (`torch.cat`), so one extra copy when a row
+  finishes is cheap; the loop ends when no row is left.
+- **Per-sequence `h_prev`.** Row j of a sample's recorded states is the state that predicted response token j
+  (row 0 = last prompt position). The token consumed next is fused with it (`F(h_prev, e)`), except in
+  `standard` mode and for document-start tokens (`fbt_reset_token_ids`), which keep the ordinary input.
+- **Token-side fusion tables.** Every fusion mode splits into a d×d matmul of the state and a term that depends
+  on the token only (`σ(W_G RMS(e))`, `W_T RMS(e)`, or the token half of `W_C`), plus the embedding's RMS. The
+  token terms are precomputed once per weight version for the whole vocabulary, so a decode step pays one of
+  the two fusion matmuls and a handful of elementwise ops. The tables are rebuilt whenever the embedding or
+  fusion weights change (new tensors or in-place writes); `fusion_tables=False` uses `model.fuse` instead.
+- **Sampling with a per-request seed, independent of batch composition.** Sample k of prompt i draws one
+  uniform per step from a counter-based hash of (seed, i, k, step) and inverts the CDF of softmax(logits / T)
+  (after top-k / top-p if asked). A sample's tokens therefore depend on its own prompt, the weights, the
+  params and (seed, i, k) only — not on the other prompts, the padding, the batch size or which rows already
+  finished — and there is no per-row `torch.Generator` loop in the step (B Python calls per token).
+- **Log-probs** follow the one contract (shared/DESIGN.md §5): log_softmax(logits / T) over the full vocabulary
+  of the sampled token, whatever top-p/top-k did; T = 0 is greedy with log-probs of the untempered logits.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from rl.batch import Sample
+from rl.model import rms_normalize, rms_value
+from rollout.base import RolloutEngine, SamplingParams, validate_prompts
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, m: int) -> torch.Tensor:
+    """(x * m) mod 2**32 for x in [0, 2**32) in int64 without signed overflow (16-bit halves of m)."""
+    return (x * (m & 0xFFFF) + (((x * (m >> 16)) & 0xFFFF) << 16)) & _MASK32
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finalizer (full avalanche) on int64 tensors holding values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def row_keys(seed: int, group_ids: torch.Tensor, sample_indices: torch.Tensor) -> torch.Tensor:
+    """[B, 2] int64 keys of the random streams of samples (group_ids[b], sample_indices[b]) under `seed`."""
+    seed = int(seed) & ((1 << 64) - 1)
+    lo, hi = torch.tensor(seed & _MASK32), torch.tensor(seed >> 32)
+    g = _fmix32(group_ids.long() * 2 + 1 & _MASK32)
+    k = _fmix32(sample_indices.long() * 2 & _MASK32)
+    k1 = _fmix32(g ^ _fmix32(lo ^ k))
+    k2 = _fmix32(k ^ _fmix32(hi ^ g ^ 0x9E3779B9))
+    return torch.stack([k1, k2], dim=1)
+
+
+def uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
+    """[B] float64 uniforms in [0, 1) with 53 random bits: a pure function of (key, step)."""
+    t = torch.tensor(step & _MASK32)
+    a = _fmix32(keys[:, 0] ^ _fmix32(t ^ keys[:, 1]))
+    b = _fmix32(keys[:, 1] ^ _fmix32(a ^ 0x85EBCA6B))
+    return ((a >> 6) * 2.0 ** 27 + (b >> 5)).double() * 2.0 ** -53
+
+
+def sample_tokens(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor):
+    """Sample one token per row. Returns (tokens [B] long, log-probs [B] float32 under the log-prob contract).
+
+    `u` [B] are the rows' uniforms: the token is the first index whose CDF (in the order below) exceeds
+    u * total mass, which samples it with its probability (inverse-CDF sampling).
+    """
+    logits = logits.float()
+    if params.temperature == 0:
+        logp = torch.log_softmax(logits, dim=-1)
+        tok = logits.argmax(dim=-1)
+        return tok, logp.gather(1, tok[:, None])[:, 0]
+    logp = torch.log_softmax(logits / params.temperature, dim=-1)
+    probs = logp.exp()
+    V = probs.shape[-1]
+    if params.top_k > 0 or params.top_p < 1:
+        probs, order = probs.sort(dim=-1, descending=True)
+        if 0 < params.top_k < V:
+            probs[:, params.top_k:] = 0
+        if params.top_p < 1:
+            # keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < top_p
+            before = probs.cumsum(-1) - probs
+            probs = torch.where(before < params.top_p * probs.sum(-1, keepdim=True), probs, 0)
+    else:
+        order = None
+    cdf = probs.double().cumsum(-1)
+    kept = (probs > 0).sum(-1, keepdim=True) - 1  # never step past the last token with mass (rounding)
+    idx = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).to(cdf.dtype), right=True)
+    idx = torch.minimum(idx, kept if order is not None else torch.full_like(idx, V - 1))
+    tok = (order.gather(1, idx) if order is not None else idx)[:, 0]
+    return tok, logp.gather(1, tok[:, None])[:, 0]
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, P] token ids and attention mask of left-padded prompts."""
+    P = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), P, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[b, P - len(p):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def load_state_dict_from(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Tensors of a safetensors file, or of every `*.safetensors` file of a save_pretrained directory.
+
+    Only safetensors: never torch.load / pickle, which can run code from the file.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files or not all(f.suffix == ".safetensors" and f.is_file() for f in files):
+        raise ValueError(f"load_weights: {str(path)!r} is neither a .safetensors file nor a directory holding "
+                         f"*.safetensors files")
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
+
+
+class TorchEngine(RolloutEngine):
+    """Batched generation with the FBT model in this process (CPU or one GPU).
+
+    model: an FBT model (rl/model.py), used in place (load_weights writes into it).
+    eos_token_ids: tokens that always end a sample besides `params.stop_token_ids`; None = the model's
+        generation config / config `eos_token_id` (plus `tokenizer.eos_token_id` if a tokenizer is given);
+        `()` = none (benchmarks that need fixed lengths).
+    fusion_tables: precompute the token side of the fusion per weight version (module docstring).
+    """
+
+    def __init__(self, model, version: int = 0, eos_token_ids=None, tokenizer=None, fusion_tables: bool = True):
+        self.model = model.eval()
+        self.version = int(version)
+        if eos_token_ids is None:
+            eos_token_ids = self._config_eos(model)
+            if tokenizer is not None and tokenizer.eos_token_id is not None:
+                eos_token_ids.add(int(tokenizer.eos_token_id))
+        elif isinstance(eos_token_ids, int):
+            eos_token_ids = {eos_token_ids}
+        self.eos_token_ids = tuple(sorted(int(t) for t in eos_token_ids))
+        self.fusion_tables = fusion_tables
+        self._tables = None  # (weights key, tables)
+
+    @staticmethod
+    def _config_eos(model) -> set[int]:
+        ids = set()
+        for cfg in (getattr(model, "generation_config", None), model.config):
+            eos = getattr(cfg, "eos_token_id", None)
+            if eos is not None:
+                ids.update([eos] if isinstance(eos, int) else eos)
+        return ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ---- weights -------------------------------------------------------------------------------------------
+    def load_weights(self, weights, version: int) -> None:
+        """Install a state dict, a `.safetensors` file or a save_pretrained directory as policy `version`.
+
+        Names must be the model's; a missing name is allowed only for a tied weight (save_pretrained drops
+        `lm_head.weight` when it is the embedding). Nothing is installed if the version is not newer.
+        """
+        self._check_new_version(version)
+        state = weights if isinstance(weights, dict) else load_state_dict_from(weights)
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or ()) \
+            if self.model.config.tie_word_embeddings else set()
+        own = self.model.state_dict()
+        missing, unexpected = set(own) - set(state) - tied, set(state) - set(own)
+        if missing or unexpected:
+            raise ValueError(f"load_weights: names do not fit the model: missing={sorted(missing)[:5]} "
+                             f"unexpected={sorted(unexpected)[:5]}")
+        with torch.no_grad():
+            self.model.load_state_dict(state, strict=False)
+        self._tables = None
+        self.version = int(version)
+
+    # ---- fusion --------------------------------------------------------------------------------------------
+    def _token_tables(self) -> dict:
+        """Token-side fusion terms for the whole vocabulary, cached per weight version (module docstring)."""
+        model, fusion = self.model, self.model.fusion
+        params = [model.get_input_embeddings().weight, *fusion.parameters()]
+        key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+        if self._tables is not None and self._tables[0] == key:
+            return self._tables[1]
+        d = model.config.hidden_size
+        with torch.inference_mode():
+            e = model.embed(torch.arange(self.vocab_size, device=self.device))
+            en = rms_normalize(e)
+            if fusion.mode == "gate_product":
+                w_h, tok = fusion.w_u.weight, torch.sigmoid(fusion.w_g(en))
+            elif fusion.mode == "linear_addition":
+                w_h, tok = fusion.w_u.weight, fusion.w_t(en)
+            else:  # concat_projection: W_C [RMS(h); RMS(e)] = W_C[:, :d] RMS(h) + W_C[:, d:] RMS(e)
+                w_h, tok = fusion.w_c.weight[:, :d].contiguous(), F.linear(en, fusion.w_c.weight[:, d:])
+            scale = rms_value(e) if model.config.fbt_input_scale == "embedding_rms" else None
+        tables = {"mode": fusion.mode, "w_h": w_h, "tok": tok, "scale": scale, "d": d}
+        self._tables = (key, tables)
+        return tables
+
+    @staticmethod
+    def _fuse_with_tables(t: dict, h_prev: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        """`model.fuse(h_prev, embed(tok))` for [b, d] states and [b] tokens, from the token tables: [b, 1, d]."""
+        hin = rms_normalize(h_prev) if t["mode"] == "concat_projection" else h_prev
+        a, tt = F.linear(hin, t["w_h"]), F.embedding(tok, t["tok"])
+        z = a * tt if t["mode"] == "gate_product" else a + tt
+        # F.rms_norm is one kernel and equals rms_normalize in fp32; lower precision keeps the model's fp32 path
+        x = F.rms_norm(z, (t["d"],), eps=1e-6) if z.dtype == torch.float32 else rms_normalize(z)
+        if t["scale"] is not None:
+            x = x * F.embedding(tok, t["scale"])
+        return x[:, None]
+
+    def _next_input(self, tok, h_prev, tables, is_reset):
+        """Layer-0 input [b, 1, d] of the sampled tokens: fused with h_prev except at document starts."""
+        if tables is None:
+            e = self.model.embed(tok[:, None])
+            x = self.model.fuse(h_prev[:, None], e)
+        else:
+            x, e = self._fuse_with_tables(tables, h_prev, tok), None
+        if is_reset is not None:
+            reset = is_reset[tok]
+            if bool(reset.any()):
+                e = self.model.embed(tok[:, None]) if e is None else e
+                x = torch.where(reset[:, None, None], e, x)
+        return x
+
+    # ---- generation ----------------------------------------------------------------------------------------
+    def _validate(self, prompts, params: SamplingParams) -> None:
+        params.validate()
+        validate_prompts(prompts, self.vocab_size)
+        bad = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"SamplingParams.stop_token_ids: {bad[:3]} outside the vocabulary "
+                             f"[0, {self.vocab_size})")
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        longest = max(len(p) for p in prompts)
+        if limit is not None and longest + params.max_tokens > limit:
+            raise ValueError(f"SamplingParams.max_tokens={params.max_tokens}: the longest prompt ({longest}) plus "
+                             f"max_tokens exceeds the model's max_position_embeddings ({limit})")
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 min_version: int | None = None) -> list[Sample]:
+        """n samples per prompt, flat, prompt-major (module docstring). A stop token ends its sample and is
+        included in `response_ids` (finish_reason "stop"); otherwise the sample has max_tokens tokens ("length")."""
+        self.check_version(min_version)
+        self._validate(prompts, params)
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2 ** 62, ()).item())
+        with torch.inference_mode():
+            tokens, logprobs, states, lengths, stopped = self._decode(prompts, params, seed)
+        # Outside inference mode: clones are ordinary tensors the learner may use under autograd, and each
+        # sample owns its rows (a view would drag the whole batch's storage along when pickled).
+        tokens, logprobs, lengths, stopped = tokens.tolist(), logprobs.tolist(), lengths.tolist(), stopped.tolist()
+        samples = []
+        for b, R in enumerate(lengths):
+            i, k = divmod(b, params.n)
+            samples.append(Sample(
+                prompt_ids=list(prompts[i]), response_ids=tokens[b][:R], logprobs=logprobs[b][:R],
+                finish_reason="stop" if stopped[b] else "length", policy_version=self.version,
+                states=states[b, :R].clone() if states is not None else None,
+                group_id=i, sample_index=k, decode_mode=params.decode_mode))
+        return samples
+
+    def _step_mask(self, mask2d: torch.Tensor):
+        """The decode-time mask over [prompt + all new tokens], in the form the attention implementation takes
+        as-is (sliced per step): None without padding, 4D bool (sdpa) / additive (eager), else the 2D mask."""
+        if bool(mask2d.all()):
+            return None
+        impl = getattr(self.model.config, "_attn_implementation", None)
+        if impl == "sdpa":
+            return mask2d.bool()[:, None, None, :]
+        if impl == "eager":
+            dtype = next(self.model.parameters()).dtype
+            add = torch.zeros(mask2d.shape, dtype=dtype, device=mask2d.device)
+            return add.masked_fill(~mask2d.bool(), torch.finfo(dtype).min)[:, None, None, :]
+        return mask2d
+
+    def _decode(self, prompts, params: SamplingParams, seed: int):
+        """The batched loop. Returns per row (prompt-major, then sample), on CPU: tokens [B, T], log-probs
+        [B, T], states [B, T, d] or None, lengths [B], stopped [B]."""
+        model, dev, n, T, V = self.model, self.device, params.n, params.max_tokens, self.vocab_size
+        pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        ids, mask = left_pad(prompts, pad_id, dev)
+        P0 = ids.shape[1]
+        h, cache = model.prefill(ids, mask, mode=params.decode_mode)
+        h_prev = h[:, -1]  # left padding: every row's last prompt state is in the last column
+        B = len(prompts) * n
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+            h_prev, mask = h_prev.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+        pos = mask.sum(1, keepdim=True)  # position of the first new token = the row's prompt length
+        attn = self._step_mask(torch.cat([mask, mask.new_ones(B, T)], dim=1))
+        rows = torch.arange(B, device=dev)
+        keys = None if params.temperature == 0 else row_keys(seed, rows // n, rows % n).to(dev)
+        stop_ids = sorted(set(params.stop_token_ids) | set(self.eos_token_ids))
+        is_stop = None
+        if stop_ids:
+            is_stop = torch.zeros(V, dtype=torch.bool, device=dev)
+            is_stop[stop_ids] = True
+        tables = is_reset = None
+        feedback = params.decode_mode != "standard"
+        if feedback:
+            tables = self._token_tables() if self.fusion_tables else None
+            resets = [t for t in model.reset_token_ids if 0 <= t < V]
+            if resets:
+                is_reset = torch.zeros(V, dtype=torch.bool, device=dev)
+                is_reset[resets] = True
+
+        out_tok = torch.zeros(B, T, dtype=torch.long, device=dev)
+        out_lp = torch.zeros(B, T, dtype=torch.float32, device=dev)
+        sdtype = torch.bfloat16 if params.states_dtype == "bfloat16" else torch.float32
+        out_states = torch.zeros(B, T, h_prev.shape[-1], dtype=sdtype, device=dev) if params.record_states else None
+        lengths = torch.full((B,), T, dtype=torch.long, device=dev)
+        stopped = torch.zeros(B, dtype=torch.bool, device=dev)
+        active = rows  # original row of each batch row
+        all_active = True  # while no row finished, whole-column writes replace index writes
+        for step in range(T):
+            logits = model.logits_from_hidden(h_prev)
+            tok, lp = sample_tokens(logits, params, None if keys is None else uniforms(keys, step))
+            at = slice(None) if all_active else active
+            out_tok[at, step], out_lp[at, step] = tok, lp
+            if out_states is not None:
+                out_states[at, step] = h_prev.to(sdtype)
+            if is_stop is not None:
+                done = is_stop[tok]
+                if bool(done.any()):
+                    lengths[active[done]], stopped[active[done]] = step + 1, True
+                    keep = (~done).nonzero()[:, 0]
+                    if keep.numel() == 0 or step == T - 1:
+                        break
+                    # early exit: finished rows leave the batch (cache, mask, positions, state, sampler keys)
+                    cache.batch_select_indices(keep)
+                    active, tok, h_prev, pos = active[keep], tok[keep], h_prev[keep], pos[keep]
+                    attn = attn[keep] if attn is not None else None
+                    keys = keys[keep] if keys is not None else None
+                    all_active = False
+            if step == T - 1:
+                break
+            x = self._next_input(tok, h_prev, tables, is_reset) if feedback else model.embed(tok[:, None])
+            am = attn[..., :P0 + step + 1] if attn is not None else None
+            h, cache = model.run_stack(x, am, pos, cache, use_cache=True)
+            h_prev, pos = h[:, 0], pos + 1
+        cpu = lambda t: None if t is None else t.cpu()
+        return cpu(out_tok), cpu(out_lp), cpu(out_states), cpu(lengths), cpu(stopped)
