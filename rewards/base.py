@@ -16,7 +16,9 @@ joins for `timeout_s` seconds; async functions run to completion in a fresh even
 itself; while that thread is alive the function is not called again (its batches score 0 as timeouts), so a
 hung function costs at most one thread. Per-item work that can hang for real (sympy, user code in C) belongs in
 `rewards.pool.RewardPool`, whose workers are processes that are killed. `timeout_s=None` calls the function
-inline in the caller's thread (no deadline): use it for rewards that protect themselves, e.g. `MathReward`.
+inline in the caller's thread (no deadline): use it for rewards that protect themselves, e.g. `MathReward`,
+and for a user function that relies on signals (math-verify called directly with its default timeouts raises
+"doesn't support threaded environment" in a helper thread; that shows up as a counted, named error).
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class _Call:
     """One guarded call in a helper thread: result or exception, and whether it finished."""
 
     def __init__(self, entry: RewardEntry, args: tuple, kwargs: dict):
+        self.kwargs = kwargs
         self.out: Any = None
         self.exc: BaseException | None = None
         self.done = threading.Event()
@@ -124,6 +127,7 @@ class _Call:
                                        name=f"reward-{entry.name}")
 
     def _run(self, entry: RewardEntry, args: tuple, kwargs: dict) -> None:
+        self.t0 = time.perf_counter()  # latency of this call alone (inline calls run one after another)
         try:
             out = entry.fn(*args, **kwargs)
             if inspect.isawaitable(out):
@@ -187,12 +191,13 @@ class RewardSet:
                 skipped.add(e.name)
                 calls[e.name] = None
                 continue
-            c = _Call(e, args, kw)
-            calls[e.name] = c
-            if e.timeout_s is None:
-                c._run(e, args, kw)  # inline: the caller's thread, no deadline
-            else:
+            calls[e.name] = c = _Call(e, args, kw)
+            if e.timeout_s is not None:
                 c.thread.start()
+        for e in self.entries:  # inline ones (no deadline) in the caller's thread, while the others run
+            c = calls[e.name]
+            if c is not None and e.timeout_s is None:
+                c._run(e, args, c.kwargs)
         total, per_reward, metrics, errors = [0.0] * n, {}, {}, []
         for e in self.entries:
             c = calls[e.name]
@@ -223,7 +228,7 @@ class RewardSet:
         if c.timed_out:
             return [0.0] * n, 0, n, {}, f"timed out after {e.timeout_s:g} s; scored 0", c.seconds
         if c.exc is not None:
-            return [0.0] * n, n, 0, {}, f"raised {type(c.exc).__name__}: {c.exc}; scored 0", c.seconds
+            return [0.0] * n, n, 0, {}, f"raised {type(c.exc).__name__}: {str(c.exc)[:300]}; scored 0", c.seconds
         scores, bad, problem = validate_scores(c.out, n)
         if problem and bad == n:  # the whole batch is unusable: ignore whatever the result says about itself
             return scores, n, 0, {}, problem + "; scored 0", c.seconds

@@ -140,10 +140,12 @@ def make_reward(spec: str, base_dir: str | os.PathLike | None = None, **options)
 
 
 def build_reward_set(entries: Sequence[str | dict], base_dir: str | os.PathLike | None = None,
-                     default_timeout_s: float = 60.0) -> RewardSet:
+                     default_timeout_s: float = 60.0, num_workers: int | None = None) -> RewardSet:
     """A RewardSet from config entries: a spec string, or {fn, weight?, timeout_s?, name?, options?}.
 
-    The built-in math reward defaults to timeout_s None (called inline): its pool enforces per-item deadlines.
+    `timeout_s` is the deadline of what can hang: a user function's whole call (default `default_timeout_s`),
+    but for the built-in `math` reward the per-item deadline of its pool (its call then runs inline, since the
+    pool already bounds every item). `num_workers` sizes the math reward's pool unless its options say.
     """
     out = []
     for e in entries:
@@ -151,7 +153,16 @@ def build_reward_set(entries: Sequence[str | dict], base_dir: str | os.PathLike 
         unknown = set(e) - {"fn", "weight", "timeout_s", "name", "options"}
         if "fn" not in e or unknown:
             raise RewardLoadError(f"reward entry {e!r}: needs 'fn'; allowed keys fn, weight, timeout_s, name, options")
-        fn = make_reward(e["fn"], base_dir, **(e.get("options") or {}))
-        timeout = e.get("timeout_s", None if e["fn"] == "math" else default_timeout_s)
+        options = dict(e.get("options") or {})
+        timeout = e.get("timeout_s")
+        if e["fn"] == "math":
+            if timeout is not None:
+                options.setdefault("timeout_s", timeout)
+            if num_workers is not None:
+                options.setdefault("num_workers", num_workers)
+            timeout = None
+        elif timeout is None:
+            timeout = default_timeout_s
+        fn = make_reward(e["fn"], base_dir, **options)
         out.append(RewardEntry(fn, float(e.get("weight", 1.0)), e.get("name", ""), timeout))
     return RewardSet(out)

@@ -174,14 +174,22 @@ def score_completion(gold: str, completion: str, max_answer_chars: int = 512,
         return 0.0, ERROR
 
 
-# What a pool worker for the math reward imports before it is ready (in the fork server too, so a replaced
-# worker starts in milliseconds rather than re-importing sympy for ~1 s).
-WORKER_PRELOAD = ("rewards.math", "math_verify", "sympy")
+# What a pool worker for the math reward imports before it is ready. With forkserver these are imported in the
+# fork server, and `rewards._warm_math` runs `warm_worker` there once, so every worker (and every replacement of
+# a killed one) is forked already warm instead of paying ~1 s of imports and first parses.
+WORKER_PRELOAD = ("rewards.math", "math_verify", "sympy", "rewards._warm_math")
+
+# One answer of each common kind: the first parse of a kind builds parser tables and sympy caches (~0.1 s each).
+_WARM_CASES = (("1", "\\boxed{1}"), ("\\frac{1}{2}", "\\boxed{\\dfrac{2}{4}}"), ("2\\sqrt{3}", "\\boxed{\\sqrt{12}}"),
+               ("[-1, 2)", "\\boxed{[-1,2)}"), ("\\{1,2\\}", "\\boxed{\\{2, 1\\}}"),
+               ("x^2+3x+2", "\\boxed{(x+1)(x+2)}"), ("0.25", "The final answer is $\\frac{1}{4}$."), ("-7", "\\boxed{-8}"))
 
 
 def warm_worker() -> None:
-    """Run once per pool worker: the first parse loads math-verify's lazy parser tables (~0.2 s)."""
-    score_completion("1", "\\boxed{1}")
+    """Score one answer of each common kind, so first-parse costs are not charged to an item's timeout."""
+    for gold, completion in _WARM_CASES:
+        score_completion(gold, completion)
+    _parse_gold.cache_clear()  # warm tables, not a cache of golds nobody asked for
 
 
 def _finish_reasons(n: int, row_fields: dict) -> list:
@@ -248,12 +256,20 @@ class MathReward:
                 scores[i], statuses[i] = score_completion(str(answers[i]), completions[i], self.max_answer_chars,
                                                           self.mv_timeout_s if on_main else None)
         else:
-            items = [(str(answers[i]), completions[i], self.max_answer_chars, self.mv_timeout_s) for i in todo]
-            for i, res in zip(todo, self.pool.map(score_completion, items)):
+            # Identical (gold, completion) pairs are scored once: a small policy often repeats itself in a group.
+            unique: dict[tuple[str, str], list[int]] = {}
+            for i in todo:
+                unique.setdefault((str(answers[i]), completions[i]), []).append(i)
+            items = [(g, c, self.max_answer_chars, self.mv_timeout_s) for g, c in unique]
+            # Keyed by gold: a group's samples go to one worker, which parses that gold once (a third of the work).
+            results = self.pool.map(score_completion, items, keys=[g for g, _ in unique])
+            for idx, res in zip(unique.values(), results):
                 if res.status == "ok":
-                    scores[i], statuses[i] = res.value
+                    got = res.value
                 else:  # hard timeout, worker crash or an exception escaping the scorer
-                    scores[i], statuses[i] = 0.0, TIMEOUT if res.status == "timeout" else ERROR
+                    got = (0.0, TIMEOUT if res.status == "timeout" else ERROR)
+                for i in idx:
+                    scores[i], statuses[i] = got
         return _result([float(s) if _math.isfinite(s) else 0.0 for s in scores], statuses)
 
     def close(self) -> None:

@@ -9,9 +9,13 @@ its own pipe; the dispatcher waits on the pipes and the process sentinels with t
   * a worker that dies mid-item (segfault, os._exit, OOM kill) reports the item as `crash`, and is replaced;
   * an exception in the item function is reported as `error` and the worker keeps serving.
 
-So a batch always completes, in about ceil(items / workers) * timeout_s in the worst case. Worker deadlines
-start when the item is handed to a worker that has finished starting (workers say "ready" after importing
-`preload`), so slow start-up is never charged to an item.
+So a batch always completes, in about ceil(items / workers) * timeout_s in the worst case. An item's deadline
+starts when its worker starts it: at hand-over to an idle worker, or when the result of the item before it
+arrives. Workers say "ready" after importing `preload` and running `init`, so start-up is never charged to
+an item. Each worker also holds ONE small item queued behind the running one (pickled <= 64 KiB, so it fits
+the pipe's buffer and a send never blocks behind a hung item): on a loaded machine the worker then does not sit
+idle waiting for the dispatcher to be scheduled between items. When a worker is killed or dies, its queued item
+never ran and goes back to the pending list.
 
 Start method: 'forkserver' by default (or 'spawn'), never 'fork': forking a process that runs threads (Ray
 actors, vLLM, the training loop) can deadlock the child. With forkserver the `preload` modules (math-verify,
@@ -36,11 +40,13 @@ import traceback
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any, Callable, Sequence
 
 log = logging.getLogger(__name__)
 
 OK, ERROR, TIMEOUT, CRASH = "ok", "error", "timeout", "crash"
+_QUEUE_BYTES = 64 * 1024  # largest pickled item queued behind a running one (pipe buffers are >= 200 KiB)
 
 
 @dataclass
@@ -82,6 +88,51 @@ def _worker_main(conn, preload: tuple[str, ...], init: Callable | None) -> None:
             conn.send((ERROR, f"result could not be sent: {type(e).__name__}: {e}"[:2000]))
 
 
+class _Pending:
+    """Items not yet handed to a worker, grouped by key, so that items sharing a key (a gold answer) go to the
+    same worker and hit its caches. A worker keeps taking from its group; when that is empty it claims the next
+    unclaimed group, and when none is left it takes from the back of the largest group (so no worker idles
+    while another still has a queue). Without keys every item is its own group: plain first-in, first-out."""
+
+    def __init__(self, keys: Sequence[Any]):
+        self.key_of = list(keys)
+        self.groups: dict[Any, deque[int]] = {}
+        for i, k in enumerate(self.key_of):
+            self.groups.setdefault(k, deque()).append(i)
+        self.unclaimed: deque = deque(self.groups)
+        self.n = len(self.key_of)
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def take(self, w: "_Worker") -> int:
+        q = self.groups.get(w.key)
+        if not q:
+            while self.unclaimed and self.unclaimed[0] not in self.groups:
+                self.unclaimed.popleft()
+            if self.unclaimed:
+                w.key = self.unclaimed.popleft()
+                q = self.groups[w.key]
+            else:
+                w.key = max(self.groups, key=lambda k: len(self.groups[k]))
+                return self._pop(w.key, q=self.groups[w.key], back=True)
+        return self._pop(w.key, q)
+
+    def _pop(self, key: Any, q: deque, back: bool = False) -> int:
+        i = q.pop() if back else q.popleft()
+        if not q:
+            del self.groups[key]  # only non-empty groups stay, so stealing scans few
+        self.n -= 1
+        return i
+
+    def put_back(self, i: int) -> None:
+        """An item that never ran goes back to the front of its group, which is up for claiming again."""
+        k = self.key_of[i]
+        self.groups.setdefault(k, deque()).appendleft(i)
+        self.unclaimed.appendleft(k)
+        self.n += 1
+
+
 class _Worker:
     def __init__(self, ctx, preload: tuple[str, ...], init: Callable | None):
         self.conn, child = ctx.Pipe(duplex=True)
@@ -91,9 +142,9 @@ class _Worker:
         child.close()
         self.started = time.monotonic()
         self.ready = False
-        self.item: int | None = None
-        self.deadline = 0.0
-        self.dispatched = 0.0
+        self.queue: deque[int] = deque()  # item indices sent, in order; queue[0] is running
+        self.key: Any = None              # the item group it is working through (see _Pending)
+        self.head_started = 0.0           # when queue[0] started (as seen by the dispatcher)
 
     def kill(self) -> None:
         try:
@@ -125,7 +176,7 @@ class RewardPool:
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver" and self.preload:
             # Global to this process's fork server; only takes effect if the server is not running yet.
-            self._ctx.set_forkserver_preload(sorted({"rewards.pool", *self.preload}))
+            self._ctx.set_forkserver_preload(list(dict.fromkeys(("rewards.pool", *self.preload))))
         self._lock = threading.Lock()
         self._workers: list[_Worker] = []
         self.stats = {"items": 0, "errors": 0, "timeouts": 0, "crashes": 0, "restarts": 0}
@@ -134,20 +185,28 @@ class RewardPool:
             self._workers = [_Worker(self._ctx, self.preload, self.init) for _ in range(num_workers)]
 
     # -- public -------------------------------------------------------------------------------------------------
-    def map(self, fn: Callable, items: Sequence[tuple]) -> list[ItemResult]:
-        """Results in item order. Never raises for an item; raises RuntimeError only if workers cannot start."""
+    def map(self, fn: Callable, items: Sequence[tuple], keys: Sequence[Any] | None = None) -> list[ItemResult]:
+        """Results in item order. Never raises for an item; raises RuntimeError only if workers cannot start.
+
+        `keys` (hashable, one per item) are an affinity hint: items with one key go to one worker when possible.
+        """
+        items = list(items)
+        if keys is not None and len(keys) != len(items):
+            raise ValueError(f"{len(keys)} keys for {len(items)} items")
         with self._lock:
             if self._closed:
                 raise RuntimeError("RewardPool is closed")
-            return self._run(fn, list(items))
+            return self._run(fn, items, keys)
 
-    async def amap(self, fn: Callable, items: Sequence[tuple]) -> list[ItemResult]:
-        return await asyncio.to_thread(self.map, fn, items)
+    async def amap(self, fn: Callable, items: Sequence[tuple], keys: Sequence[Any] | None = None) -> list[ItemResult]:
+        return await asyncio.to_thread(self.map, fn, items, keys)
 
     def warmup(self) -> None:
         """Block until every worker has started (benchmarks use it to keep start-up out of the timing)."""
         with self._lock:
-            self._run(_noop, [() for _ in range(self.num_workers)])
+            if self._closed:
+                raise RuntimeError("RewardPool is closed")
+            self._run(None, [], None, until_ready=True)
 
     def worker_pids(self) -> list[int]:
         return [w.proc.pid for w in self._workers]
@@ -180,83 +239,105 @@ class RewardPool:
             pass
 
     # -- dispatcher ---------------------------------------------------------------------------------------------
-    def _replace(self, w: _Worker) -> None:
-        w.kill()
-        self._workers[self._workers.index(w)] = _Worker(self._ctx, self.preload, self.init)
-        self.stats["restarts"] += 1
-
-    def _finish(self, results: list, w: _Worker, status: str, value: Any = None, error: str = "") -> None:
-        results[w.item] = ItemResult(value, status, time.monotonic() - w.dispatched, error)
+    def _record(self, results: list, i: int, status: str, seconds: float, value: Any = None, error: str = "") -> None:
+        results[i] = ItemResult(value, status, seconds, error)
         self.stats["items"] += 1
         if status != OK:
             self.stats[{ERROR: "errors", TIMEOUT: "timeouts", CRASH: "crashes"}[status]] += 1
-        w.item = None
 
-    def _run(self, fn: Callable, items: list[tuple]) -> list[ItemResult]:
+    def _retire(self, w: _Worker, results: list, pending: _Pending, status: str, error: str) -> None:
+        """Kill/reap w, charge its running item with `status`, requeue the items queued behind it, replace it."""
+        w.kill()
+        if w.queue:
+            self._record(results, w.queue.popleft(), status, time.monotonic() - w.head_started, error=error)
+            for i in reversed(w.queue):  # never ran: back to the front, in order
+                pending.put_back(i)
+        self._workers[self._workers.index(w)] = _Worker(self._ctx, self.preload, self.init)
+        self.stats["restarts"] += 1
+
+    def _abort(self) -> None:
+        """Workers cannot start (a broken preload/init): close the pool rather than retry forever."""
+        self._closed = True
+        for w in self._workers:
+            w.kill()
+        self._workers = []
+
+    def _dispatch(self, fn: Callable | None, items: list[tuple], pending: _Pending, results: list) -> None:
+        for w in list(self._workers):
+            while w.ready and pending and len(w.queue) < 2:
+                i = pending.take(w)
+                try:
+                    payload = ForkingPickler.dumps((fn, items[i]))
+                except Exception as e:  # an item that cannot be sent fails alone
+                    self._record(results, i, ERROR, 0.0, error=f"item could not be sent: {type(e).__name__}: {e}")
+                    continue
+                if w.queue and len(payload) > _QUEUE_BYTES:
+                    pending.put_back(i)  # a big item waits for an idle worker: its send could block behind a hang
+                    break
+                try:
+                    w.conn.send_bytes(payload)
+                except (BrokenPipeError, OSError):  # died: the running item crashed, i never ran
+                    pending.put_back(i)
+                    self._retire(w, results, pending, CRASH, "worker died")
+                    break
+                if not w.queue:
+                    w.head_started = time.monotonic()
+                w.queue.append(i)
+
+    def _run(self, fn: Callable | None, items: list[tuple], keys: Sequence[Any] | None,
+             until_ready: bool = False) -> list[ItemResult]:
         results: list[ItemResult | None] = [None] * len(items)
-        pending = deque(range(len(items)))
+        pending = _Pending(range(len(items)) if keys is None else keys)
         failed_starts = 0
-        while pending or any(w.item is not None for w in self._workers):
-            for w in list(self._workers):
-                if w.ready and w.item is None and pending:
-                    i = pending.popleft()
-                    w.item, w.dispatched = i, time.monotonic()
-                    w.deadline = w.dispatched + self.timeout_s
-                    try:
-                        w.conn.send((fn, items[i]))
-                    except (BrokenPipeError, OSError):  # died while idle: the item never ran, so requeue it
-                        pending.appendleft(i)
-                        w.item = None
-                        self._replace(w)
+        for w in self._workers:
+            w.key = None
+        while pending or any(w.queue or (until_ready and not w.ready) for w in self._workers):
+            self._dispatch(fn, items, pending, results)
             now = time.monotonic()
-            deadlines = [w.deadline if w.item is not None else w.started + self.startup_timeout_s
-                         for w in self._workers if w.item is not None or not w.ready]
-            timeout = max(0.0, min(deadlines) - now) if deadlines else 0.0
-            watched = {}
+            watched, deadlines = {}, []
             for w in self._workers:
-                if w.item is not None or not w.ready:
-                    watched[w.conn] = w
-                    watched[w.proc.sentinel] = w
-            ready = set(wait(list(watched), timeout=timeout))
-            now = time.monotonic()
+                if w.queue or not w.ready:
+                    watched[w.conn] = watched[w.proc.sentinel] = w
+                    deadlines.append(w.head_started + self.timeout_s if w.queue else w.started + self.startup_timeout_s)
+            ready = set(wait(list(watched), timeout=max(0.0, min(deadlines) - now) if deadlines else 0.0))
             for w in list(self._workers):
-                got_msg = w.conn in ready
-                if got_msg:
+                got_msg = False
+                while w.conn in ready and w.conn.poll():
                     try:
                         kind, payload = w.conn.recv()
                     except (EOFError, OSError):
-                        got_msg = False
-                    else:
-                        if not w.ready:
-                            if kind == "failed":
-                                raise RuntimeError(f"reward worker failed to start (preload {self.preload}):\n"
-                                                   f"{payload}")
-                            w.ready, failed_starts = True, 0
-                        else:
-                            self._finish(results, w, kind, payload if kind == OK else None,
-                                         "" if kind == OK else payload)
-                        continue
-                dead = w.proc.sentinel in ready or (w.conn in ready and not got_msg)
-                if dead:
-                    if w.item is not None:
-                        w.proc.join(1)  # the pipe can report EOF a moment before the process is reaped
-                        code = w.proc.exitcode
-                        self._finish(results, w, CRASH, error=f"worker died (exit code {code})")
+                        break
+                    got_msg = True
+                    now = time.monotonic()
+                    if not w.ready:
+                        if kind == "failed":
+                            self._abort()
+                            raise RuntimeError(f"reward worker failed to start (preload {self.preload}):\n{payload}")
+                        w.ready, failed_starts = True, 0
+                    elif w.queue:
+                        i = w.queue.popleft()
+                        self._record(results, i, kind, now - w.head_started, payload if kind == OK else None,
+                                     "" if kind == OK else payload)
+                        w.head_started = now  # the queued item (if any) starts now
+                if got_msg:
+                    continue
+                now = time.monotonic()
+                if w.proc.sentinel in ready or w.conn in ready:  # readable without a message: EOF, it died
+                    w.proc.join(1)  # the pipe can report EOF a moment before the process is reaped
+                    code = w.proc.exitcode
+                    if w.queue:
                         log.warning("reward worker %s died (exit code %s); replaced", w.proc.pid, code)
                     else:
                         failed_starts += 1
-                    self._replace(w)
-                elif w.item is not None and now >= w.deadline:
-                    self._finish(results, w, TIMEOUT, error=f"no result within {self.timeout_s:g} s; worker killed")
-                    self._replace(w)
+                    self._retire(w, results, pending, CRASH, f"worker died (exit code {code})")
+                elif w.queue and now >= w.head_started + self.timeout_s:
+                    self._retire(w, results, pending, TIMEOUT, f"no result within {self.timeout_s:g} s; worker killed")
                 elif not w.ready and now >= w.started + self.startup_timeout_s:
                     failed_starts += 1
-                    self._replace(w)
+                    self._retire(w, results, pending, CRASH, "worker did not start")
                 if failed_starts > 2 * self.num_workers:
+                    self._abort()
                     raise RuntimeError(f"reward workers keep failing to start (start method "
                                        f"{self._ctx.get_start_method()}, preload {self.preload})")
         return results  # type: ignore[return-value]
 
-
-def _noop() -> None:
-    return None

@@ -133,6 +133,27 @@ def test_arithmetic_task_integers(math_reward):
     assert list(math_reward(["q"] * 6, bad, golds)) == [0.0] * 6
 
 
+def test_embedded_arithmetic_task_is_scored_by_the_math_reward(math_reward):
+    from rl.data.arith import generate, score
+
+    rows = generate("val", 40, seed=3, difficulties=(1, 2, 3, 4))
+    golds = [r["answer"] for r in rows]
+    right = [r["solution"] for r in rows]
+    wrong = [r["solution"].replace(f"\\boxed{{{r['answer']}}}", f"\\boxed{{{int(r['answer']) + 1}}}") for r in rows]
+    assert any(g.startswith("-") for g in golds)  # negative integer answers are in the mix
+    assert list(math_reward([r["prompt"] for r in rows], right, golds)) == [1.0] * 40
+    assert list(math_reward([r["prompt"] for r in rows], wrong, golds)) == [0.0] * 40
+    assert [score(c, g) for c, g in zip(wrong, golds)] == [0.0] * 40  # the task's own checker agrees
+
+
+def test_duplicates_scored_once_and_fanned_out(math_reward):
+    before = math_reward.pool.stats["items"]
+    comps = ["\\boxed{4}", "\\boxed{5}", "\\boxed{4}", "\\boxed{4}", "\\boxed{5}"]
+    out = math_reward(["q"] * 5, comps, ["4", "4", "4", "5", "4"])
+    assert list(out) == [1.0, 0.0, 1.0, 0.0, 0.0]
+    assert math_reward.pool.stats["items"] - before == 3  # (4,4), (4,5), (5,4)
+
+
 def test_truncated_scores_zero(math_reward):
     comps = ["\\boxed{5}"] * 4
     out = math_reward(["q"] * 4, comps, ["5"] * 4, finish_reasons=["stop", "length", None, "aborted"])

@@ -83,6 +83,16 @@ def test_c_level_hang_is_killed_while_other_items_flow(pool):
     assert [r.value for r in mixed[1:]] == list(range(1, 9))  # the other worker kept serving meanwhile
 
 
+def test_big_item_is_not_queued_behind_a_hung_one():
+    # A 1 MB item queued behind a hung item would block the dispatcher in send() until the hang ends.
+    with RewardPool(num_workers=1, timeout_s=1.0, preload=WORKER_PRELOAD, init=warm_worker) as p:
+        t0 = time.monotonic()
+        out = p.map(sleep_then, [(30, 0), (0, "x" * MB), (0, 2)])
+        assert [r.status for r in out] == ["timeout", "ok", "ok"]
+        assert len(out[1].value) == MB and out[2].value == 2
+        assert time.monotonic() - t0 < 1.0 + 2.0
+
+
 def test_bad_start_is_loud():
     with pytest.raises(RuntimeError, match="no_such_module_xyz"):
         p = RewardPool(num_workers=1, timeout_s=1.0, preload=("no_such_module_xyz",))

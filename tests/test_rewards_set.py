@@ -205,6 +205,10 @@ def test_build_reward_set_with_builtins(user_file):
                            {"fn": "format", "weight": 0.1},
                            {"fn": f"{user_file}:correct_len", "weight": 0.5, "timeout_s": 5}])
     assert isinstance(rs.entries[0].fn, MathReward) and rs.entries[0].timeout_s is None
+    assert rs.entries[1].timeout_s == 60.0 and rs.entries[2].timeout_s == 5
+    pooled = build_reward_set([{"fn": "math", "timeout_s": 3.0}], num_workers=3).entries[0]
+    # For math, timeout_s is its pool's per-item deadline; the call itself runs inline.
+    assert pooled.timeout_s is None and pooled.fn.timeout_s == 3.0 and pooled.fn.num_workers == 3
     out = rs(P, C, A, finish_reasons=["stop", "stop", "length"])
     assert out.per_reward["math"] == [1.0, 0.0, 0.0] and out.per_reward["format_reward"] == [1.0, 1.0, 0.0]
     assert out.rewards == pytest.approx([1.1 + 0.5 * 0, 0.1, 0.0 + 0.5 * 0])
