@@ -6,11 +6,12 @@ exception, and afterwards the same pool still scores ordinary items correctly.
 
 import os
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from rewards.math import WORKER_PRELOAD, MathReward, score_completion, warm_worker
-from rewards.pool import RewardPool
+from rewards.pool import RewardPool, _Pending
 
 MB = 1_000_000
 TIMEOUT_S = 2.0
@@ -56,6 +57,24 @@ def test_results_in_order(pool):
     assert all(r.status == "ok" for r in out)
 
 
+def test_keys_keep_a_group_on_one_worker_and_idle_workers_steal():
+    p = _Pending(["a", "a", "b", "b", "c"])
+    w1, w2 = SimpleNamespace(key=None), SimpleNamespace(key=None)
+    assert [p.take(w1), p.take(w2), p.take(w1), p.take(w1), p.take(w2)] == [0, 2, 1, 4, 3]
+    assert not p
+    p = _Pending(["g"] * 4)
+    assert [p.take(w1), p.take(w2), p.take(w2), p.take(w1)] == [0, 3, 1, 2]  # w2 steals the back item, then shares
+    p.put_back(1)  # a requeued item (its worker was killed) is up for claiming again
+    assert p and p.take(SimpleNamespace(key=None)) == 1
+
+
+def test_keyed_map_returns_item_order(pool):
+    out = pool.map(echo, [(i,) for i in range(12)], keys=[i % 3 for i in range(12)])
+    assert [r.value for r in out] == list(range(12))
+    with pytest.raises(ValueError, match="keys"):
+        pool.map(echo, [(1,)], keys=[1, 2])
+
+
 def test_hang_crash_error_are_isolated_and_workers_replaced(pool):
     pids = set(pool.worker_pids())
     before = dict(pool.stats)
@@ -91,6 +110,12 @@ def test_big_item_is_not_queued_behind_a_hung_one():
         assert [r.status for r in out] == ["timeout", "ok", "ok"]
         assert len(out[1].value) == MB and out[2].value == 2
         assert time.monotonic() - t0 < 1.0 + 2.0
+
+
+def test_spawn_start_method_works_too():
+    with RewardPool(num_workers=1, timeout_s=5.0, start_method="spawn") as p:
+        out = p.map(echo, [(1,), ("two",)]) + p.map(hard_exit, [(0,)]) + p.map(echo, [(3,)])
+        assert [r.status for r in out] == ["ok", "ok", "crash", "ok"] and out[3].value == 3
 
 
 def test_bad_start_is_loud():
