@@ -175,6 +175,8 @@ def _kpass_hidden(model, batch, decode_mode, passes):
     The first K response log-probs are exact (soft and fused); K >= R makes all of them exact."""
     dev = _device(model)
     fb, pc, pm = _masks(model, batch, decode_mode)
+    if decode_mode == "standard":
+        passes = 1  # no feedback anywhere: every pass would be the same ordinary forward
     out = model.multipass_forward(batch.input_ids.to(dev), passes, batch.attention_mask.to(dev), feedback_mask=fb,
                                   fixed_carried=pc, fixed_mask=pm, no_grad_until_last=True)
     return out.last_hidden

@@ -4,6 +4,7 @@ Model: a tiny random FBT Llama in fp32 whose fusion value weights are scaled up,
 log-probs by ~0.1 nats (with the paper's init the estimators would agree trivially and prove nothing).
 """
 import json
+import pathlib
 
 import pytest
 import torch
@@ -241,14 +242,14 @@ def test_kv_helper_replay_cache_equals_exact(model, rollouts):
         assert (k0 - k1).abs().max() <= TOL and (v0 - v1).abs().max() <= TOL
 
 
-def check_report(rep, n_layers=2):
+def check_report(rep):
     """JSON keys; errors non-increasing from K=1 to K=3 and replay at or below K=3 (and exact)."""
     assert {"passes", "replay", "exact", "engine"} <= rep.keys()
     assert [r["k"] for r in rep["passes"]] == [1, 2, 3]
     for r in rep["passes"] + [rep["replay"]]:
         assert {"mean_abs_logp_diff", "kl", "top1_agreement", "k_rel_l2", "v_rel_l2",
                 "time_per_token_ms"} <= r.keys()
-        assert len(r["k_rel_l2"]) == len(r["v_rel_l2"]) == n_layers
+        assert len(r["k_rel_l2"]) == len(r["v_rel_l2"]) == rep["n_layers"]
     k1, k2, k3 = rep["passes"]
     for key in ("mean_abs_logp_diff", "kl", "k_rel_l2_mean", "v_rel_l2_mean"):
         assert k1[key] >= k2[key] >= k3[key] >= rep["replay"][key] - 1e-7, key
@@ -265,14 +266,24 @@ def test_compare_estimators(model, rollouts):
     assert rep["n_tokens"] == int(batch.response_mask.sum()) and "replay" in format_report(rep)
 
 
-@pytest.mark.parametrize("mode", ["soft", "fused"])
-def test_compare_likelihood_cli(tmp_path, mode):
+TINY_CKPT = pathlib.Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith"
+
+
+@pytest.mark.parametrize("source,mode", [("random", "soft"), ("random", "fused"), ("tiny-arith", "soft")])
+def test_compare_likelihood_cli(tmp_path, source, mode):
+    """4 samples through `fbrl compare-likelihood`, on a random strong-feedback model (+ the char tokenizer)
+    and, once it is committed, on the tiny checkpoint."""
     from actors.cli import main
     from rl.data.tokenizer import save_tokenizer
 
-    ckpt = tmp_path / "ckpt"
-    tiny_model().save_pretrained(ckpt)
-    save_tokenizer(ckpt)
+    if source == "tiny-arith":
+        if not (TINY_CKPT / "config.json").exists():
+            pytest.skip("checkpoints/tiny-arith is not committed yet")
+        ckpt = TINY_CKPT
+    else:
+        ckpt = tmp_path / "ckpt"
+        tiny_model().save_pretrained(ckpt)
+        save_tokenizer(ckpt)
     out, png = tmp_path / "cmp.json", tmp_path / "cmp.png"
     assert main(["compare-likelihood", "--checkpoint", str(ckpt), "--task", "arith", "--n-samples", "4",
                  "--max-passes", "3", "--decode-mode", mode, "--max-tokens", "12", "--json", str(out),
