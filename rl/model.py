@@ -239,6 +239,10 @@ class FBTMixin:
         one before, so here we run the first `prefill_passes - 1` passes over the prompts (right-padded rows).
         """
         passes = prefill_passes or self.config.fbt_prefill_passes
+        if passes <= 1:  # one prefill pass is the plain prompt: nothing is fused into it
+            d = self.config.hidden_size
+            return (torch.zeros(*input_ids.shape, d, device=input_ids.device, dtype=self.dtype),
+                    torch.zeros_like(input_ids, dtype=torch.bool))
         P = int(prompt_lens.max())
         ids = input_ids[:, :P]
         am = attention_mask[:, :P] if attention_mask is not None else None
