@@ -141,10 +141,10 @@ def score_completion(gold: str, completion: str, max_answer_chars: int = 512,
     from math_verify import verify
     from math_verify.errors import TimeoutException
 
-    answer = extract_answer(completion, max_answer_chars)
-    if answer is None:
-        return 0.0, NO_ANSWER
     try:
+        answer = extract_answer(completion, max_answer_chars)
+        if answer is None:
+            return 0.0, NO_ANSWER
         gold_parsed = list(_parse_gold(str(gold).strip(), mv_timeout_s))
         if not gold_parsed:
             return 0.0, GOLD_UNPARSED
@@ -249,7 +249,14 @@ class MathReward:
             raise ValueError(f"math reward got {n} completions but {len(answers)} answers")
         reasons = _finish_reasons(n, row_fields)
         scores, statuses = [0.0] * n, [TRUNCATED] * n
-        todo = [i for i in range(n) if reasons[i] not in UNFINISHED_REASONS]
+        todo = []
+        for i in range(n):
+            if reasons[i] in UNFINISHED_REASONS:
+                continue
+            if answers[i] is None:  # a row without a gold is a data error, not a wrong answer
+                statuses[i] = GOLD_UNPARSED
+                continue
+            todo.append(i)
         if self.in_process:
             on_main = threading.current_thread() is threading.main_thread()
             for i in todo:
@@ -270,7 +277,11 @@ class MathReward:
                     got = (0.0, TIMEOUT if res.status == "timeout" else ERROR)
                 for i in idx:
                     scores[i], statuses[i] = got
-        return _result([float(s) if _math.isfinite(s) else 0.0 for s in scores], statuses)
+        out = _result([float(s) if _math.isfinite(s) else 0.0 for s in scores], statuses)
+        if out.errors or out.timeouts:
+            log.warning("math reward: %d of %d samples scored 0 for an error (%d golds that do not parse) and %d "
+                        "for a timeout", out.errors, n, out.counts[GOLD_UNPARSED], out.timeouts)
+        return out
 
     def close(self) -> None:
         if self._own_pool and self._pool is not None:
@@ -282,6 +293,21 @@ class MathReward:
             self.close()
         except Exception:
             pass
+
+
+_DEFAULT: MathReward | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def math_reward(prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any],
+                **row_fields) -> RewardResult:
+    """The math reward as a plain function (`rewards.math:math_reward` in config): a process-wide
+    `MathReward()` with default settings, whose pool starts on the first call."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = MathReward()
+    return _DEFAULT(prompts, completions, answers, **row_fields)
 
 
 def format_reward(prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any],

@@ -263,8 +263,11 @@ class RewardPool:
         self._workers = []
 
     def _dispatch(self, fn: Callable | None, items: list[tuple], pending: _Pending, results: list) -> None:
-        for w in list(self._workers):
-            while w.ready and pending and len(w.queue) < 2:
+        # Idle workers first (depth 1), then one queued item each (depth 2).
+        for depth, w in [(d, w) for d in (1, 2) for w in list(self._workers)]:
+            if w not in self._workers:
+                continue  # replaced during this pass
+            while w.ready and pending and len(w.queue) < depth:
                 i = pending.take(w)
                 try:
                     payload = ForkingPickler.dumps((fn, items[i]))

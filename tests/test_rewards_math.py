@@ -3,6 +3,11 @@
 The table is scored both in-process and through the pool; both must equal the expected column.
 """
 
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
 
 from rewards.base import RewardResult
@@ -11,6 +16,7 @@ from rewards.math import (
     _parse_gold,
     extract_answer,
     format_reward,
+    math_reward,
     score_completion,
 )
 
@@ -86,7 +92,7 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def math_reward():
+def pooled():
     r = MathReward(num_workers=2, timeout_s=10.0)
     yield r
     r.close()
@@ -103,10 +109,10 @@ def test_table_in_process(gold, completion, expected):
     assert score == expected, status
 
 
-def test_table_through_pool(math_reward):
+def test_table_through_pool(pooled):
     golds = [g for g, _, _ in CASES]
     completions = [c for _, c, _ in CASES]
-    out = math_reward(["q"] * len(CASES), completions, golds)
+    out = pooled(["q"] * len(CASES), completions, golds)
     assert isinstance(out, RewardResult)
     assert list(out) == [float(e) for _, _, e in CASES]
     assert out.errors == 0 and out.timeouts == 0
@@ -123,52 +129,76 @@ def test_last_box_policy_and_final_answer_precedence():
     assert extract_answer("\\boxed{   }") is None
 
 
-def test_arithmetic_task_integers(math_reward):
+def test_arithmetic_task_integers(pooled):
     # The embedded default's arithmetic task: integer answers (str or int), completions ending in \boxed{N}.
     golds = ["42", "-7", 13, -250, "0", "1000000"]
     good = ["12 + 30 = 42\n\\boxed{42}", "\\boxed{-7}", "\\boxed{13}", "\\boxed{-250}", "\\boxed{0}",
             "\\boxed{1000000}"]
     bad = ["\\boxed{24}", "\\boxed{7}", "\\boxed{-13}", "\\boxed{250}", "\\boxed{1}", "\\boxed{100000}"]
-    assert list(math_reward(["q"] * 6, good, golds)) == [1.0] * 6
-    assert list(math_reward(["q"] * 6, bad, golds)) == [0.0] * 6
+    assert list(pooled(["q"] * 6, good, golds)) == [1.0] * 6
+    assert list(pooled(["q"] * 6, bad, golds)) == [0.0] * 6
 
 
-def test_embedded_arithmetic_task_is_scored_by_the_math_reward(math_reward):
-    from rl.data.arith import generate, score
+def _load_arith():
+    """rl.data.arith, without importing the `rl` package: its __init__ registers the models and so imports torch
+    and transformers (~10 s here). arith.py is loaded from its file, with the one module it imports
+    (`rl.data.loaders`, pure Python) put in sys.modules for the duration, so `rl` itself is never imported."""
+    if "rl.data.loaders" in sys.modules:  # `rl` is imported already: nothing to save
+        return importlib.import_module("rl.data.arith")
+    data = Path(__file__).resolve().parents[1] / "rl" / "data"
+
+    def from_file(name, path):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    sys.modules["rl.data.loaders"] = from_file("rl.data.loaders", data / "loaders.py")
+    try:
+        return from_file("fbrl_test_rl_data_arith", data / "arith.py")
+    finally:
+        del sys.modules["rl.data.loaders"]
+
+
+def test_embedded_arithmetic_task_is_scored_by_the_math_reward(pooled):
+    arith = _load_arith()
+    generate, score = arith.generate, arith.score
 
     rows = generate("val", 40, seed=3, difficulties=(1, 2, 3, 4))
     golds = [r["answer"] for r in rows]
     right = [r["solution"] for r in rows]
     wrong = [r["solution"].replace(f"\\boxed{{{r['answer']}}}", f"\\boxed{{{int(r['answer']) + 1}}}") for r in rows]
     assert any(g.startswith("-") for g in golds)  # negative integer answers are in the mix
-    assert list(math_reward([r["prompt"] for r in rows], right, golds)) == [1.0] * 40
-    assert list(math_reward([r["prompt"] for r in rows], wrong, golds)) == [0.0] * 40
+    assert list(pooled([r["prompt"] for r in rows], right, golds)) == [1.0] * 40
+    assert list(pooled([r["prompt"] for r in rows], wrong, golds)) == [0.0] * 40
     assert [score(c, g) for c, g in zip(wrong, golds)] == [0.0] * 40  # the task's own checker agrees
 
 
-def test_duplicates_scored_once_and_fanned_out(math_reward):
-    before = math_reward.pool.stats["items"]
+def test_duplicates_scored_once_and_fanned_out(pooled):
+    before = pooled.pool.stats["items"]
     comps = ["\\boxed{4}", "\\boxed{5}", "\\boxed{4}", "\\boxed{4}", "\\boxed{5}"]
-    out = math_reward(["q"] * 5, comps, ["4", "4", "4", "5", "4"])
+    out = pooled(["q"] * 5, comps, ["4", "4", "4", "5", "4"])
     assert list(out) == [1.0, 0.0, 1.0, 0.0, 0.0]
-    assert math_reward.pool.stats["items"] - before == 3  # (4,4), (4,5), (5,4)
+    assert pooled.pool.stats["items"] - before == 3  # (4,4), (4,5), (5,4)
 
 
-def test_truncated_scores_zero(math_reward):
+def test_truncated_scores_zero(pooled):
     comps = ["\\boxed{5}"] * 4
-    out = math_reward(["q"] * 4, comps, ["5"] * 4, finish_reasons=["stop", "length", None, "aborted"])
+    out = pooled(["q"] * 4, comps, ["5"] * 4, finish_reasons=["stop", "length", None, "aborted"])
     assert list(out) == [1.0, 0.0, 1.0, 0.0]
     assert out.counts["truncated"] == 2 and out.errors == 0
     with pytest.raises(ValueError, match="finish_reasons"):
-        math_reward(["q"], ["\\boxed{5}"], ["5"], finish_reasons=["stop", "stop"])
+        pooled(["q"], ["\\boxed{5}"], ["5"], finish_reasons=["stop", "stop"])
 
 
-def test_counts_and_gold_errors_are_reported():
+def test_counts_and_gold_errors_are_reported(caplog):
     r = MathReward(in_process=True)
-    out = r(["q"] * 4, ["\\boxed{1}", "no anchor", "\\boxed{2}", "\\boxed{1}"], ["1", "1", "1", ""])
-    assert list(out) == [1.0, 0.0, 0.0, 0.0]
+    comps = ["\\boxed{1}", "no anchor", "\\boxed{2}", "\\boxed{1}", "\\boxed{1}", None]
+    out = r(["q"] * 6, comps, ["1", "1", "1", "", None, "1"])
+    assert list(out) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     assert out.counts["no_answer"] == 1 and out.counts["wrong"] == 1
-    assert out.counts["gold_unparsed"] == 1 and out.errors == 1  # a bad gold is a data error, counted
+    assert out.counts["gold_unparsed"] == 2 and out.errors == 3  # bad golds are data errors; None completion too
+    assert "3 of 6 samples scored 0 for an error" in caplog.text
 
 
 def test_gold_parse_is_cached():
@@ -177,6 +207,11 @@ def test_gold_parse_is_cached():
     for _ in range(3):
         assert score_completion("\\frac{17}{19}", "\\boxed{\\frac{34}{38}}") == (1.0, "correct")
     assert _parse_gold.cache_info().hits == before + 3
+
+
+def test_math_reward_function_form():
+    out = math_reward(["q", "q"], ["\\boxed{-7}", "\\boxed{7}"], ["-7", "-7"], finish_reasons=["stop", "stop"])
+    assert list(out) == [1.0, 0.0] and isinstance(out, RewardResult)
 
 
 def test_format_reward():
