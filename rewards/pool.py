@@ -2,8 +2,9 @@
 
 Owns: `RewardPool` and its worker processes. Why not concurrent.futures.ProcessPoolExecutor: it cannot stop a
 task that hangs (a sympy simplification, a giant integer power computed in C that no signal interrupts), and a
-worker that dies breaks the whole executor. Here each worker is a process we own, fed ONE item at a time over
-its own pipe; the dispatcher waits on the pipes and the process sentinels with the earliest deadline, and:
+worker that dies breaks the whole executor. Here each worker is a process we own that runs ONE item at a time,
+fed over its own pipe; the dispatcher waits on the pipes and the process sentinels until the earliest
+deadline, and:
 
   * an item past `timeout_s` gets its worker SIGKILLed: the item is reported `timeout`, a new worker is started;
   * a worker that dies mid-item (segfault, os._exit, OOM kill) reports the item as `crash`, and is replaced;
@@ -292,8 +293,11 @@ class RewardPool:
         results: list[ItemResult | None] = [None] * len(items)
         pending = _Pending(range(len(items)) if keys is None else keys)
         failed_starts = 0
-        for w in self._workers:
+        for w in list(self._workers):
             w.key = None
+            if w.queue:  # left busy by an interrupted call (Ctrl-C in wait): its results would be misfiled
+                w.queue.clear()
+                self._retire(w, results, pending, CRASH, "")
         while pending or any(w.queue or (until_ready and not w.ready) for w in self._workers):
             self._dispatch(fn, items, pending, results)
             now = time.monotonic()

@@ -190,3 +190,13 @@ def test_math_reward_counts_hard_timeouts():
         out = reward(["q"] * 2, ["\\boxed{42^{42^{42}}}", "\\boxed{42}"], ["42", "42"])
         assert list(out) == [0.0, 1.0]
         assert out.timeouts == 1 and p.stats["timeouts"] == 1
+
+
+def test_interrupted_call_does_not_leak_results_into_the_next(pool):
+    # Simulate a map() that was interrupted (Ctrl-C) while a worker still held its item.
+    w = next(w for w in pool._workers if w.ready)
+    w.conn.send((sleep_then, (0, "stale")))
+    w.queue.append(0)
+    w.head_started = time.monotonic()
+    out = pool.map(echo, [("fresh",)] * 4)
+    assert [r.value for r in out] == ["fresh"] * 4
