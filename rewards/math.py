@@ -2,7 +2,8 @@
 
 Owns: answer extraction (the anchor rules below), the per-item scorer `score_completion` that runs inside a
 pool worker (or in-process), `MathReward` (the batch reward used by training, also for the embedded arithmetic
-task whose answers are integers and whose completions end with `\\boxed{N}`), and `format_reward`.
+task whose answers are integers and whose completions end with `\\boxed{N}`), `math_reward` (the same as a plain
+function with default settings) and `format_reward`.
 
 Anchor rules (a completion without an anchor scores 0, however correct its reasoning):
   * `\\boxed{...}`: the LAST `\\boxed{` in the completion is the answer, like most graders (MATH, Minerva, PRM800K
@@ -216,6 +217,9 @@ class MathReward:
     serially in the caller: math-verify's own (signal) timeouts are used on the main thread and turned off on
     other threads — never the silent zero that math-verify's "threaded environment" error gives elsewhere, but
     also no protection against a hang, so in_process is for debugging and the serial benchmark.
+
+    In the pool, identical (gold, completion) pairs are scored once, and items are keyed by gold so that a
+    group's samples land on one worker and its gold is parsed once there.
     """
 
     def __init__(self, pool=None, *, num_workers: int = 2, timeout_s: float = 10.0, in_process: bool = False,

@@ -7,6 +7,7 @@ that catch that error score 0 without saying so. Ray runs with RAY_AUTH_MODE=dis
 
 import asyncio
 import os
+import sys
 import threading
 
 import pytest
@@ -79,13 +80,17 @@ class Scorer:
 
 def test_ray_actors_equal_main_thread():
     ray = pytest.importorskip("ray")
+    from ray import cloudpickle
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     main = score(MathReward(in_process=True))  # this test's main thread
     assert main == EXPECTED
-    # Actor code refers to this module's functions by reference: let the Ray workers import it.
-    path = os.pathsep.join(p for p in (os.path.dirname(__file__), os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"RAY_AUTH_MODE": "disabled", "PYTHONPATH": path}})
+    # Ship this module's code (Scorer, score) by value: Ray workers need not find the tests folder, and an
+    # already running Ray (another test's) serves as well.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         actor = ray.remote(num_cpus=0)(Scorer)
         plain = actor.remote()  # a plain actor runs methods in its main thread
@@ -94,5 +99,9 @@ def test_ray_actors_equal_main_thread():
         got = ray.get(calls, timeout=240)
         assert [on_main for _, on_main in got] == [True, True, False, False]  # both situations really occur
         assert [scores for scores, _ in got] == [main] * 4
+        for a in (plain, threaded):
+            ray.kill(a)
     finally:
-        ray.shutdown()
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        if started:
+            ray.shutdown()
