@@ -1,0 +1,330 @@
+"""`VLLMEngine`: the rollout engine on vLLM, decoding FBT checkpoints with latent feedback (shared/DESIGN.md §8).
+
+Token ids in, `rl.batch.Sample`s out, like every `RolloutEngine`. The model side is `rollout.vllm_plugin` (per-request
+`h_prev` slot, soft / fused / standard per request), the worker side `rollout.vllm_worker_ext` (weights in and
+recorded states out through files, never bulk tensors through RPC).
+
+- Decode mode: per request. Every sample carries `SamplingParams.decode_mode` to the model in vLLM's
+  `extra_args`; the constructor's `decode_mode` is only the engine-wide default written into the model config
+  (`fbt_decode_mode`), which applies to requests that do not come through this class.
+- Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`, i.e. log_softmax(logits / T) of the sampled
+  token, which is our contract (T = 0: log_softmax(logits)). Under top-k / top-p vLLM's processed log-probs are
+  those of the truncated distribution actually sampled from, not the full-vocabulary ones; the learner's
+  mismatch metrics report that gap (shared/DESIGN.md §5).
+- Samples are matched to their recorded states by a per-sample key (not vLLM's request id, which vLLM suffixes
+  internally). A sample whose request vLLM preempted and recomputed is returned with `preempted=True` and no
+  states; the KV cache is sized at construction so the configured concurrency cannot preempt.
+- Weights: `load_weights(path_or_state_dict, version)` goes through a safetensors file (/dev/shm when there is
+  one); on GPU, vLLM's native weight transfer (NCCL / IPC) is driven through the four methods of vLLM's
+  `VLLMWeightSyncClient` protocol below, with the policy version passed to `finish_weight_update`.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import tempfile
+import uuid
+from collections.abc import Mapping
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from rl.batch import Sample
+from rl.model import PROMPT_MODES
+from rollout.base import RolloutEngine, SamplingParams, StaleWeightsError, validate_prompts
+
+WORKER_EXTENSION = "rollout.vllm_worker_ext.FBTWorkerExtension"
+
+# Options latent-feedback decoding cannot run with: name -> (forced value, why).
+FORCED_OPTIONS = {
+    "enable_prefix_caching": (False, "a cached prefix carries no recurrent state"),
+    "enable_chunked_prefill": (False, "a fused prompt's passes must see the whole prompt in one step"),
+    "speculative_config": (None, "draft tokens would be fed without their latent state"),
+    "async_scheduling": (False, "the recorded states and slots assume one step at a time"),
+    "enforce_eager": (True, "the K-pass prefill and state writes are not captured in graphs"),
+    "logprobs_mode": ("processed_logprobs", "engine log-probs must be log_softmax(logits / T)"),
+    "worker_extension_cls": (WORKER_EXTENSION, "weights and recorded states travel through it"),
+    "skip_tokenizer_init": (True, "the engine is token-in, token-out"),
+    "pipeline_parallel_size": (1, "layer 0 needs the top layer's state"),
+    "mamba_cache_mode": ("none", "the state slot must hold only the latest h_prev"),
+}
+FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
+
+
+def _scratch_dir() -> str:
+    """Shared memory when the machine has it (files there never touch a disk)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+class VLLMEngine(RolloutEngine):
+    """A vLLM `LLM` serving one FBT checkpoint, versioned.
+
+    checkpoint_dir: a save_pretrained FBT directory (`architectures: [FBTLlamaForCausalLM]` or Qwen2).
+    decode_mode: engine-wide default for requests that carry none (ours always carry theirs).
+    max_model_len / max_num_seqs: per-sequence length and concurrency; the KV cache is sized (or checked, when
+        `kv_cache_gib` is given) so that `max_num_seqs` sequences of `max_model_len` tokens never preempt.
+    num_gpu_blocks_override: tests only — forces a tiny KV cache and skips that check, so preemption happens and
+        is flagged on the samples.
+    weight_transfer_backend: GPU only — "nccl" / "ipc" enables vLLM's native weight transfer.
+    eos_token_ids: tokens that always end a sample besides `params.stop_token_ids` (as in TorchEngine): None =
+        the checkpoint's generation config / config `eos_token_id`; `()` = none.
+    engine_kwargs: more `vllm.LLM` options; one that contradicts `FORCED_OPTIONS` is a ValueError naming it.
+    """
+
+    def __init__(self, checkpoint_dir: str, decode_mode: str = "soft", version: int = 0, max_model_len: int = 1024,
+                 max_num_seqs: int = 64, kv_cache_gib: float | None = None, seed: int = 0, dtype: str = "auto",
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
+                 weight_transfer_backend: str | None = None, num_gpu_blocks_override: int | None = None,
+                 eos_token_ids=None, **engine_kwargs):
+        if decode_mode not in PROMPT_MODES:
+            raise ValueError(f"decode_mode: expected one of {PROMPT_MODES}, got {decode_mode!r}")
+        from vllm.platforms import current_platform
+
+        self.on_cpu = current_platform.is_cpu()
+        if self.on_cpu:
+            # In-process engine: up in seconds, and no process to orphan (shared/DESIGN.md §9).
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from transformers import AutoConfig
+
+        import rl.model  # noqa: F401  (AutoConfig must know fbt_llama / fbt_qwen2)
+
+        self.config = AutoConfig.from_pretrained(checkpoint_dir)
+        arch = (self.config.architectures or [""])[0]
+        if arch not in ("FBTLlamaForCausalLM", "FBTQwen2ForCausalLM"):
+            raise ValueError(f"{checkpoint_dir}: architectures[0] is {arch!r}, not an FBT model "
+                             f"(convert it with rl.model.convert_to_fbt)")
+        self.checkpoint_dir, self.version, self.max_model_len = checkpoint_dir, int(version), max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.vocab_size = self.config.vocab_size
+        if eos_token_ids is None:
+            eos_token_ids = self._config_eos(checkpoint_dir)
+        elif isinstance(eos_token_ids, int):
+            eos_token_ids = {eos_token_ids}
+        self.eos_token_ids = tuple(sorted(int(t) for t in eos_token_ids))
+        kwargs = self._engine_options(engine_kwargs, decode_mode, max_model_len, max_num_seqs, kv_cache_gib, seed,
+                                      dtype, tensor_parallel_size, gpu_memory_utilization, weight_transfer_backend,
+                                      num_gpu_blocks_override)
+        from vllm import LLM
+
+        self.llm = LLM(model=checkpoint_dir, **kwargs)
+        self.info = self._rpc("fbt_attach")
+        self.hidden_size = self.info["hidden_size"]
+        if version:
+            self._rpc("fbt_set_version", int(version))
+        if num_gpu_blocks_override is None:
+            self._check_no_preemption()
+        self._uid = uuid.uuid4().hex[:8]
+        self._calls = itertools.count()
+        self._weights_invalid = False
+
+    # ---- construction helpers ----------------------------------------------------------------------------
+    def _engine_options(self, extra, decode_mode, max_model_len, max_num_seqs, kv_cache_gib, seed, dtype, tp,
+                        gpu_util, wt_backend, blocks_override) -> dict:
+        for name, value in extra.items():
+            if name in FORCED_OPTIONS and value != FORCED_OPTIONS[name][0]:
+                forced, why = FORCED_OPTIONS[name]
+                raise ValueError(f"VLLMEngine: engine option {name}={value!r} is incompatible with latent-feedback "
+                                 f"decoding ({why}); it must be {forced!r}")
+        mnbt = extra.pop("max_num_batched_tokens", max(max_model_len, 4096))
+        if mnbt < max_model_len:
+            raise ValueError(f"VLLMEngine: engine option max_num_batched_tokens={mnbt} is incompatible with "
+                             f"latent-feedback decoding: it must be >= max_model_len={max_model_len} so no prompt "
+                             f"is chunked")
+        hf_overrides = dict(extra.pop("hf_overrides", None) or {})
+        for key in ("architectures", "model_type"):
+            if key in hf_overrides:
+                raise ValueError(f"VLLMEngine: engine option hf_overrides[{key!r}] is incompatible: the checkpoint's "
+                                 f"own {key} selects the FBT plugin")
+        hf_overrides["fbt_decode_mode"] = decode_mode
+        opts = {name: forced for name, (forced, _) in FORCED_OPTIONS.items()}
+        opts.update(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt, seed=seed,
+                    dtype=dtype, tensor_parallel_size=tp, hf_overrides=hf_overrides)
+        if kv_cache_gib is None:
+            kv_cache_gib = self._kv_gib_needed(max_model_len, max_num_seqs, dtype)
+        opts["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        if blocks_override is not None:
+            opts["num_gpu_blocks_override"] = int(blocks_override)
+        if self.on_cpu:
+            opts["distributed_executor_backend"] = "uni"
+            if wt_backend is not None:
+                raise ValueError(f"VLLMEngine: weight_transfer_backend={wt_backend!r} needs a GPU; on CPU weights "
+                                 f"go through load_weights(path, version)")
+        else:
+            opts["gpu_memory_utilization"] = gpu_util
+            if wt_backend is not None:
+                from vllm.config import WeightTransferConfig
+
+                opts["weight_transfer_config"] = WeightTransferConfig(backend=wt_backend)
+        opts.update(extra)
+        return opts
+
+    def _config_eos(self, checkpoint_dir) -> set[int]:
+        from transformers import GenerationConfig
+
+        ids = set()
+        try:
+            gen = GenerationConfig.from_pretrained(checkpoint_dir)
+        except OSError:  # no generation_config.json
+            gen = None
+        for cfg in (gen, self.config):
+            eos = getattr(cfg, "eos_token_id", None)
+            if eos is not None:
+                ids.update([eos] if isinstance(eos, int) else eos)
+        return ids
+
+    def _kv_gib_needed(self, max_model_len, max_num_seqs, dtype) -> float:
+        """KV bytes for max_num_seqs full-length sequences, with head-room for vLLM's hybrid page padding and
+        the state slots."""
+        c = self.config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        nbytes = 2 if (dtype in ("bfloat16", "float16", "half")
+                       or (dtype == "auto" and str(getattr(c, "dtype", "float32")) in ("bfloat16", "float16"))) else 4
+        per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * nbytes
+        need = per_token * max_model_len * max_num_seqs
+        return max(0.25, math.ceil(2 * need / 2**30 * 8) / 8)  # x2: page padding + one state page per request
+
+    def _check_no_preemption(self) -> None:
+        cc = self.llm.llm_engine.vllm_config.cache_config
+        conc = getattr(cc, "kv_cache_max_concurrency", None)
+        if conc is not None and conc < self.max_num_seqs:
+            raise ValueError(f"VLLMEngine: the KV cache holds {conc:.2f} sequences of max_model_len="
+                             f"{self.max_model_len} tokens, fewer than max_num_seqs={self.max_num_seqs}: decoding could "
+                             f"preempt (and lose latent states). Raise kv_cache_gib or lower max_num_seqs.")
+
+    def _rpc(self, method: str, *args, **kwargs):
+        """Call a worker-extension method on every worker; return rank 0's answer."""
+        return self.llm.collective_rpc(method, args=args, kwargs=kwargs or None)[0]
+
+    # ---- RolloutEngine -----------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 min_version: int | None = None) -> list[Sample]:
+        if self._weights_invalid:
+            raise StaleWeightsError("the last native weight transfer carried no valid policy version; "
+                                    "load weights with a newer version first")
+        self.check_version(min_version)
+        params.validate()
+        validate_prompts(prompts, self.vocab_size)
+        for i, p in enumerate(prompts):
+            if len(p) + params.max_tokens > self.max_model_len:
+                raise ValueError(f"prompts[{i}]: {len(p)} prompt tokens + max_tokens={params.max_tokens} exceed "
+                                 f"max_model_len={self.max_model_len}")
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        call = next(self._calls)
+        # vLLM's own EOS handling is off (ignore_eos): the stop set is exactly ours, as in TorchEngine.
+        stop = sorted(set(params.stop_token_ids) | set(self.eos_token_ids))
+        keys, reqs, sps, where = [], [], [], []
+        for i, p in enumerate(prompts):
+            for s in range(params.n):
+                key = f"{self._uid}:{call}:{i}:{s}"
+                seed = None if params.seed is None else params.seed + len(keys)
+                keys.append(key)
+                where.append((i, s))
+                reqs.append(TokensPrompt(prompt_token_ids=list(p)))
+                # One request per sample (n=1): each has its own key, slot and seed.
+                sps.append(VSamplingParams(
+                    n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                    max_tokens=params.max_tokens, stop_token_ids=stop, ignore_eos=True,
+                    seed=seed, logprobs=0, detokenize=False,
+                    extra_args={"fbt": {"key": key, "mode": params.decode_mode, "record": params.record_states}}))
+        path = os.path.join(_scratch_dir(), f"fbrl_states_{os.getpid()}_{self._uid}_{call}.safetensors")
+        try:
+            outs = self.llm.generate(reqs, sps, use_tqdm=False)
+            popped = self._rpc("fbt_pop", keys, path if params.record_states else None, params.states_dtype)
+        except BaseException:
+            self._rpc("fbt_clear")
+            raise
+        states = None
+        if popped["path"]:
+            states = load_file(popped["path"])["states"]
+            os.remove(popped["path"])
+        preempted = set(popped["preempted"])
+        return [self._sample(out, key, gi, si, params, prompts[gi], states, popped["index"], key in preempted)
+                for out, key, (gi, si) in zip(outs, keys, where)]
+
+    def _sample(self, out, key, group_id, sample_index, params, prompt, states, index, preempted) -> Sample:
+        comp = out.outputs[0]
+        ids = list(comp.token_ids)
+        logprobs = [float(lp[t].logprob) for lp, t in zip(comp.logprobs, ids)]
+        sample_states = None
+        if params.record_states and not preempted:
+            if key not in index or index[key][1] < len(ids):
+                got = index[key][1] if key in index else 0
+                raise RuntimeError(f"sample {key}: {got} recorded state rows for {len(ids)} response tokens "
+                                   f"(the request was neither complete nor flagged preempted)")
+            off, _ = index[key]
+            sample_states = states[off:off + len(ids)].clone()
+        return Sample(prompt_ids=list(prompt), response_ids=ids, logprobs=logprobs,
+                      finish_reason=FINISH.get(comp.finish_reason or "length", "aborted"),
+                      policy_version=self.version, states=sample_states, group_id=group_id,
+                      sample_index=sample_index, decode_mode=params.decode_mode, preempted=preempted)
+
+    def load_weights(self, weights, version: int) -> None:
+        """Install weights as policy `version` (must be newer than the engine's).
+
+        weights: a safetensors file or save_pretrained directory (HF names; a path under /dev/shm is shared
+        memory), or a state dict (written to a /dev/shm file, then loaded). For vLLM's native GPU transfer use
+        the weight-sync methods below instead.
+        """
+        self._check_new_version(version)
+        if isinstance(weights, Mapping):
+            path = os.path.join(_scratch_dir(), f"fbrl_weights_{os.getpid()}_{self._uid}_{version}.safetensors")
+            tensors, seen = {}, set()
+            for k, v in weights.items():
+                t = v.detach().to("cpu")
+                if t.data_ptr() in seen:  # tied weights share storage, which safetensors refuses to write
+                    t = t.clone()
+                seen.add(t.data_ptr())
+                tensors[k] = t.contiguous()
+            save_file(tensors, path)
+            try:
+                self._rpc("fbt_load_weights", path, int(version))
+            finally:
+                os.remove(path)
+        elif isinstance(weights, (str, os.PathLike)):
+            self._rpc("fbt_load_weights", os.fspath(weights), int(version))
+        else:
+            raise TypeError(f"load_weights: expected a path or a state dict, got {type(weights).__name__}")
+        self.version = int(version)
+        self._weights_invalid = False
+
+    # ---- GPU: vLLM's native weight transfer (NCCL / IPC); the VLLMWeightSyncClient protocol ---------------
+    # A trainer-side `vllm.distributed.weight_transfer` engine (e.g. NCCLTrainerWeightTransferEngine) takes this
+    # object (or a Ray handle to the actor holding it) as its client and drives the round trip; the policy
+    # version arrives with finish_weight_update. Exercised only on GPU (bench/gpu_check.sh), never on CPU.
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.llm.collective_rpc("start_weight_update")
+
+    def update_weights(self, update_info) -> None:
+        self.llm.collective_rpc("update_weights", kwargs={"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | int | None = None) -> None:
+        self.llm.collective_rpc("finish_weight_update")
+        try:
+            if weight_version is None:
+                raise ValueError("finish_weight_update: pass the policy version (weight_version) of the new weights")
+            self._check_new_version(int(weight_version))
+        except ValueError:
+            # The tensors are already in place but carry no valid version: refuse to generate until a good load.
+            self._weights_invalid = True
+            raise
+        self._rpc("fbt_set_version", int(weight_version))
+        self.version = int(weight_version)
+        self._weights_invalid = False
+
+    def weight_checksums(self) -> dict[str, float]:
+        """Per-tensor checksums (`rl.workers.tensor_checksums` under Hugging Face names) of the weights vLLM
+        computes with, read through the worker extension; the weight-sync check compares them with the learner's."""
+        return self._rpc("fbt_weight_checksums")
+
+    def close(self) -> None:
+        """Shut the engine core down (frees the KV cache); the object is unusable afterwards."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            self.llm = None

@@ -1,0 +1,338 @@
+"""vLLM model plugin: FBT (latent-feedback) Llama / Qwen2 decoding inside stock vLLM (shared/DESIGN.md §8).
+
+`register()` is the `vllm.general_plugins` entry point (pyproject.toml). vLLM calls general plugins in
+`EngineArgs.__post_init__`, before it parses the checkpoint's config, and again in every worker process; so
+importing `rl.model` there is what lets `AutoConfig` resolve `model_type: fbt_llama | fbt_qwen2`, and the
+`architectures` entry of our checkpoints (`FBTLlamaForCausalLM` / `FBTQwen2ForCausalLM`) selects the classes below.
+
+How the recurrence lives in vLLM: the model subclasses the in-tree backbone and declares itself hybrid with inner
+state (`IsHybrid`, `HasInnerState`). One extra mamba-style state layer (`LatentStateLayer`) owns a per-request
+slot of shape `(d,)` that vLLM allocates, frees and indexes for us; it holds `h_prev`, the final-normalized top
+state of the request's last computed position. Each forward:
+
+- decode tokens (vLLM puts them first) read `h_prev` from their slot and are fused: `x = F(h_prev, e)`;
+- prefill tokens are a fresh prompt (prefix caching and chunked prefill are forced off by the engine). `soft`
+  and `standard` prompts run one ordinary pass; `fused` prompts run `fbt_prefill_passes` passes, pass k fusing
+  pass k-1's states shifted one position right, and the last pass's KV is what stays in the cache;
+- the new state of every request is written back to its slot, and (when asked) recorded for the learner.
+
+The decode mode is per request: `SamplingParams.extra_args["fbt"] = {"key", "mode", "record"}`, read from the
+model runner's request table, which the worker extension attaches (`rollout.vllm_worker_ext`). A model used
+without our worker extension (plain `vllm serve`) decodes every request in the engine-wide mode
+`hf_config.fbt_decode_mode` (set it with `hf_overrides`; default `soft`) and records nothing.
+
+Fusion, its scaling and the reset-token rule are `rl.model`'s own code (`Fusion`, `FBTMixin.fuse`), so the
+engine computes exactly what the torch engine and the learner compute.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from rl.model import PROMPT_MODES, FBTMixin, Fusion
+
+ARCHITECTURES = ("FBTLlamaForCausalLM", "FBTQwen2ForCausalLM")
+
+
+LATENT_LAYER_TYPE = "fbt_latent_state"
+
+
+def register() -> None:
+    """vLLM general-plugin entry point: make our config types and architectures known to vLLM."""
+    import rl.model  # noqa: F401  (registers fbt_llama / fbt_qwen2 with transformers' AutoConfig)
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    for arch in ARCHITECTURES:
+        if arch not in ModelRegistry.get_supported_archs():
+            # A lazy "module:Class" string: the class is imported in the worker when the model is built.
+            ModelRegistry.register_model(arch, f"rollout.vllm_plugin:{arch}")
+        MODELS_CONFIG_MAP.setdefault(arch, FBTConfigHook)
+
+
+def declare_state_layer(hf_config) -> None:
+    """Make vLLM see the latent-state layer in the config, so that it treats the model as hybrid.
+
+    vLLM decides "hybrid" from the model class *and* `hf_config.layer_types`: a config whose layer_types are all
+    attention (Qwen2's always has them) is treated as a plain transformer, and then no state slot is allocated.
+    Appending one non-attention entry after the real layers fixes that; per-layer lookups only index the first
+    `num_hidden_layers` entries. Qwen2's vLLM model asserts `max_window_layers == num_hidden_layers` as soon as
+    the types differ; it does not implement sliding windows otherwise, so that value changes nothing else.
+    """
+    types = getattr(hf_config, "layer_types", None)
+    if types is None or LATENT_LAYER_TYPE in types:
+        return
+    hf_config.layer_types = list(types) + [LATENT_LAYER_TYPE]
+    if hasattr(hf_config, "max_window_layers"):
+        hf_config.max_window_layers = hf_config.num_hidden_layers
+
+
+class FBTConfigHook:
+    """vLLM's per-architecture config hook (vllm.model_executor.models.config.MODELS_CONFIG_MAP)."""
+
+    @staticmethod
+    def verify_and_update_model_config(model_config) -> None:
+        declare_state_layer(model_config.hf_config)
+
+    @staticmethod
+    def verify_and_update_config(vllm_config) -> None:
+        declare_state_layer(vllm_config.model_config.hf_config)
+
+
+# The imports below need vLLM; `register()` above is what the entry point calls first.
+from vllm.config import VllmConfig, get_current_vllm_config  # noqa: E402
+from vllm.forward_context import get_forward_context  # noqa: E402
+from vllm.model_executor.layers.mamba.abstract import MambaBase  # noqa: E402
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid  # noqa: E402
+from vllm.model_executor.models.llama import LlamaForCausalLM  # noqa: E402
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum  # noqa: E402
+
+
+class LatentStateLayer(MambaBase, nn.Module):
+    """The per-request `h_prev` slot: one `(d,)` state in vLLM's mamba cache, no parameters, no compute.
+
+    Its name must carry a layer index distinct from the attention layers' (vLLM binds caches by index), hence
+    `model.layers.{num_hidden_layers}.fbt_state`.
+    """
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype, prefix: str):
+        nn.Module.__init__(self)
+        self.hidden_size, self.state_dtype, self.prefix = hidden_size, dtype, prefix
+        ctx = get_current_vllm_config().compilation_config.static_forward_context
+        if prefix in ctx:
+            raise ValueError(f"duplicate layer name {prefix}")
+        ctx[prefix] = self
+        self.kv_cache = (torch.tensor([]),)  # replaced by vLLM's bind_kv_cache with a [num_slots, d] view
+
+    def get_state_shape(self):
+        return ((self.hidden_size,),)
+
+    def get_state_dtype(self):
+        return (self.state_dtype,)
+
+    @property
+    def mamba_type(self):
+        # Any mamba backend gives the generic metadata we need (slot indices, prefill/decode split);
+        # SHORT_CONV's builder is the plainest one.
+        return MambaAttentionBackendEnum.SHORT_CONV
+
+
+@dataclass
+class _RequestInfo:
+    key: str | None  # the engine's per-sample key (None: not one of ours)
+    mode: str  # standard | soft | fused
+    record: bool  # record this request's states for the learner
+    prompt_len: int
+
+
+class _Records:
+    """Recorded states and preemption flags, keyed by the engine's per-sample key.
+
+    Rows are kept on the model's device (no per-step host sync) and gathered when the worker extension pops them.
+    """
+
+    def __init__(self):
+        self.keys: list[str] = []  # one per recorded row
+        self.rows: list[torch.Tensor] = []  # per step, [n] long (row index within the sample)
+        self.states: list[torch.Tensor] = []  # per step, [n, d]
+        self.prefilled: set[str] = set()
+        self.preempted: set[str] = set()
+
+    def add(self, keys: list[str], rows: torch.Tensor, states: torch.Tensor) -> None:
+        self.keys.extend(keys)
+        self.rows.append(rows)
+        self.states.append(states.detach().clone())
+
+    def pop(self, keys: list[str]) -> tuple[dict[str, torch.Tensor], set[str]]:
+        """States `[R_recorded, d]` (rows in order; a re-recorded row keeps its latest value) for the given keys,
+        and which of them were preempted. Everything about these keys is forgotten."""
+        wanted = set(keys)
+        out: dict[str, torch.Tensor] = {}
+        if self.keys:
+            rows = torch.cat(self.rows).cpu()
+            states = torch.cat(self.states).cpu()
+            by_key: dict[str, dict[int, int]] = {}
+            keep = []
+            for i, (k, r) in enumerate(zip(self.keys, rows.tolist())):
+                if k in wanted:
+                    by_key.setdefault(k, {})[r] = i
+                else:
+                    keep.append(i)
+            for k, row_to_i in by_key.items():
+                order = [row_to_i[r] for r in sorted(row_to_i)]
+                if sorted(row_to_i) != list(range(len(order))):  # a gap: only possible after a recompute
+                    self.preempted.add(k)
+                out[k] = states[order]
+            idx = torch.tensor(keep, dtype=torch.long)
+            self.keys = [self.keys[i] for i in keep]
+            self.rows = [rows[idx]] if keep else []
+            self.states = [states[idx]] if keep else []
+        preempted = self.preempted & wanted
+        self.preempted -= wanted
+        self.prefilled -= wanted
+        return out, preempted
+
+    def clear(self) -> None:
+        self.__init__()
+
+
+class FBTVLLMMixin:
+    """Latent feedback on a vLLM in-tree causal LM whose `.model(None, positions, None, inputs_embeds)` returns
+    the final-normalized top states."""
+
+    # rl.model's own definitions, bound to this class: same fusion, same scale, same reset rule.
+    fuse = FBTMixin.fuse
+    reset_token_ids = FBTMixin.reset_token_ids
+
+    def _init_fbt(self, vllm_config: VllmConfig) -> None:
+        cfg = vllm_config.model_config.hf_config
+        if vllm_config.parallel_config.pipeline_parallel_size > 1:
+            raise ValueError("FBT models do not support pipeline parallelism (the fused input needs the "
+                             "top-layer state at layer 0)")
+        self.fusion = Fusion(cfg.hidden_size, cfg.fbt_fusion_mode)
+        self.fbt_passes = int(cfg.fbt_prefill_passes)
+        if self.fbt_passes < 1:
+            raise ValueError(f"fbt_prefill_passes must be >= 1, got {self.fbt_passes}")
+        self.fbt_default_mode = getattr(cfg, "fbt_decode_mode", "soft")
+        if self.fbt_default_mode not in PROMPT_MODES:
+            raise ValueError(f"fbt_decode_mode: expected one of {PROMPT_MODES}, got {self.fbt_default_mode!r}")
+        self.fbt_state = LatentStateLayer(cfg.hidden_size, vllm_config.model_config.dtype,
+                                          f"model.layers.{cfg.num_hidden_layers}.fbt_state")
+        self.register_buffer("fbt_reset_ids", torch.tensor(self.reset_token_ids, dtype=torch.long),
+                             persistent=False)
+        self.fbt_version = 0  # policy version of the loaded weights (set by the worker extension)
+        self.fbt_records = _Records()
+        self._fbt_runner = None  # the model runner, attached by the worker extension (per-request info)
+        self._fbt_req_cache: dict[str, _RequestInfo] = {}
+
+    # ---- hybrid-model interface: one (d,) state per request ------------------------------------------
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
+        return ((vllm_config.model_config.hf_config.hidden_size,),)
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
+        return (vllm_config.model_config.dtype,)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        return ()  # no prefix caching of states (the engine forces prefix caching off)
+
+    # ---- per-request information -------------------------------------------------------------------------
+    def fbt_attach_runner(self, runner) -> None:
+        self._fbt_runner = runner
+        self._fbt_req_cache.clear()
+
+    def _request_infos(self, num_reqs: int) -> list[_RequestInfo] | None:
+        """Per request of this batch, in the batch's order (decodes first, as vLLM reorders it)."""
+        runner = self._fbt_runner
+        if runner is None:
+            return None
+        infos = []
+        for rid in runner.input_batch.req_ids[:num_reqs]:
+            info = self._fbt_req_cache.get(rid)
+            if info is None:
+                state = runner.requests[rid]
+                extra = ((state.sampling_params.extra_args or {}).get("fbt") or {}) if state.sampling_params else {}
+                mode = extra.get("mode", self.fbt_default_mode)
+                if mode not in PROMPT_MODES:
+                    raise ValueError(f"request {rid}: decode mode {mode!r} not in {PROMPT_MODES}")
+                info = _RequestInfo(extra.get("key"), mode, bool(extra.get("record", False)), state.num_prompt_tokens)
+                self._fbt_req_cache[rid] = info
+            infos.append(info)
+        if len(self._fbt_req_cache) > 4 * max(num_reqs, 64):  # drop finished requests now and then
+            live = set(runner.requests)
+            self._fbt_req_cache = {r: i for r, i in self._fbt_req_cache.items() if r in live}
+        return infos
+
+    # ---- forward -----------------------------------------------------------------------------------------
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+        e = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
+        md = get_forward_context().attn_metadata
+        md = md.get(self.fbt_state.prefix) if isinstance(md, dict) else None
+        if md is None:  # profiling / warm-up run: no requests, no slots
+            return self.model(None, positions, None, e)
+
+        state = self.fbt_state.kv_cache[0]
+        nd, npf = md.num_decode_tokens, md.num_prefills
+        infos = self._request_infos(md.num_reqs)
+        default = self.fbt_default_mode
+        modes = [i.mode for i in infos] if infos is not None else [default] * md.num_reqs
+        nonreset = ~torch.isin(input_ids, self.fbt_reset_ids) & (positions > 0)  # position 0 never fuses
+
+        # Decode tokens: fused with their request's h_prev (constant over prefill passes).
+        x = e
+        if nd:
+            idx_d = md.state_indices_tensor_d[:, 0].long()
+            fb_d = [m != "standard" for m in modes[:md.num_decodes]]
+            if any(fb_d):
+                mask_d = torch.tensor(fb_d, device=e.device) & nonreset[:nd]
+                x = e.clone()
+                x[:nd] = torch.where(mask_d[:, None], self.fuse(state[idx_d], e[:nd]), e[:nd])
+
+        # Prefill tokens: a fresh prompt each (chunked prefill and prefix caching are off).
+        passes, pf_idx, last = 1, None, None
+        if npf:
+            qsl = (md.query_start_loc_p.long() + nd)
+            bounds = qsl.tolist()
+            last = qsl[1:] - 1
+            fused_ranges = []
+            for j in range(npf):
+                a, b = bounds[j], bounds[j + 1]
+                info = infos[md.num_decodes + j] if infos is not None else None
+                if info is not None and info.key is not None:
+                    if info.key in self.fbt_records.prefilled or b - a != info.prompt_len:
+                        # A recompute after preemption: the generated tokens are re-read as prompt, and the
+                        # recurrent state they were decoded with is lost. Flag it; never train on it.
+                        self.fbt_records.preempted.add(info.key)
+                        continue
+                    self.fbt_records.prefilled.add(info.key)
+                if modes[md.num_decodes + j] == "fused" and b - a > 1:
+                    fused_ranges.append(torch.arange(a + 1, b))
+            if fused_ranges and self.fbt_passes > 1:
+                passes = self.fbt_passes
+                pf_idx = torch.cat(fused_ranges).to(e.device)
+                pf_mask = nonreset[pf_idx][:, None]
+
+        hidden = self.model(None, positions, None, x)
+        for _ in range(passes - 1):
+            # Pass k: prompt position t >= 1 fuses pass k-1's state at t-1 (same request: t is not its first).
+            xk = x.clone()
+            xk[pf_idx] = torch.where(pf_mask, self.fuse(hidden[pf_idx - 1], e[pf_idx]), e[pf_idx])
+            hidden = self.model(None, positions, None, xk)
+
+        # Write back h_prev and record.
+        if nd:
+            state[idx_d] = hidden[:nd].to(state.dtype)
+        if npf:
+            state[md.state_indices_tensor_p.long()] = hidden[last].to(state.dtype)
+        if infos is not None:
+            self._record(infos, md, positions, hidden, last)
+        return hidden
+
+    def _record(self, infos, md, positions, hidden, last) -> None:
+        """Row j of a sample is the state that predicted its response token j: row = position - (P - 1)."""
+        sel = [i for i, info in enumerate(infos) if info.record and info.key is not None]
+        if not sel:
+            return
+        # Token index of each request's last computed position: decode i is token i; prefill j ends at last[j].
+        ends = torch.arange(md.num_decodes, device=hidden.device)
+        if md.num_prefills:
+            ends = torch.cat([ends, last])
+        tok = ends[torch.tensor(sel, device=hidden.device)]
+        plen = torch.tensor([infos[i].prompt_len for i in sel], device=hidden.device)
+        self.fbt_records.add([infos[i].key for i in sel], positions[tok] - (plen - 1), hidden[tok])
+
+class FBTLlamaForCausalLM(FBTVLLMMixin, LlamaForCausalLM, HasInnerState, IsHybrid):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs):
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+        self._init_fbt(vllm_config)
+
+
+class FBTQwen2ForCausalLM(FBTVLLMMixin, Qwen2ForCausalLM, HasInnerState, IsHybrid):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs):
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+        self._init_fbt(vllm_config)

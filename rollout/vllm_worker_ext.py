@@ -1,0 +1,105 @@
+"""Worker extension for the FBT vLLM model (`LLM(..., worker_extension_cls="rollout.vllm_worker_ext.FBTWorkerExtension")`).
+
+vLLM mixes this class into its worker, so each method below is callable through `llm.collective_rpc(name, ...)`
+on every worker. RPC results travel through vLLM's serializer, which turns tensors into lists when workers are
+separate processes; so bulk data never goes through RPC here: weights come in as a path (a safetensors file or a
+save_pretrained directory, ideally under /dev/shm) and recorded states go out as a safetensors file whose path
+and index are returned.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+from safetensors.torch import load_file, save_file
+
+STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _safetensors_files(path: str) -> list[str]:
+    if os.path.isdir(path):
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors file in {path}")
+        return files
+    if not os.path.isfile(path):
+        raise FileNotFoundError(path)
+    return [path]
+
+
+class FBTWorkerExtension:
+    """RPC methods (all prefixed `fbt_`, so they cannot clash with the worker's own)."""
+
+    def _fbt_model(self):
+        model = self.model_runner.get_model()
+        if not hasattr(model, "fbt_records"):
+            raise TypeError(f"{type(model).__name__} is not an FBT model (architectures must be "
+                            f"FBTLlamaForCausalLM / FBTQwen2ForCausalLM)")
+        return model
+
+    def fbt_attach(self) -> dict:
+        """Give the model the runner's request table (per-request mode, key, prompt length); return facts."""
+        model = self._fbt_model()
+        model.fbt_attach_runner(self.model_runner)
+        cfg = model.config
+        return {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "version": model.fbt_version,
+                "fusion_mode": cfg.fbt_fusion_mode, "prefill_passes": model.fbt_passes,
+                "model_class": type(model).__name__}
+
+    def fbt_load_weights(self, path: str, version: int) -> int:
+        """Load checkpoint-format tensors (HF names) from a file or directory in place, tag them `version`.
+
+        vLLM's in-place reload runs the model's own loader (stacking q/k/v, gate/up) and its post-load
+        processing, so CPU weight repacking stays consistent.
+        """
+        model = self._fbt_model()
+
+        def weights():
+            for f in _safetensors_files(path):
+                yield from load_file(f, device="cpu").items()
+
+        self.model_runner.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)
+        model.fbt_version = int(version)
+        return model.fbt_version
+
+    def fbt_set_version(self, version: int) -> int:
+        """Tag the weights already installed (e.g. by vLLM's native weight transfer) as `version`."""
+        model = self._fbt_model()
+        model.fbt_version = int(version)
+        return model.fbt_version
+
+    def fbt_pop(self, keys: list[str], path: str | None, states_dtype: str = "float32") -> dict:
+        """Hand over what the model recorded for these sample keys and forget it.
+
+        Returns {"preempted": [keys], "index": {key: [row_offset, num_rows]}, "path": path or None}; the
+        states themselves are written to `path` (safetensors, tensor "states" [sum rows, d]).
+        Only rank 0 writes the file (all tensor-parallel ranks hold the same replicated states).
+        """
+        model = self._fbt_model()
+        states, preempted = model.fbt_records.pop(list(keys))
+        index, chunks, offset = {}, [], 0
+        for k in keys:
+            if k in states:
+                n = int(states[k].shape[0])
+                index[k] = [offset, n]
+                chunks.append(states[k])
+                offset += n
+        wrote = None
+        if path is not None and chunks and self.rank == 0:
+            out = torch.cat(chunks).to(STATE_DTYPES[states_dtype]).contiguous()
+            tmp = f"{path}.tmp{os.getpid()}"
+            save_file({"states": out}, tmp)
+            os.replace(tmp, path)  # the reader never sees a half-written file
+            wrote = path
+        return {"preempted": sorted(preempted), "index": index, "path": wrote}
+
+    def fbt_clear(self) -> None:
+        """Drop every record and flag (after an aborted generate)."""
+        self._fbt_model().fbt_records.clear()
+
+    def fbt_weight_checksums(self) -> dict:
+        """{HF tensor name: checksum} of the live weights (`rollout.vllm_checksums`): small, safe through RPC."""
+        from rollout.vllm_checksums import live_weight_checksums
+
+        return live_weight_checksums(self._fbt_model())

