@@ -1,0 +1,344 @@
+"""One DeepSpeed learner rank: the policy, its optimizer state, and the `rl.learner.Backend` that DeepSpeed is.
+
+`LearnerRank` works in-process (world_size 1, e.g. `actors/local.py` and the tests) and as a Ray actor
+(`actors/learner_group.py` wraps it with `ray.remote`). Each rank loads the FBT checkpoint, wraps it in a
+DeepSpeed engine (ZeRO stage 1–3 from `learner.zero_stage`, torch AdamW, gloo on CPU / NCCL on GPU) and runs
+`rl.learner.PolicyUpdater` on the WHOLE rollout batch: the updater picks this rank's rows from a plan computed
+on the whole batch, so every rank makes the same number of backward/step calls.
+
+Gradient semantics (the contract of `rl.learner.Backend`): each micro-batch loss is already divided by the
+GLOBAL token count, so the gradients of all micro-batches on all ranks must be SUMMED. DeepSpeed 0.19.8 instead
+(a) averages gradients over the data-parallel ranks and (b) divides the loss by `gradient_accumulation_steps`
+when `scale_wrt_gas=True`, and (c) decides by itself, from a micro-step counter, which backward is the
+accumulation boundary. So: the loss is multiplied by world_size before `engine.backward` (undoes a),
+`scale_wrt_gas=False` with `gradient_accumulation_steps: 1` (no b), and `managed_gradient_accumulation: false`
+(0.19.8 config) makes every `engine.step()` the boundary, whatever the number of micro-batches (no c): the
+updater's plan, not DeepSpeed's config, decides how many backwards make one step.
+
+DeepSpeed only knows a backward has started through hooks it attaches to the outputs of `engine.forward`
+(its `_backward_prologue`: ZeRO's enter_backward, boundary flag, ZeRO-3 bookkeeping). The estimators call
+methods of the model (`multipass_forward`, `recurrent_forward`, ...) rather than its `forward`, so the engine
+wraps `_Routed`, a module whose forward runs a given function, and each micro-batch's loss is computed through
+`engine(fn, ...)` (see `_EngineUpdater`).
+
+JIT compiles (shared/DESIGN.md §9): DeepSpeed's first `init_distributed` builds its shared-memory allreduce op
+(`deepspeed_shm_comm`, 70–120 s of g++ in a fresh environment). That op only serves `inference_all_reduce`
+(tensor-parallel inference); training collectives go through torch.distributed. `disable_shm_comm_jit()` marks
+the op incompatible in `deepspeed.ops.__compatible_ops__` (DeepSpeed caches that dict on first access precisely
+so edits persist), so nothing is compiled. Likewise `torch_adam: true` avoids the CPU FusedAdam build (~200 s).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rl.learner import PolicyUpdater, plan_update
+from rl.workers import tensor_checksums
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "tokenizer.model")
+DS_SUBDIR, MODEL_SUBDIR, DS_TAG = "deepspeed", "model", "state"
+
+
+# ---- process setup ------------------------------------------------------------------------------------------
+def free_port() -> int:
+    """A TCP port free on this node right now (the OS picks it; the rendezvous binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def use_gpu(lcfg) -> bool:
+    return lcfg.num_gpus_per_worker > 0 and torch.cuda.is_available()
+
+
+def dist_backend(lcfg) -> str:
+    if lcfg.dist_backend != "auto":
+        return lcfg.dist_backend
+    return "nccl" if use_gpu(lcfg) else "gloo"
+
+
+def set_dist_env(rank: int, world_size: int, master_addr: str, master_port: int, local_rank: int) -> None:
+    """The env:// rendezvous variables. Without them deepspeed.init_distributed tries MPI discovery (mpi4py)."""
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
+                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+
+
+def disable_shm_comm_jit() -> None:
+    """Keep DeepSpeed from JIT-compiling its shm allreduce op (only used by inference_all_reduce)."""
+    import deepspeed.ops
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def deepspeed_config(lcfg) -> dict:
+    """The DeepSpeed config of a learner rank (see the module docstring for the accumulation settings)."""
+    zero = {"stage": lcfg.zero_stage}
+    if lcfg.zero_stage == 3:
+        # Export and checkpoints gather full weights explicitly; no 16-bit consolidation at save time.
+        zero["stage3_gather_16bit_weights_on_model_save"] = False
+    cfg = {
+        "train_micro_batch_size_per_gpu": lcfg.micro_batch_size,  # bookkeeping only: the plan decides
+        "gradient_accumulation_steps": 1,
+        "managed_gradient_accumulation": False,
+        "zero_optimization": zero,
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": lcfg.lr, "betas": list(lcfg.adam_betas), "eps": 1e-8, "weight_decay": lcfg.weight_decay,
+            "torch_adam": lcfg.torch_adam}},
+        "gradient_clipping": lcfg.grad_clip,
+        "bf16": {"enabled": lcfg.bf16},
+        "steps_per_print": 2 ** 62,
+        "wall_clock_breakdown": False,
+    }
+    if lcfg.warmup_steps > 0:
+        cfg["scheduler"] = {"type": "WarmupLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": lcfg.lr, "warmup_num_steps": lcfg.warmup_steps,
+            "warmup_type": "linear"}}
+    return cfg
+
+
+def load_policy(path: str, dtype=torch.float32):
+    """The FBT checkpoint as a torch module (importing `rl` registers the FBT classes with the Auto classes)."""
+    import rl  # noqa: F401
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+def pad_id_of(model) -> int:
+    """Padding id for collate: any id works (padding is masked); the config's pad id when it has one."""
+    pid = getattr(model.config, "pad_token_id", None)
+    return int(pid) if pid is not None else 0
+
+
+# ---- files ----------------------------------------------------------------------------------------------------
+def write_safetensors_atomic(tensors: dict, path: str) -> str:
+    """One safetensors file written under a temporary name and renamed into place (readers never see half)."""
+    from safetensors.torch import save_file
+    path = str(path)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"format": "pt"})
+    os.replace(tmp, path)
+    return path
+
+
+def copy_tokenizer_files(src: str, dst: str) -> None:
+    """So a checkpoint's model/ directory loads on its own (AutoTokenizer, vLLM)."""
+    for name in TOKENIZER_FILES:
+        f = Path(src) / name
+        if f.is_file():
+            shutil.copy2(f, Path(dst) / name)
+
+
+# ---- DeepSpeed pieces -----------------------------------------------------------------------------------------
+class DeepSpeedBackend:
+    """`rl.learner.Backend` on a DeepSpeed engine: gradients summed over ranks and micro-batches."""
+
+    def __init__(self, engine, world_size: int):
+        self.engine = engine
+        self.world_size = world_size
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # x world_size: DeepSpeed averages over ranks, the contract sums. scale_wrt_gas=False: no division by
+        # gradient_accumulation_steps (it is 1 anyway; the updater's plan owns accumulation).
+        self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
+
+    def step(self) -> float:
+        self.engine.step()  # managed_gradient_accumulation=False: every step() is the boundary
+        norm = self.engine.get_global_grad_norm()
+        if norm is None:
+            raise RuntimeError("DeepSpeed reported no gradient norm after step() (zero_stage 0 with a torch "
+                               "optimizer does not compute one); use learner.zero_stage >= 1")
+        return float(norm)
+
+
+class _Routed(nn.Module):
+    """The module the engine wraps: `forward(fn, *args)` returns `fn(*args)`.
+
+    Running a micro-batch's whole loss computation inside `engine.forward` gives DeepSpeed the hooks it needs on
+    the outputs (backward prologue, ZeRO-3 parameter fetch/release bookkeeping) even though the estimators call
+    the policy's own methods rather than its `forward`.
+    """
+
+    def __init__(self, policy: nn.Module):
+        super().__init__()
+        self.policy = policy
+
+    def forward(self, fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+
+class _EngineUpdater(PolicyUpdater):
+    """`PolicyUpdater` whose micro-batch losses are computed through `engine.forward` (see `_Routed`)."""
+
+    def __init__(self, engine, model, cfg, pad_id: int, ref_model=None):
+        super().__init__(model, cfg, pad_id, ref_model)
+        self.engine = engine
+
+    def _micro_loss(self, batch, rows, *args):
+        if not rows:
+            # This rank has no rows in this micro-batch. It still runs a real forward (row 0, loss x 0): under
+            # ZeRO-3 every module call all-gathers its parameters, a collective the other ranks are making now,
+            # and every parameter gets a (zero) gradient, as on the ranks with rows. rl.learner's own fallback,
+            # sum(p.sum()) x 0, fails on ZeRO-3's partitioned (empty) parameters.
+            loss, _ = self.engine(super()._micro_loss, batch, [0], *args)
+            return loss * 0.0, {}
+        return self.engine(super()._micro_loss, batch, rows, *args)
+
+
+# ---- one rank ---------------------------------------------------------------------------------------------------
+class LearnerRank:
+    """One data-parallel rank. Every method that touches weights is collective under ZeRO-3 (parameters are
+    partitioned), so a group calls it on every rank; only rank 0 writes files."""
+
+    def __init__(self, cfg, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1",
+                 master_port: int | None = None, local_rank: int | None = None):
+        lcfg = cfg.learner
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.zero3 = lcfg.zero_stage == 3
+        if self.zero3 and world_size > 1 and cfg.likelihood.estimator == "exact":
+            # ZeRO-3 gathers each module's parameters collectively at every call, so all ranks must make the same
+            # module calls; the exact recurrence makes one call per position of each rank's own longest row.
+            raise ValueError("likelihood.estimator 'exact' cannot run under learner.zero_stage 3 with several "
+                             "learner workers (ranks would make different numbers of collective parameter "
+                             "gathers); use zero_stage 1-2, one worker, or the kpass / replay estimators")
+        gpu = use_gpu(lcfg)
+        if not gpu:
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, at DeepSpeed's first accelerator query
+        # A Ray actor with a GPU sees only that GPU (CUDA_VISIBLE_DEVICES), so its local device is 0.
+        local_rank = (0 if gpu else rank) if local_rank is None else local_rank
+        set_dist_env(rank, world_size, master_addr, master_port or free_port(), local_rank)
+
+        import deepspeed
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        disable_shm_comm_jit()
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend=dist_backend(lcfg), auto_mpi_discovery=False)
+
+        self.policy = load_policy(cfg.model.path)
+        self.pad_id = pad_id_of(self.policy)
+        routed = _Routed(self.policy)
+        self.engine, *_ = deepspeed.initialize(model=routed, model_parameters=routed.parameters(),
+                                               config=deepspeed_config(lcfg))
+        self.engine.checkpoint_engine = _safe_checkpoint_engine(self.engine)
+        self.backend = DeepSpeedBackend(self.engine, world_size)
+        ref = None
+        if cfg.algo.kl_coef > 0:  # frozen copy of the starting policy, outside DeepSpeed (never updated)
+            ref = load_policy(cfg.model.path, torch.bfloat16 if lcfg.bf16 else torch.float32)
+            ref = ref.to(self.engine.device).eval().requires_grad_(False)
+        self.updater = _EngineUpdater(self.engine, self.policy, cfg, self.pad_id, ref)
+
+    # -- training ---------------------------------------------------------------------------------------------
+    def update(self, samples, advantages) -> dict:
+        """This rank's share of one rollout batch. Returns the updater's metrics (token-weighted means over this
+        rank's micro-batches) plus `_tokens`, the weight a group uses to merge ranks."""
+        self.engine.train()
+        metrics = self.updater.update(samples, advantages, self.backend, self.rank)
+        metrics["_tokens"] = float(self._rank_tokens(samples))
+        return metrics
+
+    def _rank_tokens(self, samples) -> int:
+        """Response tokens this rank trained on (all epochs), from the same plan the updater used."""
+        a = self.cfg.algo
+        plan = plan_update(len(samples), a.mini_batches, self.world_size, 1)  # micro size does not change the rows
+        lens = [s.response_len for s in samples]
+        return a.ppo_epochs * sum(lens[i] for mini in plan.minibatches for i in mini[self.rank::self.world_size])
+
+    # -- weights ----------------------------------------------------------------------------------------------
+    def full_state(self) -> dict[str, torch.Tensor] | None:
+        """Full weights on CPU, named as in the checkpoint (tied weights once), on rank 0; None elsewhere.
+        Collective under ZeRO-3: parameters are gathered one at a time to bound memory."""
+        out = {}
+        for name, p in self.policy.named_parameters():
+            with self._gathered(p):
+                if self.rank == 0:
+                    out[name] = p.detach().to("cpu", copy=True)
+        return out if self.rank == 0 else None
+
+    def _gathered(self, p):
+        if not self.zero3:
+            return contextlib.nullcontext()
+        import deepspeed
+        return deepspeed.zero.GatheredParameters([p], modifier_rank=None)
+
+    def export_weights(self, path: str) -> str | None:
+        """Rank 0 writes one safetensors file at `path` (atomically) and returns it; other ranks return None."""
+        state = self.full_state()
+        return write_safetensors_atomic(state, path) if state is not None else None
+
+    def weight_checksums(self) -> dict[str, float] | None:
+        state = self.full_state()
+        return tensor_checksums(state.items()) if state is not None else None
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def save_checkpoint(self, directory: str) -> None:
+        """`directory/model/` (save_pretrained + tokenizer: a loadable checkpoint) and `directory/deepspeed/`
+        (DeepSpeed's own: module, fp32 master weights and optimizer partitions of every rank). Collective.
+        The caller makes `directory` atomic; with several nodes it must be on a shared filesystem."""
+        state = self.full_state()
+        if self.rank == 0:
+            model_dir = Path(directory) / MODEL_SUBDIR
+            model_dir.mkdir(parents=True, exist_ok=True)
+            self.policy.save_pretrained(str(model_dir), state_dict=state, safe_serialization=True)
+            copy_tokenizer_files(self.cfg.model.tokenizer or self.cfg.model.path, str(model_dir))
+        self.engine.save_checkpoint(str(Path(directory) / DS_SUBDIR), tag=DS_TAG, save_latest=False)
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore weights and optimizer state written by `save_checkpoint` (same world size and ZeRO stage)."""
+        ds_dir = Path(directory) / DS_SUBDIR
+        if not (ds_dir / DS_TAG).is_dir():
+            raise FileNotFoundError(f"{directory}: no DeepSpeed state under {ds_dir / DS_TAG}")
+        path, _ = self.engine.load_checkpoint(str(ds_dir), tag=DS_TAG, load_optimizer_states=True,
+                                              load_lr_scheduler_states=True)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load the checkpoint in {ds_dir}")
+
+    def node_address(self) -> str:
+        """This rank's node IP (rank 0's is the rendezvous address of a multi-node group)."""
+        try:
+            import ray
+            return ray.util.get_node_ip_address()
+        except Exception:
+            return "127.0.0.1"
+
+    def ready(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        """Drop the engine and models. The process group stays: DeepSpeed caches its groups per process, so a
+        later in-process `LearnerRank` (world size 1) reuses it; a Ray rank's group ends with its actor."""
+        self.updater = self.backend = self.engine = self.policy = None
+
+
+# ---- loading our own checkpoints without unpickling code --------------------------------------------------------
+def _safe_checkpoint_engine(engine):
+    """DeepSpeed's torch checkpoint engine, loading with `weights_only=True` (tensors, containers and the few
+    DeepSpeed/Python types its files hold), so a tampered run directory cannot execute code at resume."""
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    class SafeLoadCheckpointEngine(TorchCheckpointEngine):
+        def load(self, path: str, map_location=None):
+            with torch.serialization.safe_globals(_checkpoint_safe_globals()):
+                return torch.load(path, map_location=map_location, weights_only=True)
+
+    if type(engine.checkpoint_engine) is not TorchCheckpointEngine:
+        return engine.checkpoint_engine  # a configured non-default engine (e.g. decoupled/nebula): keep it
+    return SafeLoadCheckpointEngine(engine._config)
+
+
+def _checkpoint_safe_globals() -> list:
+    """The non-tensor classes DeepSpeed 0.19.8 pickles into ZeRO 1-3 checkpoints (fp32 and bf16; found by loading
+    each with weights_only=True). Allow-listed classes are rebuilt from their fields; no other code runs."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+    return [LossScaler, ZeroStageEnum, fragment_address]
