@@ -1,0 +1,102 @@
+"""`LearnerGroup`: N DeepSpeed learner ranks as Ray actors, behind the loop's `LearnerWorkers` interface.
+
+Start-up is two-phase because the rendezvous address is rank 0's node, which is known only once its actor runs:
+every `RankActor` is created empty (placed by the caller's Ray options: placement-group bundle, CPUs, GPUs),
+rank 0 reports its node IP and a free port, then all ranks build their `actors.learner.LearnerRank` together
+(deepspeed.initialize is collective).
+
+`update` puts the WHOLE sample list into the object store once and hands the same reference to every rank; each
+rank takes its rows from the plan `rl.learner` computes on the whole batch, so all ranks make the same number of
+backward/step calls, and gradients are summed over ranks (see actors/learner.py). Weight access (export,
+checksums, checkpoints) is called on every rank because under ZeRO-3 it is collective; rank 0 writes the files.
+"""
+from __future__ import annotations
+
+# Metrics that are the same on every rank (global after the collective step) and are taken from rank 0; every
+# other metric is a token-weighted mean over this rank's micro-batches and is merged over ranks the same way.
+GLOBAL_METRICS = ("grad_norm", "optimizer_steps", "replay_approximate")
+
+
+def merge_rank_metrics(per_rank: list[dict]) -> dict[str, float]:
+    """One metrics dict for the group: global metrics from rank 0, the rest token-weighted over ranks (each rank
+    reports `_tokens`, the response tokens it trained on), plus `tokens`, their sum."""
+    weights = [float(m.get("_tokens", 0.0)) for m in per_rank]
+    out = {k: v for k, v in per_rank[0].items() if k in GLOBAL_METRICS}
+    keys = {k for m in per_rank for k in m if k not in GLOBAL_METRICS and k != "_tokens"}
+    for k in sorted(keys):
+        pairs = [(m[k], w) for m, w in zip(per_rank, weights) if k in m and w > 0]
+        if pairs:
+            total = sum(w for _, w in pairs)
+            out[k] = sum(v * w for v, w in pairs) / total
+    out["tokens"] = sum(weights)
+    return out
+
+
+class RankActor:
+    """Holds one `LearnerRank` once `setup` has run; `call` forwards a method call to it."""
+
+    def __init__(self):
+        self.rank = None
+
+    def address(self) -> tuple[str, int]:
+        """(node IP, a free port on this node): the rendezvous of the group when this is rank 0."""
+        import ray
+
+        from actors.learner import free_port
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, cfg, rank: int, world_size: int, master_addr: str, master_port: int) -> bool:
+        from actors.learner import LearnerRank
+        self.rank = LearnerRank(cfg, rank, world_size, master_addr, master_port)
+        return True
+
+    def call(self, method: str, *args):
+        if self.rank is None:
+            raise RuntimeError("learner rank used before setup()")
+        return getattr(self.rank, method)(*args)
+
+
+class LearnerGroup:
+    """`LearnerWorkers` over `RankActor` handles (rank i = actors[i])."""
+
+    def __init__(self, cfg, actors: list):
+        import ray
+        if not actors:
+            raise ValueError("LearnerGroup needs at least one learner actor")
+        self.actors = actors
+        addr, port = ray.get(actors[0].address.remote())
+        ray.get([a.setup.remote(cfg, r, len(actors), addr, port) for r, a in enumerate(actors)])
+
+    def _all(self, method: str, *args) -> list:
+        import ray
+        return ray.get([a.call.remote(method, *args) for a in self.actors])
+
+    def update(self, samples, advantages) -> dict[str, float]:
+        import ray
+        # One copy in the object store; Ray resolves the references to values in each rank.
+        samples_ref, adv_ref = ray.put(list(samples)), ray.put([float(a) for a in advantages])
+        return merge_rank_metrics(self._all("update", samples_ref, adv_ref))
+
+    def export_weights(self, path: str) -> str:
+        return self._all("export_weights", path)[0]
+
+    def weight_checksums(self) -> dict[str, float]:
+        return self._all("weight_checksums")[0]
+
+    def save_checkpoint(self, directory: str) -> None:
+        self._all("save_checkpoint", directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self._all("load_checkpoint", directory)
+
+    def close(self) -> None:
+        import ray
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+
+
+def rank_actor_class():
+    """`RankActor` as a Ray actor class (created lazily so importing this module does not need Ray)."""
+    import ray
+    return ray.remote(RankActor)
