@@ -1,0 +1,175 @@
+"""Rollout actors (one per engine) and `RolloutFleet`, the loop's `RolloutWorkers` on Ray.
+
+An engine is built from the config by `make_engine`: vLLM (`rollout.vllm_engine.VLLMEngine`, the default) or the
+pure-torch reference engine (`rollout.torch_engine.TorchEngine`, `rollout.engine: torch`). `EngineHost` holds one
+engine in the process it lives in; `RolloutActor` is the same class as a Ray actor (vLLM in-process inside it:
+`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the "uni" executor, so the engine starts in seconds and tensors stay in one
+process). `RolloutFleet` splits a request's prompts into contiguous chunks, one per engine, and concatenates the
+samples back in prompt order; recorded states come back as tensors inside the `Sample`s through Ray's object store.
+
+Seeds: a chunk starting at prompt `c` runs with `seed + c * n`. vLLM seeds sample j of a request with `seed + j`,
+so every sample gets the seed it would get from one engine serving the whole request (the fleet's output does not
+depend on the number of engines); the torch engine's streams are keyed by (seed, prompt, sample) and the offset
+keeps the chunks' streams distinct.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from rl.batch import Sample
+from rl.workers import tensor_checksums
+
+
+def max_model_len(cfg, model_config) -> int:
+    """vLLM's per-sequence bound: the configured one, else the model's positions (at most 2048, which keeps the
+    no-preemption KV budget of `max_num_seqs` sequences small on CPU)."""
+    v = cfg.rollout.vllm
+    if v.max_model_len:
+        return v.max_model_len
+    return int(min(getattr(model_config, "max_position_embeddings", 2048) or 2048, 2048))
+
+
+def make_engine(cfg, index: int = 0):
+    """The engine the config asks for, loaded from `model.path`, at policy version 0."""
+    r = cfg.rollout
+    gpu = r.num_gpus_per_engine > 0
+    if r.engine == "torch":
+        import torch
+
+        from actors.learner import load_policy
+        from rollout.torch_engine import TorchEngine
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
+        model = load_policy(cfg.model.path, dtype)
+        if gpu:
+            model = model.to("cuda")
+        return TorchEngine(model, version=0)
+    if r.engine == "vllm":
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is imported
+        from transformers import AutoConfig
+
+        import rl  # noqa: F401  (AutoConfig must know the FBT configs)
+        from rollout.vllm_engine import VLLMEngine
+        v = r.vllm
+        if v.tensor_parallel_size != 1:
+            raise ValueError(f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size}: the rollout actor runs "
+                             f"vLLM in-process (uni executor), which serves one device; use more engines instead")
+        model_config = AutoConfig.from_pretrained(cfg.model.path)
+        extra = {}
+        if v.enable_prefix_caching:  # passed through so the engine refuses it with its reason
+            extra["enable_prefix_caching"] = True
+        if not v.enforce_eager:
+            extra["enforce_eager"] = False
+        return VLLMEngine(
+            cfg.model.path, decode_mode=r.decode_mode, version=0, max_model_len=max_model_len(cfg, model_config),
+            max_num_seqs=v.max_num_seqs, kv_cache_gib=None if gpu else v.kv_cache_gib,
+            seed=cfg.train.seed + 1000 * index, dtype=cfg.model.dtype, gpu_memory_utilization=v.gpu_memory_utilization,
+            **extra)
+    raise ValueError(f"rollout.engine: expected 'vllm' or 'torch', got {r.engine!r}")
+
+
+def engine_checksums(engine) -> dict[str, float]:
+    """Per-tensor checksums of an engine's live weights: the engine's own method when it has one (vLLM reads
+    them through its worker extension), else the torch engine's module."""
+    if hasattr(engine, "weight_checksums"):
+        return engine.weight_checksums()
+    model = getattr(engine, "model", None)
+    if model is None:
+        raise TypeError(f"{type(engine).__name__} exposes neither weight_checksums() nor a torch model")
+    return tensor_checksums(model.named_parameters())
+
+
+class EngineHost:
+    """One engine in this process; as a Ray actor it is `RolloutActor`."""
+
+    def __init__(self, cfg, index: int = 0, engine=None):
+        self.index = index
+        self.engine = engine if engine is not None else make_engine(cfg, index)
+
+    def generate(self, prompts: list[list[int]], params, min_version: int | None = None) -> list[Sample]:
+        return self.engine.generate(prompts, params, min_version)
+
+    def load_weights(self, path: str, version: int) -> int:
+        self.engine.load_weights(path, version)
+        return int(self.engine.version)
+
+    def version(self) -> int:
+        return int(self.engine.version)
+
+    def weight_checksums(self) -> dict[str, float]:
+        return engine_checksums(self.engine)
+
+    def close(self) -> None:
+        close = getattr(self.engine, "close", None)
+        if callable(close):
+            close()
+
+
+def split_prompts(n_prompts: int, n_engines: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) chunks, sizes differing by at most one; empty chunks are left out."""
+    base, extra = divmod(n_prompts, n_engines)
+    out, start = [], 0
+    for e in range(n_engines):
+        end = start + base + (e < extra)
+        if end > start:
+            out.append((start, end))
+        start = end
+    return out
+
+
+def chunk_params(params, start: int):
+    """The request's params for a chunk starting at prompt `start` (see the module docstring on seeds)."""
+    if start == 0 or params.seed is None:
+        return params
+    return dataclasses.replace(params, seed=params.seed + start * params.n)
+
+
+def merge_chunks(chunks: list[tuple[int, list[Sample]]]) -> list[Sample]:
+    """Samples of all chunks in prompt order, `group_id` made global (engines number their own prompts from 0)."""
+    out = []
+    for start, samples in chunks:
+        for s in samples:
+            s.group_id += start
+            out.append(s)
+    return out
+
+
+class RolloutFleet:
+    """`RolloutWorkers` over Ray actor handles of `RolloutActor` (one engine each)."""
+
+    def __init__(self, actors: list):
+        if not actors:
+            raise ValueError("RolloutFleet needs at least one rollout actor")
+        self.actors = actors
+
+    def generate(self, prompts: list[list[int]], params, min_version: int) -> list[Sample]:
+        import ray
+        chunks = split_prompts(len(prompts), len(self.actors))
+        refs = [a.generate.remote(prompts[s:e], chunk_params(params, s), min_version)
+                for a, (s, e) in zip(self.actors, chunks)]
+        return merge_chunks([(s, out) for (s, _), out in zip(chunks, ray.get(refs))])
+
+    def load_weights(self, weights_path: str, version: int) -> list[int]:
+        import ray
+        return ray.get([a.load_weights.remote(weights_path, version) for a in self.actors])
+
+    def weight_checksums(self) -> dict[str, float]:
+        import ray
+        return ray.get(self.actors[0].weight_checksums.remote())
+
+    def versions(self) -> list[int]:
+        import ray
+        return ray.get([a.version.remote() for a in self.actors])
+
+    def close(self) -> None:
+        import ray
+        ray.get([a.close.remote() for a in self.actors])
+        for a in self.actors:
+            ray.kill(a)
+        self.actors = []
+
+
+def rollout_actor_class():
+    """`EngineHost` as a Ray actor class (created lazily so importing this module does not need Ray)."""
+    import ray
+    return ray.remote(EngineHost)
