@@ -1,0 +1,137 @@
+"""In-process implementations of the three worker interfaces (no Ray): for tests and for debugging the loop.
+
+- `LocalRollout`: `RolloutWorkers` over engines living in this process (one by default), with the same prompt
+  split, seeds and sample order as the Ray fleet (actors/rollout.py).
+- `LocalLearner`: `LearnerWorkers` with one learner rank — DeepSpeed at world size 1 (`actors.learner.LearnerRank`,
+  the same code as each Ray rank) or plain torch (`rl.learner.TorchBackend`, no DeepSpeed at all).
+- `LocalRewards`: `RewardWorkers` scoring in this process (the math reward still uses its process pool).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from actors.learner import (LearnerRank, copy_tokenizer_files, load_policy, pad_id_of, write_safetensors_atomic)
+from actors.reward_workers import RewardHost
+from actors.rollout import EngineHost, chunk_params, merge_chunks, split_prompts
+from rl.learner import PolicyUpdater, TorchBackend
+from rl.workers import tensor_checksums
+
+
+class LocalRollout:
+    """`RolloutWorkers` over `EngineHost`s in this process."""
+
+    def __init__(self, cfg, hosts: list[EngineHost] | None = None):
+        self.hosts = hosts if hosts is not None else [EngineHost(cfg, i) for i in range(cfg.rollout.num_engines)]
+
+    def generate(self, prompts, params, min_version: int):
+        chunks = split_prompts(len(prompts), len(self.hosts))
+        return merge_chunks([(s, h.generate(prompts[s:e], chunk_params(params, s), min_version))
+                             for h, (s, e) in zip(self.hosts, chunks)])
+
+    def load_weights(self, weights_path: str, version: int) -> list[int]:
+        return [h.load_weights(weights_path, version) for h in self.hosts]
+
+    def weight_checksums(self) -> dict[str, float]:
+        return self.hosts[0].weight_checksums()
+
+    def close(self) -> None:
+        for h in self.hosts:
+            h.close()
+
+
+class TorchLearner:
+    """One rank without DeepSpeed: `rl.learner.TorchBackend` (AdamW, clipping), same files as `LearnerRank`."""
+
+    OPTIMIZER_FILE = "optimizer.pt"
+
+    def __init__(self, cfg):
+        lcfg = cfg.learner
+        self.cfg = cfg
+        self.policy = load_policy(cfg.model.path)
+        self.backend = TorchBackend(self.policy, lcfg.lr, lcfg.weight_decay, tuple(lcfg.adam_betas), lcfg.grad_clip)
+        ref = None
+        if cfg.algo.kl_coef > 0:
+            ref = load_policy(cfg.model.path).eval().requires_grad_(False)
+        self.updater = PolicyUpdater(self.policy, cfg, pad_id_of(self.policy), ref)
+
+    def update(self, samples, advantages) -> dict:
+        self.policy.train()
+        return self.updater.update(samples, advantages, self.backend, 0)
+
+    def full_state(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.named_parameters()}
+
+    def export_weights(self, path: str) -> str:
+        return write_safetensors_atomic(self.full_state(), path)
+
+    def weight_checksums(self) -> dict[str, float]:
+        return tensor_checksums(self.policy.named_parameters())
+
+    def save_checkpoint(self, directory: str) -> None:
+        model_dir = Path(directory) / "model"
+        model_dir.mkdir(parents=True, exist_ok=True)
+        self.policy.save_pretrained(str(model_dir), safe_serialization=True)
+        copy_tokenizer_files(self.cfg.model.tokenizer or self.cfg.model.path, str(model_dir))
+        torch.save(self.backend.optimizer.state_dict(), Path(directory) / self.OPTIMIZER_FILE)
+
+    def load_checkpoint(self, directory: str) -> None:
+        from rollout.torch_engine import load_state_dict_from  # safetensors only, never pickle
+        state = load_state_dict_from(Path(directory) / "model")
+        with torch.no_grad():
+            missing, unexpected = self.policy.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if self.policy.config.tie_word_embeddings else set()
+        if unexpected or set(missing) - tied:
+            raise ValueError(f"{directory}: checkpoint does not fit the model: missing={sorted(set(missing) - tied)}"
+                             f" unexpected={sorted(unexpected)}")
+        # weights_only: an optimizer state dict is tensors, numbers and containers — nothing to unpickle as code
+        opt = torch.load(Path(directory) / self.OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+        self.backend.optimizer.load_state_dict(opt)
+
+    def close(self) -> None:
+        pass
+
+
+class LocalLearner:
+    """`LearnerWorkers` with one rank in this process: `backend="deepspeed"` (world size 1) or `"torch"`."""
+
+    def __init__(self, cfg, backend: str = "deepspeed"):
+        if backend == "deepspeed":
+            self.rank = LearnerRank(cfg, 0, 1)
+        elif backend == "torch":
+            self.rank = TorchLearner(cfg)
+        else:
+            raise ValueError(f"LocalLearner backend: expected 'deepspeed' or 'torch', got {backend!r}")
+
+    def update(self, samples, advantages) -> dict[str, float]:
+        metrics = self.rank.update(samples, [float(a) for a in advantages])
+        metrics.pop("_tokens", None)
+        return metrics
+
+    def export_weights(self, path: str) -> str:
+        return self.rank.export_weights(path)
+
+    def weight_checksums(self) -> dict[str, float]:
+        return self.rank.weight_checksums()
+
+    def save_checkpoint(self, directory: str) -> None:
+        self.rank.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.rank.load_checkpoint(directory)
+
+    def close(self) -> None:
+        self.rank.close()
+
+
+class LocalRewards(RewardHost):
+    """`RewardWorkers` in this process (the reward set of `reward.fns`)."""
+
+    def __init__(self, cfg, base_dir: str | None = None):
+        super().__init__(cfg.reward, base_dir)
+
+
+def build_local_workers(cfg, learner_backend: str = "deepspeed"):
+    """`(rollout, learner, rewards)` in this process; a multi-worker learner config runs as one rank."""
+    return LocalRollout(cfg), LocalLearner(cfg, learner_backend), LocalRewards(cfg)
