@@ -1,0 +1,249 @@
+"""The workers of the RL loop: DeepSpeed learner ranks, the Ray learner group, rollout fleets, reward actors.
+
+Model: a tiny random FBT Llama (d=128, 2 layers, 2 heads of 64, vocab 64) with the char tokenizer, fp32 on CPU.
+
+Tolerances. The reference is `rl.learner.TorchBackend` (plain torch AdamW) on the whole batch in one process.
+- Scalars (grad norm, loss metrics): DeepSpeed sums the same per-element gradients in a different order
+  (flattened partitions, reductions over ranks), so they agree to fp32 rounding: rel 1e-5.
+- Weights after one AdamW step: the first step moves each weight by lr * g / (|g| + eps) with eps = 1e-8, so an
+  element whose gradient is ~1e-9 (there are such, from cancellation) turns a rounding-level change of g into a
+  visible fraction of lr. Weights must agree within lr / 100 (1% of one step) while the step itself moves them
+  by ~lr; a wrong row split or token normalization changes update directions by O(lr).
+- Adam's first step is invariant to the gradient's scale, so weights alone cannot tell summed from averaged
+  gradients over ranks: the grad norm (pre-clipping, global) does, and every comparison asserts it.
+"""
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import rl  # noqa: F401  (registers the FBT Auto classes)
+from actors.learner_group import merge_rank_metrics
+from actors.local import LocalLearner, LocalRewards, LocalRollout
+from actors.rollout import chunk_params, merge_chunks, split_prompts
+from rl.batch import Sample, SamplingParams
+from rl.config import load_config
+from rl.data.tokenizer import build_tokenizer
+from rollout.base import StaleWeightsError
+
+LR = 1e-3
+ALPHABET = "0123456789+-*/=()?., \\boxed{}Whatisnum\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from transformers import LlamaConfig
+
+    from rl.model import FBTLlamaForCausalLM, fbt_config_from
+    path = tmp_path_factory.mktemp("tiny_fbt")
+    tok = build_tokenizer(alphabet=ALPHABET)
+    assert len(tok) <= 64
+    base = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=128,
+                       tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                       pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    FBTLlamaForCausalLM(fbt_config_from(base, "gate_product")).save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    return str(path)
+
+
+def make_cfg(ckpt, *overrides):
+    return load_config(None, [f"model.path={ckpt}", "rollout.engine=torch", f"learner.lr={LR}",
+                              "likelihood.estimator=replay", "learner.micro_batch_size=3", "learner.zero_stage=2",
+                              "reward.num_workers=1", *overrides])
+
+
+def synthetic_batch(n=9, seed=0, d=128):
+    """Samples of mixed prompt/response lengths with recorded states, and their advantages."""
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for i in range(n):
+        P, R = int(torch.randint(3, 8, (1,), generator=g)), int(torch.randint(1, 10, (1,), generator=g))
+        samples.append(Sample([1] + torch.randint(4, 40, (P - 1,), generator=g).tolist(),
+                              torch.randint(4, 40, (R,), generator=g).tolist(),
+                              (-torch.rand(R, generator=g)).tolist(), "stop", 1,
+                              states=torch.randn(R, d, generator=g), group_id=i // 3, sample_index=i % 3))
+    return samples, torch.randn(n, generator=g).tolist()
+
+
+def assert_same_update(ref_metrics, ref_state, metrics, state):
+    assert metrics["grad_norm"] == pytest.approx(ref_metrics["grad_norm"], rel=1e-5)
+    assert ref_metrics["grad_norm"] > 1e-3  # a real gradient, not an empty batch
+    assert set(state) == set(ref_state)
+    diff = max(float((state[k] - ref_state[k]).abs().max()) for k in ref_state)
+    assert diff < LR / 100, f"weights differ by {diff:.3g} (one step moves them by ~{LR})"
+
+
+def params(**kw):
+    base = dict(n=2, temperature=1.0, max_tokens=6, stop_token_ids=(2,), seed=7, decode_mode="soft",
+                record_states=True)
+    return SamplingParams(**{**base, **kw})
+
+
+# ---- pure helpers --------------------------------------------------------------------------------------------
+def test_prompt_split_seeds_and_group_ids():
+    assert split_prompts(5, 2) == [(0, 3), (3, 5)]
+    assert split_prompts(1, 3) == [(0, 1)]  # no empty chunks
+    assert split_prompts(6, 3) == [(0, 2), (2, 4), (4, 6)]
+    p = params(n=4, seed=10)
+    assert chunk_params(p, 0) is p and chunk_params(p, 3).seed == 10 + 3 * 4  # vLLM: sample j has seed + j
+    assert chunk_params(params(seed=None), 3).seed is None
+    s = lambda g: Sample([1], [5], [-0.1], "stop", 0, group_id=g)
+    merged = merge_chunks([(0, [s(0), s(1)]), (2, [s(0)])])
+    assert [x.group_id for x in merged] == [0, 1, 2]
+
+
+def test_rank_metrics_merge_token_weighted():
+    r0 = {"grad_norm": 2.0, "optimizer_steps": 1.0, "entropy": 1.0, "only0": 5.0, "_tokens": 30.0}
+    r1 = {"grad_norm": 2.0, "optimizer_steps": 1.0, "entropy": 4.0, "_tokens": 10.0}
+    m = merge_rank_metrics([r0, r1])
+    assert m["grad_norm"] == 2.0 and m["optimizer_steps"] == 1.0
+    assert m["entropy"] == pytest.approx((30 * 1.0 + 10 * 4.0) / 40) and m["only0"] == 5.0
+    assert m["tokens"] == 40.0 and "_tokens" not in m
+
+
+# ---- DeepSpeed in this process (world size 1) ----------------------------------------------------------------
+def test_deepspeed_rank_equals_torch_backend(tiny_ckpt, tmp_path):
+    """ZeRO-2, one rank, uneven micro-batches (9 rows, micro 3 -> 3 backward calls, one step) against plain
+    torch AdamW on the same batch: same loss metrics, grad norm and weights."""
+    cfg = make_cfg(tiny_ckpt)
+    samples, adv = synthetic_batch()
+    ref = LocalLearner(cfg, "torch")
+    ref_m = ref.update(samples, adv)
+    ds = LocalLearner(cfg, "deepspeed")
+    m = ds.update(samples, adv)
+    assert_same_update(ref_m, ref.rank.full_state(), m, ds.rank.full_state())
+    for k in ("loss", "pg_loss", "entropy", "mismatch/abs_logp_diff"):
+        assert m[k] == pytest.approx(ref_m[k], rel=1e-5, abs=1e-6), k
+    assert m["optimizer_steps"] == 1.0
+    # checksums cover the same tensors under the same names as the export
+    sums, path = ds.weight_checksums(), ds.export_weights(str(tmp_path / "w.safetensors"))
+    assert set(sums) == set(load_file(path))
+    ds.close()
+
+
+def test_deepspeed_checkpoint_resume_is_exact(tiny_ckpt, tmp_path):
+    """Save after step 1, take step 2; a fresh rank that loads the checkpoint takes the identical step 2
+    (weights, fp32 master copy and Adam moments restored; loaded with torch.load(weights_only=True))."""
+    from actors.learner import LearnerRank, load_policy
+    cfg = make_cfg(tiny_ckpt, "learner.zero_stage=1")
+    samples, adv = synthetic_batch(6, seed=1)
+    a = LearnerRank(cfg)
+    a.update(samples, adv)
+    at_save = a.full_state()
+    a.save_checkpoint(str(tmp_path / "ckpt"))
+    a.update(samples, adv)
+    want = a.full_state()
+    a.close()
+    b = LearnerRank(cfg)
+    b.load_checkpoint(str(tmp_path / "ckpt"))
+    b.update(samples, adv)
+    got = b.full_state()
+    b.close()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    assert any(not torch.equal(want[k], at_save[k]) for k in want)
+    saved = dict(load_policy(str(tmp_path / "ckpt" / "model")).named_parameters())  # a loadable HF checkpoint
+    assert all(torch.equal(saved[k].detach(), at_save[k]) for k in at_save)
+    assert (tmp_path / "ckpt" / "model" / "tokenizer.json").is_file()
+
+
+def test_weight_sync_learner_to_torch_engine(tiny_ckpt, tmp_path):
+    """generate v0 -> update -> export -> engine loads v1: its weights equal the learner's, tensor by tensor,
+    and a request that needs v2 is refused."""
+    cfg = make_cfg(tiny_ckpt)
+    rollout, learner = LocalRollout(cfg), LocalLearner(cfg, "deepspeed")
+    prompts = [[1, 5, 6, 7], [1, 8, 9], [1, 10]]
+    samples = rollout.generate(prompts, params(), min_version=0)
+    assert [s.group_id for s in samples] == [0, 0, 1, 1, 2, 2] and all(s.states is not None for s in samples)
+    before = rollout.weight_checksums()
+    learner.update(samples, [1.0, -1.0, 0.5, -0.5, 1.0, -1.0])
+    path = learner.export_weights(str(tmp_path / "weights" / "policy.safetensors"))
+    assert rollout.load_weights(path, 1) == [1]
+    after, want = rollout.weight_checksums(), learner.weight_checksums()
+    assert after == want  # same float64 sums of the same fp32 values
+    assert after != before
+    with pytest.raises(StaleWeightsError):
+        rollout.generate(prompts, params(), min_version=2)
+    assert all(s.policy_version == 1 for s in rollout.generate(prompts, params(), min_version=1))
+    learner.close()
+
+
+def test_weight_sync_learner_to_vllm_engine(tiny_ckpt, tmp_path):
+    """The same sync into vLLM: checksums read back through vLLM's own (CPU-repacked) linear kernels."""
+    cfg = make_cfg(tiny_ckpt, "rollout.engine=vllm", "rollout.vllm.max_num_seqs=8")
+    rollout, learner = LocalRollout(cfg), LocalLearner(cfg, "deepspeed")
+    before = rollout.weight_checksums()
+    assert before == pytest.approx(learner.weight_checksums(), rel=1e-12)
+    samples = rollout.generate([[1, 5, 6, 7], [1, 8, 9]], params(), min_version=0)
+    learner.update(samples, [1.0, -1.0, 0.5, -0.5])
+    assert rollout.load_weights(learner.export_weights(str(tmp_path / "w.safetensors")), 1) == [1]
+    after = rollout.weight_checksums()
+    assert after == pytest.approx(learner.weight_checksums(), rel=1e-12) and after != before
+    rollout.close()
+    learner.close()
+
+
+# ---- Ray: the launcher's build_workers with 2 torch engines, 2 ZeRO-2 learner ranks, 1 reward actor -----------
+@pytest.fixture(scope="module")
+def ray_workers(tiny_ckpt):
+    import ray
+
+    from actors.placement import build_workers
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    cfg = make_cfg(tiny_ckpt, "learner.num_workers=2", "rollout.num_engines=2", "ray.num_cpus=5",
+                   "reward.fns=[{fn: math, weight: 1.0}, {fn: format, weight: 0.1}]")
+    try:
+        yield cfg, *build_workers(cfg, use_ray=True)
+    finally:
+        ray.shutdown()
+
+
+def test_ray_two_rank_zero2_update_equals_one_rank(ray_workers, tmp_path):
+    """The key semantic: 2 ranks x their rows, gradients summed over ranks == 1 rank on the whole batch. 9 rows
+    over 2 ranks with micro-batch 3 gives rank 0 five rows and rank 1 four (2 backward calls each)."""
+    cfg, _, learner, _ = ray_workers
+    samples, adv = synthetic_batch()
+    m = learner.update(samples, adv)
+    ref = LocalLearner(cfg, "torch")
+    ref_m = ref.update(samples, adv)
+    state = load_file(learner.export_weights(str(tmp_path / "w.safetensors")))
+    assert_same_update(ref_m, ref.rank.full_state(), m, state)
+    assert m["tokens"] == sum(s.response_len for s in samples)
+    assert m["entropy"] == pytest.approx(ref_m["entropy"], rel=1e-5)  # token-weighted merge over ranks
+
+
+def test_ray_fleet_generates_like_local_engines_and_syncs(ray_workers, tmp_path):
+    """Prompts split over 2 engine actors come back in order with their states, identical to the same two
+    engines in this process; after a sync both engines hold the learner's weights."""
+    cfg, rollout, learner, _ = ray_workers
+    prompts = [[1, 5, 6, 7], [1, 8, 9], [1, 10], [1, 11, 12, 13, 14]]
+    got = rollout.generate(prompts, params(), min_version=0)
+    want = LocalRollout(cfg).generate(prompts, params(), min_version=0)
+    assert [(s.group_id, s.sample_index, s.response_ids) for s in got] == \
+        [(s.group_id, s.sample_index, s.response_ids) for s in want]
+    for a, b in zip(got, want):  # the actor runs torch with 1 thread, this process with more: fp32 rounding
+        assert torch.allclose(a.states, b.states, atol=1e-5) and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    learner.update(got, [1.0, -1.0] * 4)
+    path = learner.export_weights(str(tmp_path / "policy.safetensors"))
+    assert rollout.load_weights(path, 1) == [1, 1]
+    assert rollout.weight_checksums() == learner.weight_checksums()
+    with pytest.raises(Exception, match="version"):
+        rollout.generate(prompts, params(), min_version=2)
+
+
+def test_reward_actor_scores_like_main_thread(ray_workers):
+    """The plain reward actor (math-verify in its pool + format reward, weighted) gives the main thread's scores."""
+    cfg, _, _, rewards = ray_workers
+    prompts = ["What is 2+3?"] * 5
+    completions = ["so \\boxed{5}", "\\boxed{6}", "no anchor 5", "\\boxed{5}", "\\boxed{5"]
+    answers = ["5"] * 5
+    reasons = ["stop", "stop", "stop", "length", "stop"]
+    local = LocalRewards(cfg)
+    want, want_m = local.score(prompts, completions, answers, reasons)
+    local.close()
+    got, got_m = rewards.score(prompts, completions, answers, reasons)
+    assert got == want == pytest.approx([1.1, 0.1, 0.0, 0.0, 0.0])
+    strip = lambda m: {k: v for k, v in m.items() if "latency" not in k}
+    assert strip(got_m) == strip(want_m)
