@@ -1,0 +1,322 @@
+"""Multi-pass pretraining / SFT of an FBT checkpoint (`fbrl pretrain CONFIG [key=value ...]`).
+
+Owns: the multi-pass objective, the pass schedule, the single-process training loop (torch AdamW, warmup +
+cosine/linear decay), per-pass validation loss, and atomic checkpoints (save_pretrained + tokenizer).
+
+The objective (shared/DESIGN.md §3): pass 1 is the ordinary forward; pass k fuses pass k-1's final-normalized
+states shifted one position right and reruns the whole stack; `L = L_1 + mean(L_2..L_K)` with nothing
+detached, so the gradient of L_k reaches every earlier pass through the carried states. Jitter (uniform on the
+carried states, fresh per pass) and prefix mixin are applied by `model.multipass_forward` during training only.
+
+K per step comes from `pretrain.pass_schedule` (deterministic by step fraction: `[[0.75,1],[0.97,2],[1.0,3]]`
+is the paper's 75/22/3 %) or, with `pretrain.schedule: mixture`, from `pretrain.mixture_probs` drawn per step
+with a seed (P(K=1), P(K=2), ...). The health signal printed at the end: pass-2 validation loss below pass-1.
+
+Documents are `prompt + target + <eos>` (target = the row's `solution` if it has one, else its `answer`), one
+per row, right-padded; `loss_on: response` masks the loss to the target and <eos> (SFT), `all` trains on
+every token after the first.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from rl import model as fbt_model
+from rl.config import Config, load_config
+
+# ------------------------------------------------------------------------------------------- objective
+
+
+def masked_ce(model, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Token-mean next-token cross-entropy of one pass.
+
+    hidden [B, L, d] are the pass's final-normalized states; position t predicts input_ids[:, t+1], counted
+    where loss_mask[:, t+1] is set. The LM head runs only on counted positions (saves most of the head's cost
+    on large vocabularies and prompt-masked SFT).
+    """
+    target_mask = loss_mask[:, 1:].bool()
+    h = hidden[:, :-1][target_mask]
+    targets = input_ids[:, 1:][target_mask]
+    if targets.numel() == 0:
+        return hidden.sum() * 0.0  # keeps the graph (and the device) when a batch has nothing to learn
+    logits = model.logits_from_hidden(h).float()
+    return F.cross_entropy(logits, targets)
+
+
+def multipass_loss(model, input_ids, attention_mask, loss_mask, num_passes: int, jitter: float = 0.0,
+                   prefix_mixin: float = 0.0, generator: torch.Generator | None = None
+                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`L_1 + mean(L_2..L_K)` and the per-pass losses [L_1, ..., L_K] (graph kept, nothing detached)."""
+    out = model.multipass_forward(input_ids, num_passes, attention_mask=attention_mask, jitter=jitter,
+                                  prefix_mixin=prefix_mixin, generator=generator)
+    losses = [masked_ce(model, h, input_ids, loss_mask) for h in out.hidden]
+    total = losses[0] if num_passes == 1 else losses[0] + torch.stack(losses[1:]).mean()
+    return total, losses
+
+
+# -------------------------------------------------------------------------------------------- schedule
+
+
+def passes_for_step(step: int, total_steps: int, pcfg) -> int:
+    """K for optimizer step `step` (0-based) of `total_steps`.
+
+    boundaries: the first `[fraction, K]` entry with step/total_steps < fraction (so with 100 steps and the
+    default schedule, steps 0-74 run K=1, 75-96 K=2, 97-99 K=3). mixture: K ~ mixture_probs, drawn from a
+    stream seeded by (seed, step) so a step's K never depends on what ran before it.
+    """
+    if pcfg.schedule == "mixture":
+        rng = random.Random(f"fbrl-passes:{pcfg.seed}:{step}")
+        return rng.choices(range(1, len(pcfg.mixture_probs) + 1), weights=pcfg.mixture_probs)[0]
+    frac = step / max(total_steps, 1)
+    for boundary, k in pcfg.pass_schedule:
+        if frac < boundary:
+            return int(k)
+    return int(pcfg.pass_schedule[-1][1])
+
+
+def max_passes(pcfg) -> int:
+    if pcfg.schedule == "mixture":
+        return max(k + 1 for k, p in enumerate(pcfg.mixture_probs) if p > 0)
+    return max(int(k) for _, k in pcfg.pass_schedule)
+
+
+def lr_factor(step: int, pcfg) -> float:
+    """Linear warmup to 1, then cosine / linear decay to `min_lr_ratio` (constant: stays 1)."""
+    if step < pcfg.warmup:
+        return (step + 1) / pcfg.warmup
+    if pcfg.lr_schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - pcfg.warmup) / max(1, pcfg.steps - pcfg.warmup))
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if pcfg.lr_schedule == "cosine" else 1 - progress
+    return pcfg.min_lr_ratio + (1 - pcfg.min_lr_ratio) * shape
+
+
+# ---------------------------------------------------------------------------------------- model + data
+
+
+def load_model_and_tokenizer(cfg: Config):
+    """A fresh FBT model (`model.init` set), an FBT checkpoint, or a stock Llama/Qwen2 converted to FBT."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    m = cfg.model
+    dtype = getattr(torch, m.dtype)
+    tok_dir = m.tokenizer or (None if m.init is not None else m.path)
+    if tok_dir is None:
+        from rl.data.tokenizer import build_tokenizer
+        tokenizer = build_tokenizer()  # the project's char-level tokenizer (pad 0, bos 1, eos 2)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    if m.init is not None:
+        torch.manual_seed(cfg.pretrain.seed)
+        model = fbt_model.FBTLlamaForCausalLM(fresh_config(m.init, m.fusion_mode, tokenizer)) \
+            if m.init.backbone == "llama" else fbt_model.FBTQwen2ForCausalLM(fresh_config(m.init, m.fusion_mode,
+                                                                                          tokenizer))
+        return model.to(dtype), tokenizer
+    if not m.path:
+        raise ValueError("model.path: required unless model.init describes a fresh model")
+    if AutoConfig.from_pretrained(m.path).model_type.startswith("fbt_"):
+        model = AutoModelForCausalLM.from_pretrained(m.path, dtype=dtype)
+    else:
+        model = fbt_model.convert_to_fbt(AutoModelForCausalLM.from_pretrained(m.path, dtype=dtype),
+                                         m.fusion_mode, seed=cfg.pretrain.seed)
+    return model, tokenizer
+
+
+def fresh_config(init, fusion_mode: str, tokenizer):
+    """FBT config for a model built from scratch with the tokenizer's vocabulary and special ids."""
+    base_cls = fbt_model.FBT_CLASSES[init.backbone][0]
+    return base_cls(
+        vocab_size=len(tokenizer), hidden_size=init.hidden_size, num_hidden_layers=init.num_layers,
+        num_attention_heads=init.num_heads, num_key_value_heads=init.num_kv_heads,
+        head_dim=init.hidden_size // init.num_heads, intermediate_size=init.intermediate_size,
+        max_position_embeddings=init.max_position_embeddings, rope_theta=init.rope_theta,
+        tie_word_embeddings=init.tie_word_embeddings, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        fbt_fusion_mode=fusion_mode, architectures=[fbt_model.FBT_CLASSES[init.backbone][1].__name__])
+
+
+def encode_rows(rows: list[dict], tokenizer, seq_len: int, loss_on: str) -> list[tuple[list[int], list[int]]]:
+    """Each row -> (ids, loss mask): prompt (+ BOS if the tokenizer adds one), target, <eos>; cut at seq_len."""
+    prompts = tokenizer([r["prompt"] for r in rows], add_special_tokens=True)["input_ids"]
+    targets = tokenizer([r.get("solution") or r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    out = []
+    for p, t in zip(prompts, targets):
+        ids = (p + t + eos)[:seq_len]
+        mask = ([0] * len(p) + [1] * (len(t) + len(eos)))[:seq_len] if loss_on == "response" else [1] * len(ids)
+        out.append((ids, mask))
+    return out
+
+
+def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int):
+    """Right-pad to the longest row: (input_ids, attention_mask, loss_mask), all [B, L] long."""
+    L = max(len(ids) for ids, _ in encoded)
+    B = len(encoded)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention = torch.zeros(B, L, dtype=torch.long)
+    loss_mask = torch.zeros(B, L, dtype=torch.long)
+    for b, (ids, mask) in enumerate(encoded):
+        input_ids[b, :len(ids)] = torch.tensor(ids)
+        attention[b, :len(ids)] = 1
+        loss_mask[b, :len(ids)] = torch.tensor(mask)
+    return input_ids, attention, loss_mask
+
+
+@torch.no_grad()
+def validation_losses(model, batches, num_passes: int) -> list[float]:
+    """Per-pass validation loss (token-weighted over all batches) with K passes, no jitter, no mixin."""
+    was_training = model.training
+    model.eval()
+    sums, count = [0.0] * num_passes, 0
+    for input_ids, attention, loss_mask in batches:
+        n = int(loss_mask[:, 1:].sum())
+        _, losses = multipass_loss(model, input_ids, attention, loss_mask, num_passes)
+        sums = [s + float(l) * n for s, l in zip(sums, losses)]
+        count += n
+    model.train(was_training)
+    return [s / max(count, 1) for s in sums]
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str, str] | None = None) -> None:
+    """Write the checkpoint to `<out_dir>.tmp-<pid>` and swap it in, so `out_dir` is never half-written.
+
+    A directory cannot be replaced by os.replace while non-empty, so the old one is first renamed aside and
+    removed after the swap; at every moment one complete checkpoint exists under one of the two names.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    for name, text in (extra_files or {}).items():
+        (tmp / name).write_text(text)
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------- loop
+
+
+def train(cfg: Config, log=print) -> dict:
+    """Run `cfg.pretrain`; returns a summary (final per-pass val loss, wall time, the health check)."""
+    from rl.data.loaders import PromptSampler, load_task_split
+
+    p = cfg.pretrain
+    torch.set_num_threads(p.threads)
+    torch.manual_seed(p.seed)
+    t_start = time.time()
+    model, tokenizer = load_model_and_tokenizer(cfg)
+    model.train()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    train_rows = load_task_split(cfg.data, "train")
+    val_n = p.val_batches * p.batch_size
+    val_rows = load_task_split(cfg.data, "val" if cfg.data.task == "arith" else "test", n=val_n)
+    train_enc = encode_rows(train_rows, tokenizer, p.seq_len, p.loss_on)
+    val_enc = encode_rows(val_rows, tokenizer, p.seq_len, p.loss_on)
+    val_batches = [collate(val_enc[i:i + p.batch_size], pad_id) for i in range(0, len(val_enc), p.batch_size)]
+    sampler = PromptSampler(train_enc, seed=p.seed)  # rows here are encoded (ids, mask) pairs
+    k_eval = max(3, max_passes(p))
+
+    decay = [q for q in model.parameters() if q.ndim >= 2]
+    no_decay = [q for q in model.parameters() if q.ndim < 2]  # norms: weight decay would shrink them to 0
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": p.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=p.lr, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, p))
+    gen = torch.Generator().manual_seed(p.seed)  # jitter and prefix-mixin noise
+    n_params = sum(q.numel() for q in model.parameters())
+    log(f"pretrain: {n_params / 1e6:.2f}M params, {len(train_rows)} train rows, {len(val_rows)} val rows, "
+        f"{p.steps} steps x {p.batch_size}, max K={max_passes(p)}, threads={p.threads}")
+
+    history, k_counts, tokens = [], {}, 0
+    val = validation_losses(model, val_batches, k_eval)
+    history.append({"step": 0, "val": val})
+    log(f"step 0 val " + " ".join(f"pass{i + 1}={v:.4f}" for i, v in enumerate(val)))
+    t_loop = time.time()
+    for step in range(p.steps):
+        k = passes_for_step(step, p.steps, p)
+        k_counts[k] = k_counts.get(k, 0) + 1
+        input_ids, attention, loss_mask = collate(sampler.next(p.batch_size), pad_id)
+        loss, losses = multipass_loss(model, input_ids, attention, loss_mask, k, p.jitter, p.prefix_mixin, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip) if p.grad_clip > 0 \
+            else torch.tensor(0.0)
+        opt.step()
+        sched.step()
+        tokens += int(attention.sum())
+        if (step + 1) % cfg.logging.log_every == 0 and cfg.logging.progress:
+            el = time.time() - t_loop
+            log(f"step {step + 1}/{p.steps} K={k} loss={loss.item():.4f} "
+                + " ".join(f"L{i + 1}={v.item():.4f}" for i, v in enumerate(losses))
+                + f" lr={sched.get_last_lr()[0]:.2e} gnorm={float(grad_norm):.2f} tok/s={tokens / el:.0f}"
+                + f" elapsed={el:.0f}s")
+        if (step + 1) % p.eval_every == 0 or step + 1 == p.steps:
+            val = validation_losses(model, val_batches, k_eval)
+            history.append({"step": step + 1, "val": val, "elapsed_s": round(time.time() - t_start, 1)})
+            log(f"step {step + 1} val " + " ".join(f"pass{i + 1}={v:.4f}" for i, v in enumerate(val)))
+            if step + 1 < p.steps:
+                save_checkpoint(model, tokenizer, p.out_dir, _extra_files(cfg, history, k_counts, t_start, False))
+    summary = _summary(cfg, history, k_counts, t_start, True)
+    save_checkpoint(model, tokenizer, p.out_dir, _extra_files(cfg, history, k_counts, t_start, True))
+    return summary
+
+
+def _summary(cfg, history, k_counts, t_start, finished: bool) -> dict:
+    val = history[-1]["val"]
+    return {"finished": finished, "steps_done": history[-1]["step"], "wall_time_s": round(time.time() - t_start, 1),
+            "threads": cfg.pretrain.threads, "git_commit": git_commit(), "final_val_loss_per_pass": val,
+            "pass2_below_pass1": len(val) > 1 and val[1] < val[0],
+            "steps_per_k": {str(k): v for k, v in sorted(k_counts.items())}, "val_history": history}
+
+
+def _extra_files(cfg, history, k_counts, t_start, finished: bool) -> dict[str, str]:
+    return {"pretrain_config.yaml": cfg.to_yaml(),
+            "training_summary.json": json.dumps(_summary(cfg, history, k_counts, t_start, finished), indent=1)}
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", nargs="?", default=None, help="YAML config (default: built-in defaults)")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. pretrain.steps=100")
+
+
+def run(args) -> int:
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not Path(config).is_file():
+        config, overrides = None, [config] + overrides  # `fbrl pretrain key=value ...`: defaults + overrides
+    cfg = load_config(config, overrides)
+    summary = train(cfg)
+    val = summary["final_val_loss_per_pass"]
+    print("final validation loss per pass: " + ", ".join(f"pass {i + 1}: {v:.4f}" for i, v in enumerate(val)))
+    print(f"pass-2 < pass-1 (feedback helps, the paper's health signal): "
+          f"{'yes' if summary['pass2_below_pass1'] else 'NO'} "
+          f"({val[1] - val[0]:+.4f})" if len(val) > 1 else "")
+    print(f"checkpoint: {cfg.pretrain.out_dir}  wall time: {summary['wall_time_s']:.0f}s")
+    return 0
