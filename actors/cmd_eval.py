@@ -1,0 +1,113 @@
+"""`fbrl eval` — accuracy / pass@k of a checkpoint per decode mode (CLI glue; the logic is rl/evaluate.py).
+
+    fbrl eval --checkpoint checkpoints/tiny-arith --task arith --split test --n 500 \
+              --decode-mode standard soft fused --samples 4 --json eval.json
+
+The engine is the pure-torch reference engine (`rollout.torch_engine.TorchEngine`); completions are scored with
+the math reward (`rewards.math.MathReward`, math-verify) when it is importable, else with
+`rl.evaluate.plain_numeric_score`. For the arithmetic task the difficulty levels default to the ones the
+checkpoint was trained on (its `pretrain_config.yaml`), so the test split matches the training distribution.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from rl.config import DataConfig, EvalConfig, config_from_dict
+
+_EVAL = EvalConfig()
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--checkpoint", required=True, help="FBT checkpoint directory (save_pretrained + tokenizer)")
+    p.add_argument("--task", default="arith", choices=["arith", "jsonl"],
+                   help="arith: the synthetic task; jsonl: rows with prompt/answer from --data-path")
+    p.add_argument("--data-path", default=None, help="JSONL file of the jsonl task")
+    p.add_argument("--split", default=_EVAL.split, help="arith split: train | val | test")
+    p.add_argument("--difficulty", type=int, nargs="+", default=None,
+                   help="arith levels (default: the checkpoint's training levels, else 1 2 3)")
+    p.add_argument("--n", type=int, default=_EVAL.n, help="number of problems")
+    p.add_argument("--decode-mode", nargs="+", default=list(_EVAL.decode_modes),
+                   choices=["standard", "soft", "fused"], help="one or more decode modes (paired test if several)")
+    p.add_argument("--samples", type=int, default=_EVAL.samples, help="sampled completions per problem (pass@k)")
+    p.add_argument("--temperature", type=float, default=_EVAL.temperature, help="sampling temperature")
+    p.add_argument("--max-tokens", type=int, default=_EVAL.max_tokens)
+    p.add_argument("--batch-size", type=int, default=_EVAL.batch_size, help="prompts per engine call")
+    p.add_argument("--seed", type=int, default=_EVAL.seed)
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--scorer", default="auto", choices=["auto", "math", "plain"],
+                   help="auto: the math reward if importable, else the plain numeric comparison")
+    p.add_argument("--json", dest="json_out", default=None, help="write the results here")
+
+
+def _data_config(args) -> DataConfig:
+    """The checkpoint's training data section (for its difficulty levels), with this command's choices."""
+    saved = Path(args.checkpoint) / "pretrain_config.yaml"
+    data = {}
+    if saved.is_file():
+        data = dict((yaml.safe_load(saved.read_text()) or {}).get("data") or {})
+    data["task"] = args.task
+    if args.task == "jsonl":
+        if not args.data_path:
+            raise SystemExit("fbrl eval: --task jsonl needs --data-path")
+        data["test_path"] = args.data_path
+        data["test_split"] = args.split
+    if args.difficulty:
+        data["difficulty"] = args.difficulty
+    if data["task"] != "arith":
+        data.setdefault("train_path", args.data_path)
+    return config_from_dict({"data": data}).data
+
+
+def _scorer(choice: str):
+    if choice in ("auto", "math"):
+        try:
+            from rewards.math import MathReward
+            return MathReward()
+        except ImportError:
+            if choice == "math":
+                raise
+    from rl.evaluate import plain_numeric_score
+    return plain_numeric_score
+
+
+def run(args) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import rl  # noqa: F401  (registers the FBT model classes)
+    from rl.batch import SamplingParams
+    from rl.data.loaders import load_task_split
+    from rl.evaluate import evaluate, format_table
+    from rollout.torch_engine import TorchEngine
+
+    torch.set_num_threads(args.threads)
+    data = _data_config(args)
+    rows = load_task_split(data, "test" if args.split == data.test_split else args.split, n=args.n)
+    if args.task == "arith" and args.split != data.test_split:
+        from rl.data import arith
+        rows = arith.generate(args.split, args.n, seed=data.seed, difficulties=tuple(data.difficulty))
+    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+    score_fn = _scorer(args.scorer)
+    try:
+        result = evaluate(TorchEngine(model), SamplingParams, tokenizer, rows, args.decode_mode,
+                          samples=args.samples, temperature=args.temperature, max_tokens=args.max_tokens,
+                          seed=args.seed, score_fn=score_fn, batch_size=args.batch_size, log=print)
+    finally:
+        if hasattr(score_fn, "close"):
+            score_fn.close()
+    result["meta"].update(checkpoint=str(args.checkpoint), task=args.task, split=args.split,
+                          difficulty=list(data.difficulty) if args.task == "arith" else None)
+    print(format_table(result))
+    if args.json_out:
+        out = Path(args.json_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, out)
+        print(f"wrote {out}")
+    return 0

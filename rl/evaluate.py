@@ -1,0 +1,156 @@
+"""Accuracy / pass@k per decode mode, written against any engine with `.generate(prompts, params)`.
+
+Owns: the evaluation logic behind `fbrl eval` (the CLI glue is `actors/cmd_eval.py`): greedy and sampled
+accuracy, the unbiased pass@k estimator, mean response length, truncation rate, the paired comparison of
+decode modes (McNemar's exact test), the printed table, and the JSON layout.
+
+rl/ never imports rollout/, so the caller passes the engine and a `make_params(**fields)` factory for its
+sampling parameters (`rollout.base.SamplingParams`); fields used: n, temperature, max_tokens, stop_token_ids,
+seed, decode_mode. The scorer follows the reward interface `(prompts, completions, answers,
+finish_reasons=...) -> list[float]` so `rewards.math.MathReward` drops in; `plain_numeric_score` is the
+fallback (last `\\boxed{}` compared numerically with the gold answer; a truncated response scores 0).
+
+JSON layout: `{"meta": {...}, "modes": {mode: {"accuracy": {"greedy", "sampled"}, "pass_at_k": {"1", ...},
+"mean_length": {"greedy", "sampled"}, "truncation_rate": {"greedy", "sampled"}, ...}}, "paired": [...]}`.
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from typing import Any, Callable, Sequence
+
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def plain_numeric_score(prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any],
+                        finish_reasons: Sequence[str] | None = None, **_) -> list[float]:
+    """1.0 when the last `\\boxed{...}` equals the gold answer as a number; truncated responses score 0."""
+    reasons = finish_reasons or [None] * len(completions)
+    out = []
+    for text, gold, reason in zip(completions, answers, reasons):
+        found = _BOXED.findall(text)
+        ok = False
+        if found and reason not in ("length", "aborted"):
+            try:
+                ok = math.isclose(float(found[-1].strip().replace(",", "")), float(str(gold).strip()),
+                                  rel_tol=0, abs_tol=1e-9)
+            except ValueError:
+                ok = False
+        out.append(float(ok))
+    return out
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value for discordant counts b (A right, B wrong) and c (A wrong, B right).
+
+    Under H0 each discordant pair goes either way with probability 1/2: p = 2 * P(Binom(b+c, 1/2) <= min(b, c)),
+    capped at 1.
+    """
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def _ks(samples: int) -> list[int]:
+    ks = [1]
+    while ks[-1] * 2 <= samples:
+        ks.append(ks[-1] * 2)
+    return ks + ([samples] if ks[-1] != samples else [])
+
+
+def _run(engine, make_params, prompt_ids, rows, tokenizer, score_fn, batch_size, **fields):
+    """Generate n samples per prompt in chunks; returns per-prompt lists of (correct, length, truncated)."""
+    n = fields["n"]
+    out = []
+    for i in range(0, len(prompt_ids), batch_size):
+        chunk = prompt_ids[i:i + batch_size]
+        params = make_params(**{**fields, "seed": None if fields.get("seed") is None else fields["seed"] + i})
+        samples = engine.generate(chunk, params)
+        if len(samples) != n * len(chunk):
+            raise RuntimeError(f"engine returned {len(samples)} samples for {len(chunk)} prompts x n={n}")
+        texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+        chunk_rows = [r for r in rows[i:i + batch_size] for _ in range(n)]
+        scores = score_fn([r["prompt"] for r in chunk_rows], texts, [r["answer"] for r in chunk_rows],
+                          finish_reasons=[s.finish_reason for s in samples])
+        for j in range(len(chunk)):
+            group = samples[j * n:(j + 1) * n]
+            out.append([(scores[j * n + t] > 0.5, s.response_len, s.truncated) for t, s in enumerate(group)])
+    return out
+
+
+def evaluate(engine, make_params: Callable[..., Any], tokenizer, rows: list[dict], modes: Sequence[str],
+             samples: int = 1, temperature: float = 1.0, max_tokens: int = 48, seed: int = 0,
+             score_fn: Callable | None = None, batch_size: int = 64, log=None) -> dict:
+    """Greedy (temperature 0) and `samples` sampled completions per problem in every decode mode."""
+    score_fn = score_fn or plain_numeric_score
+    prompt_ids = [tokenizer(r["prompt"], add_special_tokens=True)["input_ids"] for r in rows]
+    stop = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
+    result = {"meta": {"n": len(rows), "samples": samples, "temperature": temperature, "max_tokens": max_tokens,
+                       "seed": seed, "scorer": getattr(score_fn, "__name__", type(score_fn).__name__)},
+              "modes": {}, "paired": []}
+    per_mode = {}
+    for mode in modes:
+        t0 = time.time()
+        common = dict(max_tokens=max_tokens, stop_token_ids=stop, decode_mode=mode)
+        greedy = _run(engine, make_params, prompt_ids, rows, tokenizer, score_fn, batch_size,
+                      n=1, temperature=0.0, seed=None, **common)
+        sampled = _run(engine, make_params, prompt_ids, rows, tokenizer, score_fn, batch_size,
+                       n=samples, temperature=temperature, seed=seed, **common)
+        g = [grp[0] for grp in greedy]
+        flat = [s for grp in sampled for s in grp]
+        correct_counts = [sum(s[0] for s in grp) for grp in sampled]
+        mean = lambda xs: sum(xs) / max(len(xs), 1)
+        result["modes"][mode] = {
+            "accuracy": {"greedy": mean([s[0] for s in g]), "sampled": mean([s[0] for s in flat])},
+            "pass_at_k": {str(k): mean([pass_at_k(samples, c, k) for c in correct_counts]) for k in _ks(samples)},
+            "mean_length": {"greedy": mean([s[1] for s in g]), "sampled": mean([s[1] for s in flat])},
+            "truncation_rate": {"greedy": mean([s[2] for s in g]), "sampled": mean([s[2] for s in flat])},
+            "wall_s": round(time.time() - t0, 1),
+        }
+        per_mode[mode] = {"greedy": [s[0] for s in g], "sampled": [grp[0][0] for grp in sampled]}
+        if log:
+            log(f"{mode}: greedy {result['modes'][mode]['accuracy']['greedy']:.3f} "
+                f"sampled {result['modes'][mode]['accuracy']['sampled']:.3f} ({result['modes'][mode]['wall_s']}s)")
+    modes = list(modes)
+    for i, a in enumerate(modes):
+        for b in modes[i + 1:]:
+            for which in ("greedy", "sampled"):
+                xa, xb = per_mode[a][which], per_mode[b][which]
+                a_only = sum(p and not q for p, q in zip(xa, xb))
+                b_only = sum(q and not p for p, q in zip(xa, xb))
+                result["paired"].append({"a": a, "b": b, "which": which, "a_only": a_only, "b_only": b_only,
+                                         "p_value": mcnemar_exact(a_only, b_only)})
+    return result
+
+
+def format_table(result: dict) -> str:
+    """The printed summary: one row per decode mode, then the paired comparisons."""
+    meta = result["meta"]
+    ks = list(next(iter(result["modes"].values()))["pass_at_k"]) if result["modes"] else []
+    head = (f"{'mode':<9} {'greedy':>7} {'sampled':>8} " + " ".join(f"{'pass@' + k:>8}" for k in ks)
+            + f" {'len(g)':>7} {'len(s)':>7} {'trunc(g)':>8} {'trunc(s)':>8}")
+    lines = [f"n={meta['n']} samples={meta['samples']} T={meta['temperature']} scorer={meta['scorer']}", head,
+             "-" * len(head)]
+    for mode, m in result["modes"].items():
+        lines.append(f"{mode:<9} {m['accuracy']['greedy']:>7.3f} {m['accuracy']['sampled']:>8.3f} "
+                     + " ".join(f"{m['pass_at_k'][k]:>8.3f}" for k in ks)
+                     + f" {m['mean_length']['greedy']:>7.1f} {m['mean_length']['sampled']:>7.1f}"
+                     + f" {m['truncation_rate']['greedy']:>8.3f} {m['truncation_rate']['sampled']:>8.3f}")
+    if result["paired"]:
+        lines.append("paired (McNemar exact): a_only = problems only a solves, b_only = only b")
+        for p in result["paired"]:
+            lines.append(f"  {p['a']} vs {p['b']} ({p['which']}): a_only={p['a_only']} b_only={p['b_only']} "
+                         f"p={p['p_value']:.4g}")
+    return "\n".join(lines)
