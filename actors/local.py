@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from actors.learner import (LearnerRank, copy_tokenizer_files, load_policy, pad_id_of, write_safetensors_atomic)
+from actors.learner_group import merge_rank_metrics
 from actors.reward_workers import RewardHost
 from actors.rollout import EngineHost, chunk_params, merge_chunks, split_prompts
 from rl.learner import PolicyUpdater, TorchBackend
@@ -58,7 +59,9 @@ class TorchLearner:
 
     def update(self, samples, advantages) -> dict:
         self.policy.train()
-        return self.updater.update(samples, advantages, self.backend, 0)
+        metrics = self.updater.update(samples, advantages, self.backend, 0)
+        metrics["_tokens"] = float(self.cfg.algo.ppo_epochs * sum(s.response_len for s in samples))
+        return metrics
 
     def full_state(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.named_parameters()}
@@ -105,9 +108,7 @@ class LocalLearner:
             raise ValueError(f"LocalLearner backend: expected 'deepspeed' or 'torch', got {backend!r}")
 
     def update(self, samples, advantages) -> dict[str, float]:
-        metrics = self.rank.update(samples, [float(a) for a in advantages])
-        metrics.pop("_tokens", None)
-        return metrics
+        return merge_rank_metrics([self.rank.update(samples, [float(a) for a in advantages])])
 
     def export_weights(self, path: str) -> str:
         return self.rank.export_weights(path)

@@ -150,6 +150,8 @@ class RolloutFleet:
         return merge_chunks([(s, out) for (s, _), out in zip(chunks, ray.get(refs))])
 
     def load_weights(self, weights_path: str, version: int) -> list[int]:
+        """Every engine loads the file as `version`. The path is read on each engine's node: one node (the local
+        and CPU case, ideally /dev/shm) or a filesystem all nodes share."""
         import ray
         return ray.get([a.load_weights.remote(weights_path, version) for a in self.actors])
 

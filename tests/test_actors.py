@@ -104,6 +104,19 @@ def test_rank_metrics_merge_token_weighted():
     assert m["tokens"] == 40.0 and "_tokens" not in m
 
 
+def test_placement_bundles_separate_and_colocated(tiny_ckpt):
+    from actors.placement import plan_bundles, required_cpus
+    cfg = make_cfg(tiny_ckpt, "rollout.num_engines=2", "learner.num_workers=3", "rollout.num_gpus_per_engine=1",
+                   "learner.num_gpus_per_worker=0.5")
+    bundles, r_idx, l_idx, share = plan_bundles(cfg)
+    assert bundles == [{"CPU": 1.0, "GPU": 1.0}] * 2 + [{"CPU": 1.0, "GPU": 0.5}] * 3
+    assert (r_idx, l_idx, share) == ([0, 1], [2, 3, 4], 1.0) and required_cpus(cfg) == 6
+    cfg = make_cfg(tiny_ckpt, "rollout.num_engines=2", "learner.num_workers=3", "ray.colocate=true")
+    bundles, r_idx, l_idx, share = plan_bundles(cfg)  # engine i and rank i share bundle i, half each
+    assert bundles == [{"CPU": 1.0}] * 3 and (r_idx, l_idx, share) == ([0, 1], [0, 1, 2], 0.5)
+    assert required_cpus(cfg) == 4
+
+
 # ---- DeepSpeed in this process (world size 1) ----------------------------------------------------------------
 def test_deepspeed_rank_equals_torch_backend(tiny_ckpt, tmp_path):
     """ZeRO-2, one rank, uneven micro-batches (9 rows, micro 3 -> 3 backward calls, one step) against plain
@@ -117,7 +130,7 @@ def test_deepspeed_rank_equals_torch_backend(tiny_ckpt, tmp_path):
     assert_same_update(ref_m, ref.rank.full_state(), m, ds.rank.full_state())
     for k in ("loss", "pg_loss", "entropy", "mismatch/abs_logp_diff"):
         assert m[k] == pytest.approx(ref_m[k], rel=1e-5, abs=1e-6), k
-    assert m["optimizer_steps"] == 1.0
+    assert m["optimizer_steps"] == 1.0 and m["tokens"] == ref_m["tokens"] == sum(s.response_len for s in samples)
     # checksums cover the same tensors under the same names as the export
     sums, path = ds.weight_checksums(), ds.export_weights(str(tmp_path / "w.safetensors"))
     assert set(sums) == set(load_file(path))
