@@ -302,17 +302,6 @@ class LearnerRank:
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {ds_dir}")
 
-    def node_address(self) -> str:
-        """This rank's node IP (rank 0's is the rendezvous address of a multi-node group)."""
-        try:
-            import ray
-            return ray.util.get_node_ip_address()
-        except Exception:
-            return "127.0.0.1"
-
-    def ready(self) -> bool:
-        return True
-
     def close(self) -> None:
         """Drop the engine and models. The process group stays: DeepSpeed caches its groups per process, so a
         later in-process `LearnerRank` (world size 1) reuses it; a Ray rank's group ends with its actor."""
