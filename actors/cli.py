@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["train"]  # `fbrl` alone runs the embedded default job
         sub.choices["train"].set_defaults()
         importlib.import_module(COMMANDS["train"][0]).add_arguments(sub.choices["train"])
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # flags may sit between key=value overrides
     return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
 
 

@@ -12,6 +12,8 @@ checksums, checkpoints) is called on every rank because under ZeRO-3 it is colle
 """
 from __future__ import annotations
 
+from rl.learner import SUMMED_METRICS
+
 # Metrics that are the same on every rank (global after the collective step) and are taken from rank 0; every
 # other metric is a token-weighted mean over this rank's micro-batches and is merged over ranks the same way.
 GLOBAL_METRICS = ("grad_norm", "optimizer_steps", "replay_approximate")
@@ -24,6 +26,9 @@ def merge_rank_metrics(per_rank: list[dict]) -> dict[str, float]:
     out = {k: v for k, v in per_rank[0].items() if k in GLOBAL_METRICS}
     keys = {k for m in per_rank for k in m if k not in GLOBAL_METRICS and k != "_tokens"}
     for k in sorted(keys):
+        if k in SUMMED_METRICS:  # each rank's loss is its share of the global loss
+            out[k] = sum(m[k] for m in per_rank if k in m)
+            continue
         pairs = [(m[k], w) for m, w in zip(per_rank, weights) if k in m and w > 0]
         if pairs:
             total = sum(w for _, w in pairs)

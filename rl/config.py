@@ -334,7 +334,9 @@ class Config:
 # Fields whose change makes a resumed run a different experiment (checked by `check_resume`).
 RESUME_LOCKED = ("model.path", "model.init", "model.fusion_mode", "data", "likelihood.estimator",
                  "likelihood.passes", "rollout.decode_mode", "rollout.n_samples_per_prompt",
-                 "train.seed", "train.prompts_per_step")
+                 "train.seed", "train.prompts_per_step",
+                 # a DeepSpeed checkpoint loads only with the same world size and ZeRO stage
+                 "learner.num_workers", "learner.zero_stage")
 
 
 class _Dumper(yaml.SafeDumper):

@@ -19,6 +19,10 @@ from rl.batch import LearnerBatch, Sample, collate
 from rl.likelihood import get_estimator
 
 
+# Loss metrics of a micro-batch are its share of the mini-batch loss: summed over micro-batches and ranks.
+SUMMED_METRICS = ("loss", "pg_loss", "kl_loss")
+
+
 class Backend(Protocol):
     world_size: int
 
@@ -118,12 +122,15 @@ class PolicyUpdater:
                 for rows in plan.rank_micro_batches(mini, rank, backend.world_size):
                     loss, metrics = self._micro_loss(batch, rows, old_logp, ref_logp, tokens, seqs)
                     backend.backward(loss)
-                    for k, v in metrics.items():  # token-weighted means over this rank's micro-batches
-                        w = float(batch.response_mask[rows].sum()) if rows else 0.0
-                        sums[k] = sums.get(k, 0.0) + v * w
-                        weights[k] = weights.get(k, 0.0) + w
+                    w = float(batch.response_mask[rows].sum()) if rows else 0.0
+                    for k, v in metrics.items():
+                        # A micro-batch's loss is its share of the global loss (already divided by the global
+                        # count): those add up. Every other metric is a token-weighted mean.
+                        add = v / len(plan.minibatches) / self.cfg.algo.ppo_epochs if k in SUMMED_METRICS else v * w
+                        sums[k] = sums.get(k, 0.0) + add
+                        weights[k] = weights.get(k, 0.0) + (1.0 if k in SUMMED_METRICS else w)
                 grad_norms.append(backend.step())
-        out = {k: sums[k] / weights[k] for k in sums if weights[k] > 0}
+        out = {k: sums[k] if k in SUMMED_METRICS else sums[k] / weights[k] for k in sums if weights[k] > 0}
         out["grad_norm"] = sum(grad_norms) / len(grad_norms)
         out["optimizer_steps"] = float(len(grad_norms))
         out["replay_approximate"] = float(replay and self.multiple_updates)
@@ -134,12 +141,13 @@ class PolicyUpdater:
             return sum(p.sum() for p in self.model.parameters()) * 0.0, {}
         micro = batch.select(rows)
         out = self._logprobs(self.model, micro, with_entropy=True)
-        mask = micro.response_mask
+        dev = out.logprobs.device  # batches are built on the host; the model may sit on a GPU
+        pick = lambda t: None if t is None else t[rows].to(dev)  # noqa: E731
+        mask = micro.response_mask.to(dev)
         loss, metrics = algos.compute_policy_loss(
-            out.logprobs, None if old_logp is None else old_logp[rows], micro.extras["advantages"], mask,
-            self.loss_cfg, ref_logp=None if ref_logp is None else ref_logp[rows],
-            engine_logp=micro.engine_logprobs, entropy=out.entropy, global_token_count=tokens,
-            global_seq_count=seqs)
+            out.logprobs, pick(old_logp), micro.extras["advantages"].to(dev), mask,
+            self.loss_cfg, ref_logp=pick(ref_logp), engine_logp=micro.engine_logprobs.to(dev),
+            entropy=out.entropy, global_token_count=tokens, global_seq_count=seqs)
         if self.cfg.algo.entropy_coef and out.entropy is not None:
             loss = loss - self.cfg.algo.entropy_coef * (out.entropy * mask).sum() / max(tokens, 1)
         return loss, metrics

@@ -99,10 +99,11 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
         # 3. advantages per prompt group; groups with no signal are dropped if asked
         groups = torch.tensor([s.group_id for s in samples])
         advantages = algos.compute_advantages(reward, groups, cfg.algo.adv_estimator, cfg.algo.adv_eps)
-        keep, dropped = (algos.dynamic_sampling_mask(reward, groups) if cfg.algo.dynamic_sampling
-                         else (torch.ones(len(samples), dtype=torch.bool), 0))
-        token_mask = (lengths > 0)[:, None]
-        skip = len(samples) == 0 or algos.no_usable_signal(keep, token_mask)
+        has_signal, equal_groups = algos.dynamic_sampling_mask(reward, groups)
+        keep = has_signal if cfg.algo.dynamic_sampling else torch.ones(len(samples), dtype=torch.bool)
+        dropped = equal_groups if cfg.algo.dynamic_sampling else 0
+        # Every group equal ⇒ every advantage is 0: an optimizer step would be a momentum-only update. Skip it.
+        skip = len(samples) == 0 or algos.no_usable_signal(has_signal, (lengths > 0)[:, None])
 
         # 4. learner update, then the new weights go to every engine as version + 1
         t0 = time.perf_counter()
