@@ -28,7 +28,13 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["train"]  # `fbrl` alone runs the embedded default job
         sub.choices["train"].set_defaults()
         importlib.import_module(COMMANDS["train"][0]).add_arguments(sub.choices["train"])
-    args = parser.parse_intermixed_args(argv)  # flags may sit between key=value overrides
+    args, rest = parser.parse_known_args(argv)
+    # argparse stops collecting `overrides` at the first flag; key=value words after a flag land in `rest`.
+    stray = [w for w in rest if "=" not in w or w.startswith("-")]
+    if stray or (rest and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or rest)}")
+    if rest:
+        args.overrides = list(args.overrides) + rest
     return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
 
 
