@@ -7,6 +7,7 @@ before the next rollout asks for them (`min_version`), so no sample is ever draw
 """
 from __future__ import annotations
 
+import hashlib
 import time
 
 import torch
@@ -120,6 +121,7 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
 
         metrics = {
             "step": step, "policy_version": version, "skipped": int(skip),
+            "prompts_digest": hashlib.sha256("\x00".join(r["prompt"] for r in rows).encode()).hexdigest()[:16],
             "reward_mean": float(reward.mean()) if len(samples) else 0.0,
             "accuracy": sum(s > 0 for s in scores) / max(len(scores), 1),
             "response_len_mean": float(lengths.mean()) if len(samples) else 0.0,
