@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 from rl.batch import Sample
 from rl.model import rms_normalize, rms_value
@@ -92,15 +93,13 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor)
     """
     logits = logits.float()
     if params.temperature == 0:
-        logp = torch.log_softmax(logits, dim=-1)
-        tok = logits.argmax(dim=-1)
-        return tok, logp.gather(1, tok[:, None])[:, 0]
+        lp, tok = torch.log_softmax(logits, dim=-1).max(dim=-1)  # argmax of log-probs = argmax of logits
+        return tok, lp
     logp = torch.log_softmax(logits / params.temperature, dim=-1)
     probs = logp.exp()
-    V = probs.shape[-1]
     if params.top_k > 0 or params.top_p < 1:
         probs, order = probs.sort(dim=-1, descending=True)
-        if 0 < params.top_k < V:
+        if 0 < params.top_k < probs.shape[-1]:
             probs[:, params.top_k:] = 0
         if params.top_p < 1:
             # keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < top_p
@@ -109,9 +108,11 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor)
     else:
         order = None
     cdf = probs.double().cumsum(-1)
-    kept = (probs > 0).sum(-1, keepdim=True) - 1  # never step past the last token with mass (rounding)
-    idx = torch.searchsorted(cdf, (u[:, None] * cdf[:, -1:]).to(cdf.dtype), right=True)
-    idx = torch.minimum(idx, kept if order is not None else torch.full_like(idx, V - 1))
+    total = cdf[:, -1:]
+    # strictly below the total mass (u * total can round up to it): the first CDF entry above the target then
+    # always belongs to a token with mass, so a zero-probability token is never drawn
+    target = torch.minimum(u[:, None].double() * total, torch.nextafter(total, torch.zeros_like(total)))
+    idx = torch.searchsorted(cdf, target, right=True)
     tok = (order.gather(1, idx) if order is not None else idx)[:, 0]
     return tok, logp.gather(1, tok[:, None])[:, 0]
 
@@ -125,6 +126,34 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tenso
         ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
         mask[b, P - len(p):] = 1
     return ids.to(device), mask.to(device)
+
+
+def prefill_groups(lengths: list[int], call_cost: float, max_distinct: int = 128) -> list[list[int]]:
+    """Partition prompt indices into groups of similar length for prefill (each group left-padded on its own).
+
+    Groups are ranges of the sorted lengths minimizing Σ rows × longest + call_cost × groups (dynamic
+    programming): padding costs compute, every extra group costs one more forward call.
+    """
+    step = -(-max(lengths) // max_distinct)  # coarsen to ≤ max_distinct distinct lengths: the DP is quadratic
+    keyed = [-(-n // step) * step for n in lengths]
+    vals = sorted(set(keyed))
+    counts = [0] * (len(vals) + 1)  # counts[j] = prompts with coarse length <= vals[j - 1]
+    where = {v: j for j, v in enumerate(vals)}
+    for k in keyed:
+        counts[where[k] + 1] += 1
+    for j in range(1, len(counts)):
+        counts[j] += counts[j - 1]
+    best, cut = [0.0] + [float("inf")] * len(vals), [0] * (len(vals) + 1)
+    for j in range(1, len(vals) + 1):
+        for i in range(j):
+            cost = best[i] + (counts[j] - counts[i]) * vals[j - 1] + call_cost
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    bounds, j = [], len(vals)
+    while j > 0:
+        bounds.append((vals[cut[j]], vals[j - 1]))
+        j = cut[j]
+    return [[i for i, k in enumerate(keyed) if lo <= k <= hi] for lo, hi in reversed(bounds)]
 
 
 def load_state_dict_from(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -153,10 +182,14 @@ class TorchEngine(RolloutEngine):
         generation config / config `eos_token_id` (plus `tokenizer.eos_token_id` if a tokenizer is given);
         `()` = none (benchmarks that need fixed lengths).
     fusion_tables: precompute the token side of the fusion per weight version (module docstring).
+    prefill_split_tokens: what one extra prefill call is worth in padding tokens (`prefill_groups`); None =
+        estimated from the model size on CPU, never split on an accelerator (where padding is cheap and calls
+        are not); 0 = one group per distinct prompt length.
     """
 
-    def __init__(self, model, version: int = 0, eos_token_ids=None, tokenizer=None, fusion_tables: bool = True):
-        self.model = model.eval()
+    def __init__(self, model, version: int = 0, eos_token_ids=None, tokenizer=None, fusion_tables: bool = True,
+                 prefill_split_tokens: float | None = None):
+        self.model = model
         self.version = int(version)
         if eos_token_ids is None:
             eos_token_ids = self._config_eos(model)
@@ -167,6 +200,14 @@ class TorchEngine(RolloutEngine):
         self.eos_token_ids = tuple(sorted(int(t) for t in eos_token_ids))
         self.fusion_tables = fusion_tables
         self._tables = None  # (weights key, tables)
+        if prefill_split_tokens is None:
+            # A CPU forward call reads every weight once (~16 tokens' worth of matmul time whatever the size:
+            # memory bandwidth vs FLOP rate) and pays ~0.4 ms of dispatch per layer (~2e7 FLOPs at CPU matmul
+            # speed); one prompt token costs 2 FLOPs per parameter. Measured: tiny ~50, 135M ~15-20 tokens.
+            n_params = sum(p.numel() for p in model.parameters())
+            prefill_split_tokens = float("inf") if self.device.type != "cpu" else \
+                16 + 2e7 * model.config.num_hidden_layers / (2 * n_params)
+        self.prefill_split_tokens = prefill_split_tokens
 
     @staticmethod
     def _config_eos(model) -> set[int]:
@@ -276,8 +317,13 @@ class TorchEngine(RolloutEngine):
         self.check_version(min_version)
         self._validate(prompts, params)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2 ** 62, ()).item())
-        with torch.inference_mode():
-            tokens, logprobs, states, lengths, stopped = self._decode(prompts, params, seed)
+        training = self.model.training  # the model may be shared with an in-process learner: restore its mode
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                tokens, logprobs, states, lengths, stopped = self._decode(prompts, params, seed)
+        finally:
+            self.model.train(training)
         # Outside inference mode: clones are ordinary tensors the learner may use under autograd, and each
         # sample owns its rows (a view would drag the whole batch's storage along when pickled).
         tokens, logprobs, lengths, stopped = tokens.tolist(), logprobs.tolist(), lengths.tolist(), stopped.tolist()
@@ -305,15 +351,42 @@ class TorchEngine(RolloutEngine):
             return add.masked_fill(~mask2d.bool(), torch.finfo(dtype).min)[:, None, None, :]
         return mask2d
 
+    def _prefill(self, prompts, mode: str):
+        """Prefill prompts in groups of similar length (`prefill_groups`) and merge them into one left-padded
+        batch: returns (h_last [B, d], cache, mask [B, P]). K/V of a prompt do not depend on how much padding
+        sits left of it (masked, positions from the mask), so the merged cache is the one-batch prefill's
+        without the compute spent on padding."""
+        model, dev = self.model, self.device
+        pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+        groups = prefill_groups([len(p) for p in prompts], self.prefill_split_tokens) \
+            if self.prefill_split_tokens != float("inf") else [list(range(len(prompts)))]
+        if len(groups) == 1:
+            ids, mask = left_pad(prompts, pad_id, dev)
+            h, cache = model.prefill(ids, mask, mode=mode)
+            return h[:, -1], cache, mask  # left padding: every row's last prompt state is in the last column
+        P = max(len(p) for p in prompts)
+        mask = left_pad(prompts, pad_id, dev)[1]
+        h_last, kv = None, None
+        for rows in groups:
+            ids_g, mask_g = left_pad([prompts[i] for i in rows], pad_id, dev)
+            h_g, cache_g = model.prefill(ids_g, mask_g, mode=mode)
+            idx, Pg = torch.tensor(rows, device=dev), ids_g.shape[1]
+            if h_last is None:
+                h_last = h_g.new_zeros(len(prompts), h_g.shape[-1])
+                kv = [(lay.keys.new_zeros(len(prompts), *lay.keys.shape[1:2], P, lay.keys.shape[-1]),
+                       lay.values.new_zeros(len(prompts), *lay.values.shape[1:2], P, lay.values.shape[-1]))
+                      for lay in cache_g.layers]
+            h_last[idx] = h_g[:, -1]
+            for (k, v), lay in zip(kv, cache_g.layers):
+                k[idx, :, P - Pg:], v[idx, :, P - Pg:] = lay.keys, lay.values
+        return h_last, DynamicCache(ddp_cache_data=kv, config=model.config), mask
+
     def _decode(self, prompts, params: SamplingParams, seed: int):
         """The batched loop. Returns per row (prompt-major, then sample), on CPU: tokens [B, T], log-probs
         [B, T], states [B, T, d] or None, lengths [B], stopped [B]."""
         model, dev, n, T, V = self.model, self.device, params.n, params.max_tokens, self.vocab_size
-        pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-        ids, mask = left_pad(prompts, pad_id, dev)
-        P0 = ids.shape[1]
-        h, cache = model.prefill(ids, mask, mode=params.decode_mode)
-        h_prev = h[:, -1]  # left padding: every row's last prompt state is in the last column
+        h_prev, cache, mask = self._prefill(prompts, params.decode_mode)
+        P0 = mask.shape[1]
         B = len(prompts) * n
         if n > 1:
             cache.batch_repeat_interleave(n)

@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from rl.model import convert_to_fbt
 from rollout.base import SamplingParams, StaleWeightsError
-from rollout.torch_engine import TorchEngine
+from rollout.torch_engine import TorchEngine, prefill_groups
 
 PROMPTS = [[1, 5, 9, 13, 17, 21, 25, 29], [1, 7, 3], [30, 31, 32, 33, 34]]  # different lengths, one without BOS
 TOL = 1e-5
@@ -81,6 +81,25 @@ def test_greedy_matches_recurrence(model, mode):
     assert_matches_recurrence(model, samples)
 
 
+@pytest.mark.parametrize("mode", ["soft", "fused"])
+def test_grouped_prefill_matches_recurrence(model, mode):
+    prompts = PROMPTS + [[1, 40], [1] + list(range(4, 16))]
+    assert len(prefill_groups([len(p) for p in prompts], 0)) == 5  # one prefill per distinct length
+    params = SamplingParams(n=2, temperature=0, max_tokens=8, decode_mode=mode, record_states=True)
+    assert_matches_recurrence(model, TorchEngine(model, prefill_split_tokens=0).generate(prompts, params))
+
+
+def test_prefill_groups_partition():
+    lengths = [5, 30, 6, 5, 29, 12, 31]
+    for cost in (0, 3, 10, 1e9):
+        groups = prefill_groups(lengths, cost)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        spans = [(min(lengths[i] for i in g), max(lengths[i] for i in g)) for g in groups]
+        assert all(hi < lo for (_, hi), (lo, _) in zip(spans, spans[1:]))  # ranges of the sorted lengths
+    assert len(prefill_groups(lengths, 1e9)) == 1
+    assert [sorted(g) for g in prefill_groups(lengths, 10)] == [[0, 2, 3], [5], [1, 4, 6]]
+
+
 def test_feedback_visibly_changes_outputs(model):
     engine = TorchEngine(model)
     out = {m: engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10, decode_mode=m))
@@ -139,9 +158,10 @@ def test_same_seed_same_samples_regardless_of_batch(model):
     a = engine.generate(PROMPTS, params)
     assert key(a) == key(engine.generate(PROMPTS, params))
     assert key(a) != key(engine.generate(PROMPTS, SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=6)))
-    # prompt 0 and 1's samples do not depend on what else is in the batch (a longer third prompt, padding)
-    other = engine.generate(PROMPTS[:2] + [[1] + list(range(4, 20))], params)
-    assert [s.response_ids for s in a[:6]] == [s.response_ids for s in other[:6]]
+    # prompt 0 and 1's samples do not depend on what else is in the batch (batch size, padding, finished rows)
+    for rest in ([], [[1] + list(range(4, 20)), [9, 9]]):
+        other = engine.generate(PROMPTS[:2] + rest, params)
+        assert [s.response_ids for s in a[:6]] == [s.response_ids for s in other[:6]]
     assert len({tuple(s.response_ids) for s in a[:3]}) > 1  # the n samples of one prompt differ
 
 
@@ -257,3 +277,7 @@ def test_recorded_states_bf16_and_autograd_usable(model):
         assert torch.allclose(a.states, b.states.float(), rtol=1e-2, atol=1e-2)
         assert not a.states.is_inference()  # the learner may feed them to a differentiable pass
     assert engine.generate(PROMPTS, SamplingParams(max_tokens=2))[0].states is None
+    model.train()  # a model shared with an in-process learner keeps its mode
+    engine.generate(PROMPTS, SamplingParams(max_tokens=2))
+    assert model.training
+    model.eval()
