@@ -9,17 +9,21 @@ Design choices (bench/decode.py measures them; docs/BENCHMARKS.md has the figure
 
 - **Left padding.** Prompts of different lengths are left-padded into one batch with an attention mask and
   `positions_from_mask` positions. Every row's last prompt state then sits in the same column, and every
-  generated token of every row is appended at the same cache column, so one Hugging Face `DynamicCache` with a
-  single shared length serves the whole batch and each decode step is one `[B, 1]` forward. Right padding would
-  need a per-row write position (not supported by `DynamicCache`); packing needs varlen attention kernels that
-  plain torch SDPA does not have. The price is attention over (masked) padding columns, small for RL prompts.
-  The decode mask is built once per call as the 4D mask the attention implementation takes and sliced per
-  step, so the backbone does not rebuild it from the 2D mask every token.
-- **n samples per prompt** share one prefill: the prompt is prefilled once and its cache rows repeated n times.
+  generated token of every row is appended at the same cache column, so one Hugging Face cache with a single
+  shared length serves the whole batch and each decode step is one `[B, 1]` forward. Right padding would need
+  a per-row write position (not supported by the HF caches); packing needs varlen attention kernels that plain
+  torch SDPA does not have. The decode mask is built once per call in the 4D form the attention implementation
+  takes as-is and sliced per step, so the backbone does not rebuild it every token.
+- **Prefill in length groups.** Padding costs prefill compute, so prompts are prefilled in groups of similar
+  length (`prefill_groups`: a small DP trading padding against extra forward calls) and the groups' caches are
+  merged into the left-padded layout (a prompt's K/V do not depend on the masked padding left of it).
+- **Preallocated KV buffers** (`PreallocatedLayer`): after prefill the cache gets room for all new tokens, and a
+  step writes one column in place — `DynamicCache` `torch.cat`s the whole cache into a fresh buffer every step,
+  which was the largest cost of a decode step on small models.
+- **n samples per prompt** share one prefill: the prompt's cache rows are repeated n times into the buffers.
 - **Early exit.** When rows finish (a stop token), they are dropped from the batch at once: the cache, mask,
   positions, `h_prev` and sampler keys are `index_select`ed to the unfinished rows, so no compute is spent on
-  finished rows. `DynamicCache` already copies the cache every step (`torch.cat`), so one extra copy when a row
-  finishes is cheap; the loop ends when no row is left.
+  finished rows; the loop ends when no row is left.
 - **Per-sequence `h_prev`.** Row j of a sample's recorded states is the state that predicted response token j
   (row 0 = last prompt position). The token consumed next is fused with it (`F(h_prev, e)`), except in
   `standard` mode and for document-start tokens (`fbt_reset_token_ids`), which keep the ordinary input.
@@ -27,12 +31,14 @@ Design choices (bench/decode.py measures them; docs/BENCHMARKS.md has the figure
   on the token only (`σ(W_G RMS(e))`, `W_T RMS(e)`, or the token half of `W_C`), plus the embedding's RMS. The
   token terms are precomputed once per weight version for the whole vocabulary, so a decode step pays one of
   the two fusion matmuls and a handful of elementwise ops. The tables are rebuilt whenever the embedding or
-  fusion weights change (new tensors or in-place writes); `fusion_tables=False` uses `model.fuse` instead.
+  fusion weights change (new tensors or in-place writes). They cost a vocab × d tensor: `fusion_tables=False`
+  (`model.fuse` every step) for very large vocabularies.
 - **Sampling with a per-request seed, independent of batch composition.** Sample k of prompt i draws one
   uniform per step from a counter-based hash of (seed, i, k, step) and inverts the CDF of softmax(logits / T)
   (after top-k / top-p if asked). A sample's tokens therefore depend on its own prompt, the weights, the
   params and (seed, i, k) only — not on the other prompts, the padding, the batch size or which rows already
-  finished — and there is no per-row `torch.Generator` loop in the step (B Python calls per token).
+  finished (up to float rounding of differently shaped batches landing a uniform on the other side of a CDF
+  boundary) — and there is no per-row `torch.Generator` loop in the step (B Python calls per token).
 - **Log-probs** follow the one contract (shared/DESIGN.md §5): log_softmax(logits / T) over the full vocabulary
   of the sampled token, whatever top-p/top-k did; T = 0 is greedy with log-probs of the untempered logits.
 """
