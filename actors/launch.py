@@ -47,6 +47,8 @@ def run(args) -> int:
     _environment(cfg)
     run_dir = RunDir(cfg.train.run_dir)
     print(f"fbrl train: config {config_path}, run dir {run_dir.path}", flush=True)
+    if cfg.train.resume:  # refuse a changed experiment before starting any worker
+        run_dir.check_resume_config(cfg)
 
     from actors.placement import build_workers
     t_start = time.perf_counter()
