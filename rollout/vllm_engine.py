@@ -107,7 +107,14 @@ class VLLMEngine(RolloutEngine):
                                       num_gpu_blocks_override)
         from vllm import LLM
 
-        self.llm = LLM(model=checkpoint_dir, **kwargs)
+        set_num_threads = torch.set_num_threads
+        try:
+            self.llm = LLM(model=checkpoint_dir, **kwargs)
+        finally:
+            # vLLM's CPU worker replaces torch.set_num_threads by a no-op for the whole process (it guards thread
+            # binding, which only its multiprocess executor does); in-process that would silently break every
+            # later caller (tests, benchmarks), so put it back.
+            torch.set_num_threads = set_num_threads
         self.info = self._rpc("fbt_attach")
         self.hidden_size = self.info["hidden_size"]
         if version:

@@ -29,9 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from rl.model import PROMPT_MODES, FBTMixin, Fusion
+from rl.model import PROMPT_MODES, FBTMixin, Fusion, rms_normalize, rms_value
 
 ARCHITECTURES = ("FBTLlamaForCausalLM", "FBTQwen2ForCausalLM")
 
@@ -199,10 +200,19 @@ class FBTVLLMMixin:
         self.fbt_default_mode = getattr(cfg, "fbt_decode_mode", "soft")
         if self.fbt_default_mode not in PROMPT_MODES:
             raise ValueError(f"fbt_decode_mode: expected one of {PROMPT_MODES}, got {self.fbt_default_mode!r}")
-        self.fbt_state = LatentStateLayer(cfg.hidden_size, vllm_config.model_config.dtype,
-                                          f"model.layers.{cfg.num_hidden_layers}.fbt_state")
-        self.register_buffer("fbt_reset_ids", torch.tensor(self.reset_token_ids, dtype=torch.long),
-                             persistent=False)
+        n, dtype = cfg.num_hidden_layers, vllm_config.model_config.dtype
+        self.fbt_state = LatentStateLayer(cfg.hidden_size, dtype, f"model.layers.{n}.fbt_state")
+        # vLLM groups a hybrid model's layers into KV-cache groups of min(#layers per type) layers: with one state
+        # layer, each of the n attention layers would get its own group, and the scheduler's per-request block
+        # bookkeeping, run per group every step, cost ~5% of decode time (135M, CPU). n - 1 unused state layers
+        # make it two groups; the price is one attention block's worth of memory per request.
+        self.fbt_state_padding = nn.ModuleList(
+            LatentStateLayer(cfg.hidden_size, dtype, f"model.layers.{n + i}.fbt_state") for i in range(1, n))
+        is_reset = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        is_reset[[t for t in self.reset_token_ids if 0 <= t < cfg.vocab_size]] = True
+        self.register_buffer("fbt_is_reset", is_reset, persistent=False)
+        self.fbt_use_tables = bool(getattr(cfg, "fbt_fusion_tables", True))
+        self._fbt_tables = None  # token-side fusion terms of the current weights (built on first use)
         self.fbt_version = 0  # policy version of the loaded weights (set by the worker extension)
         self.fbt_records = _Records()
         self._fbt_runner = None  # the model runner, attached by the worker extension (per-request info)
@@ -248,6 +258,45 @@ class FBTVLLMMixin:
             self._fbt_req_cache = {r: i for r, i in self._fbt_req_cache.items() if r in live}
         return infos
 
+    # ---- fusion from token tables ------------------------------------------------------------------------
+    # Every fusion mode is a d×d matmul of the state plus a term that depends on the token alone (gate_product:
+    # σ(W_G RMS(e)); linear_addition: W_T RMS(e); concat_projection: W_C[:, d:] RMS(e)), and the scale is the
+    # token's embedding RMS. Those token terms are computed once per weight version for the whole vocabulary
+    # (as the torch engine does), so a fused token costs one d×d matmul instead of two. Costs V×d numbers of
+    # memory and V×d² FLOPs per weight version; `hf_overrides={"fbt_fusion_tables": False}` turns it off.
+    def fbt_weights_changed(self) -> None:
+        """Called by the worker extension after every weight load (in-place loads keep tensor identities)."""
+        self._fbt_tables = None
+
+    def _token_tables(self):
+        if self._fbt_tables is None:
+            cfg, fusion = self.config, self.fusion
+            d = cfg.hidden_size
+            with torch.no_grad():
+                e = self.model.embed_input_ids(torch.arange(cfg.vocab_size, device=self.fbt_is_reset.device))
+                en = rms_normalize(e)
+                if fusion.mode == "gate_product":
+                    w_h, tok = fusion.w_u.weight, torch.sigmoid(fusion.w_g(en))
+                elif fusion.mode == "linear_addition":
+                    w_h, tok = fusion.w_u.weight, fusion.w_t(en)
+                else:  # W_C [RMS(h); RMS(e)] = W_C[:, :d] RMS(h) + W_C[:, d:] RMS(e)
+                    w_h, tok = fusion.w_c.weight[:, :d].contiguous(), F.linear(en, fusion.w_c.weight[:, d:])
+                scale = rms_value(e) if cfg.fbt_input_scale == "embedding_rms" else None
+            self._fbt_tables = (w_h, tok, scale)
+        return self._fbt_tables
+
+    def _fuse_tokens(self, h: torch.Tensor, ids: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """`fuse(h, e)` for states [n, d] and their tokens [n] (embeddings e [n, d])."""
+        if not self.fbt_use_tables:
+            return self.fuse(h, e)
+        w_h, tok, scale = self._token_tables()
+        h = h.to(e.dtype)
+        a = F.linear(rms_normalize(h) if self.fusion.mode == "concat_projection" else h, w_h)
+        z = a * tok[ids] if self.fusion.mode == "gate_product" else a + tok[ids]
+        # one fused kernel, equal to rms_normalize in fp32; lower precision keeps rl.model's fp32 path
+        x = F.rms_norm(z, (z.shape[-1],), eps=1e-6) if z.dtype == torch.float32 else rms_normalize(z)
+        return x * scale[ids] if scale is not None else x
+
     # ---- forward -----------------------------------------------------------------------------------------
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
         e = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
@@ -261,17 +310,20 @@ class FBTVLLMMixin:
         infos = self._request_infos(md.num_reqs)
         default = self.fbt_default_mode
         modes = [i.mode for i in infos] if infos is not None else [default] * md.num_reqs
-        nonreset = ~torch.isin(input_ids, self.fbt_reset_ids) & (positions > 0)  # position 0 never fuses
 
-        # Decode tokens: fused with their request's h_prev (constant over prefill passes).
+        # Decode tokens: fused with their request's h_prev (constant over prefill passes). Reset tokens and
+        # position 0 keep the plain input.
         x = e
         if nd:
             idx_d = md.state_indices_tensor_d[:, 0].long()
             fb_d = [m != "standard" for m in modes[:md.num_decodes]]
             if any(fb_d):
-                mask_d = torch.tensor(fb_d, device=e.device) & nonreset[:nd]
-                x = e.clone()
-                x[:nd] = torch.where(mask_d[:, None], self.fuse(state[idx_d], e[:nd]), e[:nd])
+                ids_d = input_ids[:nd]
+                mask_d = ~self.fbt_is_reset[ids_d] & (positions[:nd] > 0)
+                if not all(fb_d):
+                    mask_d &= torch.tensor(fb_d, device=e.device)
+                x_d = torch.where(mask_d[:, None], self._fuse_tokens(state[idx_d], ids_d, e[:nd]), e[:nd])
+                x = x_d if nd == e.shape[0] else torch.cat([x_d, e[nd:]])
 
         # Prefill tokens: a fresh prompt each (chunked prefill and prefix caching are off).
         passes, pf_idx, last = 1, None, None
@@ -295,13 +347,14 @@ class FBTVLLMMixin:
             if fused_ranges and self.fbt_passes > 1:
                 passes = self.fbt_passes
                 pf_idx = torch.cat(fused_ranges).to(e.device)
-                pf_mask = nonreset[pf_idx][:, None]
+                pf_ids = input_ids[pf_idx]
+                pf_mask = ~self.fbt_is_reset[pf_ids][:, None]  # pf_idx holds no first prompt position
 
         hidden = self.model(None, positions, None, x)
         for _ in range(passes - 1):
             # Pass k: prompt position t >= 1 fuses pass k-1's state at t-1 (same request: t is not its first).
             xk = x.clone()
-            xk[pf_idx] = torch.where(pf_mask, self.fuse(hidden[pf_idx - 1], e[pf_idx]), e[pf_idx])
+            xk[pf_idx] = torch.where(pf_mask, self._fuse_tokens(hidden[pf_idx - 1], pf_ids, e[pf_idx]), e[pf_idx])
             hidden = self.model(None, positions, None, xk)
 
         # Write back h_prev and record.

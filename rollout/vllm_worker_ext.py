@@ -60,12 +60,14 @@ class FBTWorkerExtension:
                 yield from load_file(f, device="cpu").items()
 
         self.model_runner.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)
+        model.fbt_weights_changed()
         model.fbt_version = int(version)
         return model.fbt_version
 
     def fbt_set_version(self, version: int) -> int:
         """Tag the weights already installed (e.g. by vLLM's native weight transfer) as `version`."""
         model = self._fbt_model()
+        model.fbt_weights_changed()
         model.fbt_version = int(version)
         return model.fbt_version
 
