@@ -6,7 +6,9 @@ Per model, batch 64, greedy, every row generating exactly `new_tokens` tokens (n
   (a) `a_soft_over_standard`: soft-mode time / standard-mode time in the torch engine, beside
       `predicted_fusion_overhead` = FLOPs of the two fusion matmuls per decode token / the model's FLOPs per
       decode token (every layer's projections and MLP, attention over the mean context, the LM head).
-      Goal: a ≤ 1 + 1.2 × predicted.
+      Goal: a ≤ 1 + 1.2 × predicted. `a_soft_feedback_code_overhead` measures the same directly: CPU time
+      spent inside the engine building the fed-back inputs / a standard run's time (immune to the run-to-run
+      noise that blurs a ratio of whole runs when the prediction is below a percent).
   (b) `b_torch_over_hf_tokps`: torch-engine standard-mode tokens/s / Hugging Face `generate` tokens/s on the
       same model and prompts (greedy, max_new_tokens = min_new_tokens). Goal: b ≥ 1.0.
 
@@ -100,18 +102,39 @@ def row(name):
     return register
 
 
-def _torch_row(mode: str, fusion_tables: bool = True):
+_TORCH_FEEDBACK_CPU_S = {}  # row -> CPU seconds per run spent building the fed-back inputs (`_next_input`)
+
+
+def _torch_row(name: str, mode: str, fusion_tables: bool = True):
     def setup_fn(s: Setup):
         engine = TorchEngine(s.model, eos_token_ids=(), fusion_tables=fusion_tables)
         params = SamplingParams(temperature=0.0, max_tokens=s.new_tokens, decode_mode=mode)
-        return lambda: [x.response_ids for x in engine.generate(s.prompts, params)]
-    return setup_fn
+        # Time the feedback's own work (fusion + reset check; standard mode never calls it) inside the run:
+        # its share of a standard run is the soft overhead measured directly, not as a difference of two whole
+        # runs, which these shared machines blur by a few percent.
+        spent, next_input = [0.0], engine._next_input
+
+        def timed(*a, **k):
+            t = time.process_time()
+            try:
+                return next_input(*a, **k)
+            finally:
+                spent[0] += time.process_time() - t
+        engine._next_input = timed
+
+        def run():
+            spent[0] = 0.0
+            out = [x.response_ids for x in engine.generate(s.prompts, params)]
+            _TORCH_FEEDBACK_CPU_S.setdefault(name, []).append(spent[0])
+            return out
+        return run
+    return row(name)(setup_fn)
 
 
-row("torch_standard")(_torch_row("standard"))
-row("torch_soft")(_torch_row("soft"))
-row("torch_soft_no_tables")(_torch_row("soft", fusion_tables=False))
-row("torch_fused")(_torch_row("fused"))
+_torch_row("torch_standard", "standard")
+_torch_row("torch_soft", "soft")
+_torch_row("torch_soft_no_tables", "soft", fusion_tables=False)
+_torch_row("torch_fused", "fused")
 
 
 @row("hf_generate")
@@ -241,6 +264,13 @@ def bench_model(s: Setup, reps: int, rows: list[str], clock: str) -> dict:
            "goal_a_max": round(1 + 1.2 * predicted, 5)}
     if "a_soft_over_standard" in ratios:
         out["goal_a_met"] = ratios["a_soft_over_standard"] <= 1 + 1.2 * predicted
+    feedback = {k: sorted(v)[len(v) // 2] for k, v in _TORCH_FEEDBACK_CPU_S.items()}
+    _TORCH_FEEDBACK_CPU_S.clear()
+    if "torch_soft" in feedback and "torch_standard" in cpu:
+        # upper bound of the soft overhead: standard mode's embedding lookup it replaces is not subtracted
+        std = sorted(cpu["torch_standard"])[len(cpu["torch_standard"]) // 2]
+        out["a_soft_feedback_code_overhead"] = round(feedback["torch_soft"] / std, 5)
+        out["goal_a_met_by_direct_measure"] = out["a_soft_feedback_code_overhead"] <= 1.2 * predicted
     if "b_torch_over_hf_tokps" in ratios:
         out["goal_b_met"] = ratios["b_torch_over_hf_tokps"] >= 1.0
         same = sum(a == b for x, y in zip(outputs["torch_standard"], outputs["hf_generate"]) for a, b in zip(x, y))
