@@ -102,6 +102,9 @@ class PretrainConfig:
     jitter: float = 0.02                  # uniform noise on carried states, training only
     prefix_mixin: float = 0.0             # probability of a plain prefix per document and pass
     loss_on: Literal["all", "response"] = "all"   # response: SFT loss mask on the solution tokens only
+    # where passes >= 2 fuse the previous pass's state: every position (pretraining, `fused` prompts) or only
+    # the loss-masked response positions, the prompt staying plain — exactly what `soft` decoding does
+    feedback_on: Literal["all", "response"] = "all"
     eval_every: int = 200
     val_batches: int = 4
     out_dir: str = "checkpoints/tiny-arith"

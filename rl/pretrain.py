@@ -53,11 +53,17 @@ def masked_ce(model, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: t
 
 
 def multipass_loss(model, input_ids, attention_mask, loss_mask, num_passes: int, jitter: float = 0.0,
-                   prefix_mixin: float = 0.0, generator: torch.Generator | None = None
-                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """`L_1 + mean(L_2..L_K)` and the per-pass losses [L_1, ..., L_K] (graph kept, nothing detached)."""
+                   prefix_mixin: float = 0.0, generator: torch.Generator | None = None,
+                   feedback_on: str = "all") -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`L_1 + mean(L_2..L_K)` and the per-pass losses [L_1, ..., L_K] (graph kept, nothing detached).
+
+    feedback_on="response": passes >= 2 fuse states only at the loss-masked (response) positions, so the
+    K-pass forward converges to the `soft` decoding recurrence the model will be sampled with."""
+    feedback_mask = None
+    if feedback_on == "response":
+        feedback_mask = model.feedback_mask(input_ids, attention_mask) & loss_mask.bool()
     out = model.multipass_forward(input_ids, num_passes, attention_mask=attention_mask, jitter=jitter,
-                                  prefix_mixin=prefix_mixin, generator=generator)
+                                  prefix_mixin=prefix_mixin, generator=generator, feedback_mask=feedback_mask)
     losses = [masked_ce(model, h, input_ids, loss_mask) for h in out.hidden]
     total = losses[0] if num_passes == 1 else losses[0] + torch.stack(losses[1:]).mean()
     return total, losses
@@ -172,14 +178,14 @@ def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int):
 
 
 @torch.no_grad()
-def validation_losses(model, batches, num_passes: int) -> list[float]:
+def validation_losses(model, batches, num_passes: int, feedback_on: str = "all") -> list[float]:
     """Per-pass validation loss (token-weighted over all batches) with K passes, no jitter, no mixin."""
     was_training = model.training
     model.eval()
     sums, count = [0.0] * num_passes, 0
     for input_ids, attention, loss_mask in batches:
         n = int(loss_mask[:, 1:].sum())
-        _, losses = multipass_loss(model, input_ids, attention, loss_mask, num_passes)
+        _, losses = multipass_loss(model, input_ids, attention, loss_mask, num_passes, feedback_on=feedback_on)
         sums = [s + float(l) * n for s, l in zip(sums, losses)]
         count += n
     model.train(was_training)
@@ -253,7 +259,7 @@ def train(cfg: Config, log=print) -> dict:
         f"{p.steps} steps x {p.batch_size}, max K={max_passes(p)}, threads={p.threads}")
 
     history, k_counts, tokens = [], {}, 0
-    val = validation_losses(model, val_batches, k_eval)
+    val = validation_losses(model, val_batches, k_eval, p.feedback_on)
     history.append({"step": 0, "val": val})
     log(f"step 0 val " + " ".join(f"pass{i + 1}={v:.4f}" for i, v in enumerate(val)))
     t_loop = time.time()
@@ -261,7 +267,8 @@ def train(cfg: Config, log=print) -> dict:
         k = passes_for_step(step, p.steps, p)
         k_counts[k] = k_counts.get(k, 0) + 1
         input_ids, attention, loss_mask = collate(sampler.next(p.batch_size), pad_id)
-        loss, losses = multipass_loss(model, input_ids, attention, loss_mask, k, p.jitter, p.prefix_mixin, gen)
+        loss, losses = multipass_loss(model, input_ids, attention, loss_mask, k, p.jitter, p.prefix_mixin, gen,
+                                      p.feedback_on)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip) if p.grad_clip > 0 \
@@ -276,7 +283,7 @@ def train(cfg: Config, log=print) -> dict:
                 + f" lr={sched.get_last_lr()[0]:.2e} gnorm={float(grad_norm):.2f} tok/s={tokens / el:.0f}"
                 + f" elapsed={el:.0f}s")
         if (step + 1) % p.eval_every == 0 or step + 1 == p.steps:
-            val = validation_losses(model, val_batches, k_eval)
+            val = validation_losses(model, val_batches, k_eval, p.feedback_on)
             history.append({"step": step + 1, "val": val, "elapsed_s": round(time.time() - t_start, 1)})
             log(f"step {step + 1} val " + " ".join(f"pass{i + 1}={v:.4f}" for i, v in enumerate(val)))
             if step + 1 < p.steps:
