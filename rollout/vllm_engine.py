@@ -16,7 +16,7 @@ recorded states out through files, never bulk tensors through RPC).
   states; the KV cache is sized at construction so the configured concurrency cannot preempt.
 - Weights: `load_weights(path_or_state_dict, version)` goes through a safetensors file (/dev/shm when there is
   one); on GPU, vLLM's native weight transfer (NCCL / IPC) is driven through the four methods of vLLM's
-  `VLLMWeightSyncClient` protocol below, with the policy version passed to `finish_weight_update`.
+  `VLLMWeightSyncClient` protocol below; the engine refuses to generate until the new weights carry a version.
 """
 from __future__ import annotations
 
@@ -88,6 +88,9 @@ class VLLMEngine(RolloutEngine):
         from transformers import AutoConfig
 
         import rl.model  # noqa: F401  (AutoConfig must know fbt_llama / fbt_qwen2)
+        from rollout.vllm_plugin import register
+
+        register()  # the entry point does this too; in-process engines then work without the package installed
 
         self.config = AutoConfig.from_pretrained(checkpoint_dir)
         arch = (self.config.architectures or [""])[0]
@@ -207,8 +210,8 @@ class VLLMEngine(RolloutEngine):
     def generate(self, prompts: list[list[int]], params: SamplingParams,
                  min_version: int | None = None) -> list[Sample]:
         if self._weights_invalid:
-            raise StaleWeightsError("the last native weight transfer carried no valid policy version; "
-                                    "load weights with a newer version first")
+            raise StaleWeightsError("a native weight transfer started and its weights carry no policy version yet "
+                                    "(finish_weight_update(weight_version=v) or set_weight_version(v))")
         self.check_version(min_version)
         params.validate()
         validate_prompts(prompts, self.vocab_size)
@@ -272,8 +275,8 @@ class VLLMEngine(RolloutEngine):
         """Install weights as policy `version` (must be newer than the engine's).
 
         weights: a safetensors file or save_pretrained directory (HF names; a path under /dev/shm is shared
-        memory), or a state dict (written to a /dev/shm file, then loaded). For vLLM's native GPU transfer use
-        the weight-sync methods below instead.
+        memory), a state dict (written to a /dev/shm file, then loaded), or, on GPU, a vLLM trainer-side
+        weight-transfer engine whose client is this engine (native NCCL / IPC transfer, section below).
         """
         self._check_new_version(version)
         if isinstance(weights, Mapping):
@@ -292,19 +295,28 @@ class VLLMEngine(RolloutEngine):
                 os.remove(path)
         elif isinstance(weights, (str, os.PathLike)):
             self._rpc("fbt_load_weights", os.fspath(weights), int(version))
+        elif hasattr(weights, "send_weights"):  # a vLLM trainer-side weight-transfer engine (GPU, see below)
+            weights.send_weights()
+            self.set_weight_version(int(version))
+            return
         else:
             raise TypeError(f"load_weights: expected a path or a state dict, got {type(weights).__name__}")
         self.version = int(version)
         self._weights_invalid = False
 
     # ---- GPU: vLLM's native weight transfer (NCCL / IPC); the VLLMWeightSyncClient protocol ---------------
-    # A trainer-side `vllm.distributed.weight_transfer` engine (e.g. NCCLTrainerWeightTransferEngine) takes this
-    # object (or a Ray handle to the actor holding it) as its client and drives the round trip; the policy
-    # version arrives with finish_weight_update. Exercised only on GPU (bench/gpu_check.sh), never on CPU.
+    # A trainer-side `vllm.distributed.weight_transfer` engine (NCCLTrainerWeightTransferEngine,
+    # IPCTrainerWeightTransferEngine) takes this object (or a Ray handle to the actor holding it) as its client
+    # and drives start / update / finish. Between start and a versioned finish the engine refuses to generate:
+    # its weights are partly new. The version comes either with finish_weight_update(weight_version=v), or from
+    # load_weights(trainer_engine, v), which runs trainer_engine.send_weights() in this process (the trainer and
+    # this engine colocated). Needs `weight_transfer_backend` at construction; exercised only on GPU
+    # (bench/gpu_check.sh), never on CPU.
     def init_weight_transfer_engine(self, init_info: dict) -> None:
         self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
 
     def start_weight_update(self) -> None:
+        self._weights_invalid = True
         self.llm.collective_rpc("start_weight_update")
 
     def update_weights(self, update_info) -> None:
@@ -312,16 +324,14 @@ class VLLMEngine(RolloutEngine):
 
     def finish_weight_update(self, weight_version: str | int | None = None) -> None:
         self.llm.collective_rpc("finish_weight_update")
-        try:
-            if weight_version is None:
-                raise ValueError("finish_weight_update: pass the policy version (weight_version) of the new weights")
-            self._check_new_version(int(weight_version))
-        except ValueError:
-            # The tensors are already in place but carry no valid version: refuse to generate until a good load.
-            self._weights_invalid = True
-            raise
-        self._rpc("fbt_set_version", int(weight_version))
-        self.version = int(weight_version)
+        if weight_version is not None:
+            self.set_weight_version(int(weight_version))
+
+    def set_weight_version(self, version: int) -> None:
+        """Tag weights installed by a native transfer as policy `version` (must be newer)."""
+        self._check_new_version(int(version))
+        self._rpc("fbt_set_version", int(version))
+        self.version = int(version)
         self._weights_invalid = False
 
     def weight_checksums(self) -> dict[str, float]:
