@@ -74,10 +74,13 @@ def engine(ckpt):
 
 
 def make_prompts(vocab: int, n: int = 16, seed: int = 0) -> list[list[int]]:
-    """Mixed lengths 1..24, starting with <bos> (id 1) like real prompts; ids 3.. avoid pad/eos."""
+    """Mixed lengths 1..24, starting with <bos> (id 1) like real prompts; ids 3.. avoid pad/eos. The longest holds
+    a second document start, whose position keeps the plain input (the reset rule) in the fused prompt pass."""
     g = torch.Generator().manual_seed(seed)
     lens = [1, 2, 24] + torch.randint(3, 24, (n - 3,), generator=g).tolist()
-    return [[1] + torch.randint(3, vocab, (L - 1,), generator=g).tolist() for L in lens]
+    prompts = [[1] + torch.randint(3, vocab, (L - 1,), generator=g).tolist() for L in lens]
+    prompts[2][12] = 1
+    return prompts
 
 
 def greedy(mode: str, record: bool = True, max_tokens: int = 32) -> SamplingParams:
