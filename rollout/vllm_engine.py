@@ -62,8 +62,9 @@ class VLLMEngine(RolloutEngine):
 
     checkpoint_dir: a save_pretrained FBT directory (`architectures: [FBTLlamaForCausalLM]` or Qwen2).
     decode_mode: engine-wide default for requests that carry none (ours always carry theirs).
-    max_model_len / max_num_seqs: per-sequence length and concurrency; the KV cache is sized (or checked, when
-        `kv_cache_gib` is given) so that `max_num_seqs` sequences of `max_model_len` tokens never preempt.
+    max_model_len / max_num_seqs: per-sequence length and concurrency. The KV cache is `kv_cache_gib` when given,
+        else on CPU the size `max_num_seqs` sequences of `max_model_len` tokens need (with head-room), on GPU what
+        `gpu_memory_utilization` leaves; either way construction fails if it could not hold them all (preemption).
     num_gpu_blocks_override: tests only — forces a tiny KV cache and skips that check, so preemption happens and
         is flagged on the samples.
     weight_transfer_backend: GPU only — "nccl" / "ipc" enables vLLM's native weight transfer.
@@ -150,9 +151,10 @@ class VLLMEngine(RolloutEngine):
         opts = {name: forced for name, (forced, _) in FORCED_OPTIONS.items()}
         opts.update(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt, seed=seed,
                     dtype=dtype, tensor_parallel_size=tp, hf_overrides=hf_overrides)
-        if kv_cache_gib is None:
+        if kv_cache_gib is None and self.on_cpu:
             kv_cache_gib = self._kv_gib_needed(max_model_len, max_num_seqs, dtype)
-        opts["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+        if kv_cache_gib is not None:  # on GPU, None: vLLM sizes the cache from gpu_memory_utilization
+            opts["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
         if blocks_override is not None:
             opts["num_gpu_blocks_override"] = int(blocks_override)
         if self.on_cpu:
