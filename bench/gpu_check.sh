@@ -84,6 +84,7 @@ step "4. throughput: soft / standard / fused, random weights, bf16, batch 256"
 cat >"$OUT/throughput.py" <<'EOF'
 """Wall time of one generate() per decode mode (same engine: the mode is per request), best and median of 3."""
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -134,6 +135,7 @@ for name, shape in SHAPES.items():
             engine.generate(prompts, params[m])
             times[m].append(time.perf_counter() - t)
     engine.close()
+    shutil.rmtree(ckpt, ignore_errors=True)
     best = {m: min(v) for m, v in times.items()}
     med = {m: statistics.median(v) for m, v in times.items()}
     predicted = fusion_flops_per_token(cfg) / flops_per_decode_token(cfg, sum(lens) / BATCH + (NEW + 1) / 2)
