@@ -379,6 +379,7 @@ class FBTVLLMMixin:
         plen = torch.tensor([infos[i].prompt_len for i in sel], device=hidden.device)
         self.fbt_records.add([infos[i].key for i in sel], positions[tok] - (plen - 1), hidden[tok])
 
+
 class FBTLlamaForCausalLM(FBTVLLMMixin, LlamaForCausalLM, HasInnerState, IsHybrid):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs):
         super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
