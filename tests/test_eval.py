@@ -1,0 +1,95 @@
+"""Evaluation (rl/evaluate.py, `fbrl eval`): estimators by hand, the logic on a scripted engine, the CLI on the
+committed checkpoint."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from rl.batch import Sample, SamplingParams
+from rl.data.tokenizer import build_tokenizer
+from rl.evaluate import evaluate, format_table, mcnemar_exact, pass_at_k, plain_numeric_score
+
+ROOT = Path(__file__).resolve().parent.parent
+CKPT = ROOT / "checkpoints" / "tiny-arith"
+
+
+def test_mcnemar_exact_by_hand():
+    # 7 discordant pairs split 1/6: p = 2 * (C(7,0) + C(7,1)) / 2^7 = 2 * 8/128
+    assert mcnemar_exact(1, 6) == pytest.approx(0.125)
+    assert mcnemar_exact(6, 1) == pytest.approx(0.125)
+    assert mcnemar_exact(0, 5) == pytest.approx(2 / 32)
+    assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(0, 0) == 1.0
+    # 10 vs 20: the two-sided binomial tail, written out
+    tail = sum(math.comb(30, i) for i in range(11)) / 2 ** 30
+    assert mcnemar_exact(10, 20) == pytest.approx(2 * tail)
+
+
+def test_pass_at_k_unbiased_estimator_by_hand():
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)  # 1 - C(3,2)/C(5,2)
+    assert pass_at_k(5, 0, 3) == 0.0 and pass_at_k(5, 3, 3) == 1.0
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_plain_numeric_score():
+    s = plain_numeric_score(["p"] * 5, [" 3+4=7. \\boxed{7}", "\\boxed{6}", "7", "\\boxed{1} then \\boxed{ 7 }",
+                                        "\\boxed{7}"], ["7"] * 5, finish_reasons=["stop"] * 4 + ["length"])
+    assert s == [1.0, 0.0, 0.0, 1.0, 0.0]
+
+
+class ScriptedEngine:
+    """Answers right on problems the mode 'knows' (standard: even indices, soft: all), wrong otherwise."""
+
+    def __init__(self, tok, rows):
+        self.tok, self.rows, self.calls = tok, rows, []
+
+    def generate(self, prompts, params: SamplingParams):
+        self.calls.append(params)
+        out = []
+        for p in prompts:
+            i = next(j for j, r in enumerate(self.rows) if self.tok(r["prompt"])["input_ids"] == p)
+            right = params.decode_mode == "soft" or i % 2 == 0
+            text = f" \\boxed{{{self.rows[i]['answer'] if right else 'x'}}}"
+            ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+            out += [Sample(p, ids, [0.0] * len(ids), "stop", 0, group_id=i, sample_index=k,
+                           decode_mode=params.decode_mode) for k in range(params.n)]
+        return out
+
+
+def test_evaluate_on_a_scripted_engine():
+    tok = build_tokenizer()
+    rows = [{"prompt": f"Q: {i}+1=?", "answer": str(i + 1)} for i in range(10)]
+    engine = ScriptedEngine(tok, rows)
+    res = evaluate(engine, SamplingParams, tok, rows, ["standard", "soft"], samples=4, batch_size=3)
+    std, soft = res["modes"]["standard"], res["modes"]["soft"]
+    assert std["accuracy"] == {"greedy": 0.5, "sampled": 0.5} and soft["accuracy"]["greedy"] == 1.0
+    assert set(std["pass_at_k"]) == {"1", "2", "4"} and std["pass_at_k"]["4"] == 0.5
+    assert std["truncation_rate"]["greedy"] == 0.0 and std["mean_length"]["greedy"] > 0
+    greedy = [p for p in res["paired"] if p["which"] == "greedy"][0]
+    assert (greedy["a_only"], greedy["b_only"]) == (0, 5) and greedy["p_value"] == pytest.approx(2 / 32)
+    assert {c.temperature for c in engine.calls} == {0.0, 1.0}
+    assert all(c.stop_token_ids == (tok.eos_token_id,) for c in engine.calls)
+    table = format_table(res)
+    assert "standard" in table and "soft" in table and "McNemar" in table
+
+
+def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys):
+    assert (CKPT / "model.safetensors").is_file(), "the tiny checkpoint is committed under checkpoints/tiny-arith"
+    from actors.cli import main
+    out_json = tmp_path / "eval.json"
+    rc = main(["eval", "--checkpoint", str(CKPT), "--task", "arith", "--split", "test", "--n", "20",
+               "--decode-mode", "standard", "soft", "fused", "--samples", "2", "--scorer", "plain",
+               "--threads", "1", "--json", str(out_json)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    for mode in ("standard", "soft", "fused"):
+        assert any(line.startswith(mode) for line in out.splitlines()), out
+    res = json.loads(out_json.read_text())
+    assert res["meta"]["n"] == 20
+    for mode in ("standard", "soft", "fused"):
+        m = res["modes"][mode]
+        assert {"accuracy", "pass_at_k", "mean_length", "truncation_rate"} <= set(m)
+        assert 0 <= m["accuracy"]["greedy"] <= 1 and set(m["pass_at_k"]) == {"1", "2"}
+    assert len(res["paired"]) == 6  # 3 pairs x (greedy, sampled)
