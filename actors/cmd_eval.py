@@ -54,11 +54,10 @@ def _data_config(args) -> DataConfig:
         if not args.data_path:
             raise SystemExit("fbrl eval: --task jsonl needs --data-path")
         data["test_path"] = args.data_path
-        data["test_split"] = args.split
     if args.difficulty:
         data["difficulty"] = args.difficulty
-    if data["task"] != "arith":
-        data.setdefault("train_path", args.data_path)
+    if data["task"] != "arith" and not data.get("train_path"):
+        data["train_path"] = args.data_path  # the schema wants one for file tasks; eval never reads it
     return config_from_dict({"data": data}).data
 
 
@@ -86,10 +85,8 @@ def run(args) -> int:
 
     torch.set_num_threads(args.threads)
     data = _data_config(args)
-    rows = load_task_split(data, "test" if args.split == data.test_split else args.split, n=args.n)
-    if args.task == "arith" and args.split != data.test_split:
-        from rl.data import arith
-        rows = arith.generate(args.split, args.n, seed=data.seed, difficulties=tuple(data.difficulty))
+    # arith: train / val / test are the task's own hash-disjoint splits; jsonl: the one file given
+    rows = load_task_split(data, args.split if args.split in ("train", "val") else "test", n=args.n)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
     score_fn = _scorer(args.scorer)
