@@ -55,9 +55,20 @@ class FBTWorkerExtension:
         """
         model = self._fbt_model()
 
+        tied = bool(getattr(model.config, "tie_word_embeddings", False))
+
         def weights():
+            names = set()
             for f in _safetensors_files(path):
-                yield from load_file(f, device="cpu").items()
+                for name, tensor in load_file(f, device="cpu").items():
+                    names.add(name)
+                    yield name, tensor
+                    # A tied checkpoint stores the embedding once (save_pretrained drops lm_head.weight), but
+                    # vLLM's CPU layers keep a separately repacked LM head: feed it the embedding too, or the
+                    # head silently stays at the old weights after every reload.
+                    if tied and name == "model.embed_tokens.weight" and "lm_head.weight" not in names:
+                        names.add("lm_head.weight")
+                        yield "lm_head.weight", tensor
 
         self.model_runner.reload_weights(weights_iterator=weights(), is_checkpoint_format=True)
         model.fbt_weights_changed()
