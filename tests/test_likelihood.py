@@ -36,16 +36,6 @@ def random_prompts(n, seed=0, vocab=101):
             for _ in range(n)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matrices gain nothing from intra-op threads, and on a shared 2-core box oversubscribed threads
-    stall these tests by 10-100x; restored afterwards for the other test modules."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model():
     return tiny_model()

@@ -34,15 +34,6 @@ def tiny_fbt(seed=0, vocab=50, fusion_mode="gate_product", fusion_scale=3.0, hea
     return model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on shared cores their spin-waits cost wall time."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model():
     return tiny_fbt()
