@@ -72,12 +72,17 @@ class DataConfig:
     difficulty: list[int] = field(default_factory=lambda: [1, 2, 3])   # arith levels to mix (1..4)
     num_train: int = 20000              # arith: problems generated for the train split
     seed: int = 0
+    # arith: fraction of solutions that give the bare answer instead of the worked steps (pretraining / SFT text
+    # only; prompts and rewards are unchanged). The demo checkpoint is trained with both behaviours.
+    direct_answer_frac: float = 0.0
     prompt_field: str = "prompt"
     answer_field: str = "answer"
 
     def validate(self):
         if not self.difficulty or any(not 1 <= d <= 4 for d in self.difficulty):
             yield "difficulty", f"expected a non-empty list of levels in 1..4, got {self.difficulty}"
+        if not 0.0 <= self.direct_answer_frac <= 1.0:
+            yield "direct_answer_frac", f"expected a fraction in [0, 1], got {self.direct_answer_frac}"
         if self.task != "arith" and not self.train_path:
             yield "train_path", f"required when task is {self.task!r}"
 
@@ -107,7 +112,7 @@ class PretrainConfig:
     feedback_on: Literal["all", "response"] = "all"
     eval_every: int = 200
     val_batches: int = 4
-    out_dir: str = "checkpoints/tiny-arith"
+    out_dir: str = "runs/pretrain"        # never a shipped checkpoint by default: replacing one is deliberate
     seed: int = 0
     threads: int = 2
 

@@ -13,7 +13,14 @@ import json
 from pathlib import Path
 
 
-def card(ckpt: Path, ev: dict, note: str = "") -> str:
+INTRO = ("A Llama-backbone full-bandwidth transformer (gate_product fusion, head_dim 64) trained from scratch with "
+         "the multi-pass objective `L_1 + mean(L_2..L_K)` by `fbrl pretrain`. It half-solves the task on purpose: "
+         "RL needs headroom. Load it with `AutoModelForCausalLM.from_pretrained` after `import rl`; the char-level "
+         "tokenizer is saved alongside.")
+
+
+def card(ckpt: Path, ev: dict, note: str = "", intro: str = INTRO,
+         command: str = "fbrl pretrain configs/tiny_pretrain.yaml") -> str:
     s = json.loads((ckpt / "training_summary.json").read_text())
     cfg_text = (ckpt / "pretrain_config.yaml").read_text()
     size_mb = sum(f.stat().st_size for f in ckpt.iterdir() if f.is_file()) / 1e6
@@ -23,14 +30,11 @@ def card(ckpt: Path, ev: dict, note: str = "") -> str:
     lines = [
         f"# {ckpt.name}: tiny FBT model for the arithmetic task",
         "",
-        "A Llama-backbone full-bandwidth transformer (gate_product fusion, head_dim 64) trained from scratch with",
-        "the multi-pass objective `L_1 + mean(L_2..L_K)` by `fbrl pretrain`. It half-solves the task on purpose:",
-        "RL needs headroom. Load it with `AutoModelForCausalLM.from_pretrained` after `import rl`; the char-level",
-        "tokenizer is saved alongside.",
+        intro,
         "",
         "## Training",
         "",
-        f"- command: `fbrl pretrain configs/tiny_pretrain.yaml` (full config below)",
+        f"- command: `{command}` (full config below)",
         f"- git commit of the code: `{s.get('git_commit')}`",
         f"- wall time: {s['wall_time_s'] / 60:.1f} min with {s['threads']} torch thread(s), "
         f"{s['steps_done']} steps, steps per K: {s['steps_per_k']}" + (f" — {note}" if note else ""),
@@ -72,9 +76,12 @@ def main(argv=None) -> int:
     ap.add_argument("checkpoint")
     ap.add_argument("eval_json")
     ap.add_argument("--note", default="", help="appended to the wall-time line (e.g. machine load)")
+    ap.add_argument("--intro", default=INTRO, help="the card's opening paragraph (what the model is)")
+    ap.add_argument("--command", default="fbrl pretrain configs/tiny_pretrain.yaml", help="how it was trained")
     args = ap.parse_args(argv)
     ckpt = Path(args.checkpoint)
-    (ckpt / "README.md").write_text(card(ckpt, json.loads(Path(args.eval_json).read_text()), args.note))
+    (ckpt / "README.md").write_text(card(ckpt, json.loads(Path(args.eval_json).read_text()), args.note,
+                                         args.intro, args.command))
     print(f"wrote {ckpt / 'README.md'}")
     return 0
 

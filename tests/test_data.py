@@ -48,6 +48,24 @@ def test_worked_solution_format():
     assert row["solution"] == " 5*3=15, 37+15=52. \\boxed{52}" and row["answer"] == "52"
 
 
+def test_direct_answer_mixture():
+    worked = arith.generate("train", 2000, seed=0, difficulties=(1, 2))
+    mixed = arith.generate("train", 2000, seed=0, difficulties=(1, 2), direct_answer_frac=0.7)
+    # the same problems, only the solution text differs; the choice is a function of the question
+    assert [r["question"] for r in mixed] == [r["question"] for r in worked]
+    direct = [m["solution"] == f" \\boxed{{{m['answer']}}}" for m in mixed]
+    assert 0.66 < sum(direct) / len(direct) < 0.74
+    for m, w, d in zip(mixed, worked, direct):
+        assert m["solution"] == (f" \\boxed{{{w['answer']}}}" if d else w["solution"])
+        assert arith.score(m["solution"], m["answer"]) == 1.0
+    assert all("=" in w["solution"] for w in worked)     # the default keeps every worked solution
+    cfg = DataConfig(difficulty=[1, 2], direct_answer_frac=0.7, num_train=2000)
+    assert load_task_split(cfg, "train") == mixed
+    with pytest.raises(Exception, match="direct_answer_frac"):
+        from rl.config import config_from_dict
+        config_from_dict({"data": {"direct_answer_frac": 1.5}})
+
+
 def test_test_split_never_in_train():
     train = arith.generate("train", 20000, seed=0, difficulties=ALL)
     test = arith.generate("test", 500, seed=0, difficulties=ALL)

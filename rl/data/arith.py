@@ -79,8 +79,13 @@ def make_problem(rng: random.Random, difficulty: int) -> dict:
     }
 
 
-def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2, 3), unique: bool | None = None) -> list[dict]:
-    """`n` problems of `split`, deterministic in (split, n, seed, difficulties).
+def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2, 3), unique: bool | None = None,
+             direct_answer_frac: float = 0.0) -> list[dict]:
+    """`n` problems of `split`, deterministic in (split, n, seed, difficulties, direct_answer_frac).
+
+    `direct_answer_frac` of the rows (chosen by question hash) get the bare answer ` \\boxed{52}` as their
+    solution instead of the worked steps: a model trained on that mixture has two behaviours, and the short one
+    is much less accurate on multi-step problems: a choice RL can learn to make from the reward alone.
 
     Each problem's level is drawn uniformly from `difficulties`. `unique` (default: True for val/test, False
     for train) refuses repeated questions; small spaces (level 1 has ~5k problems, ~500 per held-out split)
@@ -106,6 +111,8 @@ def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2, 3), unique: 
             continue
         misses = 0
         seen.add(row["question"])
+        if int(problem_hash(row["question"])[8:16], 16) % 10_000 < direct_answer_frac * 10_000:
+            row["solution"] = f" \\boxed{{{row['answer']}}}"
         rows.append(row)
     return rows
 

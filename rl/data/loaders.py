@@ -124,7 +124,8 @@ def load_task_split(data: Any, split: str, n: int | None = None) -> list[dict]:
             if split != "train":
                 raise DataError(f"data: say how many {split} problems to generate (n)")
             n = data.num_train
-        return arith.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty))
+        return arith.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty),
+                              direct_answer_frac=data.direct_answer_frac)
     path = data.train_path if split == "train" else data.test_path
     if not path:
         raise DataError(f"data.{'train' if split == 'train' else 'test'}_path: required for task {data.task!r}")
