@@ -40,7 +40,8 @@ def run(args) -> int:
     if args.config and "=" in args.config and not Path(args.config).exists():  # `fbrl train key=value`
         args.overrides.insert(0, args.config)
         config_path = str(DEFAULT_CONFIG)
-    overrides = list(args.overrides)
+    # `run_dir=PATH` is the documented shorthand for `train.run_dir=PATH`
+    overrides = [f"train.{o}" if o.startswith("run_dir=") else o for o in args.overrides]
     if args.resume:
         overrides += [f"train.resume={args.resume}", f"train.run_dir={args.resume}"]
     cfg = load_config(config_path, overrides)

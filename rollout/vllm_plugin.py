@@ -210,7 +210,10 @@ class FBTVLLMMixin:
             LatentStateLayer(cfg.hidden_size, dtype, f"model.layers.{n + i}.fbt_state") for i in range(1, n))
         is_reset = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         is_reset[[t for t in self.reset_token_ids if 0 <= t < cfg.vocab_size]] = True
-        self.register_buffer("fbt_is_reset", is_reset, persistent=False)
+        # A plain attribute, not a buffer: vLLM's in-place weight reload warns "Failed to load weights" for any
+        # module owning a tensor the checkpoint lacks. Built under vLLM's target-device context, so it is already
+        # on the model's device.
+        self.fbt_is_reset = is_reset
         self.fbt_use_tables = bool(getattr(cfg, "fbt_fusion_tables", True))
         self._fbt_tables = None  # token-side fusion terms of the current weights (built on first use)
         self.fbt_version = 0  # policy version of the loaded weights (set by the worker extension)

@@ -9,12 +9,25 @@ and index are returned.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 
 import torch
 from safetensors.torch import load_file, save_file
 
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class _RotaryReloadNoise(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights", printed on every in-place reload of any RoPE model:
+    the rotary cos/sin cache is a computed buffer, not a weight, and vLLM puts it back. Other modules that fail to
+    load still warn."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "RotaryEmbedding: Failed to load weights" not in record.getMessage()
+
+
+logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").addFilter(_RotaryReloadNoise())
 
 
 def _safetensors_files(path: str) -> list[str]:
