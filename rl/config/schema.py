@@ -1,26 +1,15 @@
-"""One typed config schema for every fbrl command (pretrain/SFT, eval, compare-likelihood, RL train).
+"""The config schema: one nested dataclass per section, YAML dumping, and comparing two configs.
 
-Owns: the nested dataclasses below (one per section), loading them from YAML plus dotted `key=value`
-overrides (`load_config`), strict validation (unknown key, wrong type, bad choice -> `ConfigError` naming
-the full dotted key, the file and line or the override, and what was expected), dumping back to YAML,
-and comparing two configs field by field (`diff_configs`, `check_resume`).
-
-The loader is generic: it reads the dataclasses' annotations, so adding a field is adding one line to a
-section. Rules inside one section live in its `validate()` (it returns `(field, message)` problems; the
-loader turns them into errors carrying the key's location). Rules that need other packages (e.g. vLLM
-option compatibility, `enable_prefix_caching` must stay false) are checked where those packages are used.
-The defaults are the embedded CPU default (tiny checkpoint, arithmetic task).
+Rules inside one section live in its `validate()` (it yields `(field, message)` problems; the loader in
+rl/config/loading.py turns them into errors carrying the key's location). The defaults are the embedded CPU
+default (tiny checkpoint, arithmetic task).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
-import difflib
-import re
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional
 
 import yaml
 
@@ -359,240 +348,6 @@ class _Dumper(yaml.SafeDumper):
 _Dumper.add_representer(list, _Dumper.represent_list)
 
 
-# ---------------------------------------------------------------------------------------------- loading
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-# PyYAML implements YAML 1.1, which reads `1e-6` (no dot) as a string; users mean a float.
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
-
-
-def _parse_yaml(text: str, where: str) -> tuple[Any, dict[str, str]]:
-    """YAML text -> (data, {dotted key: 'where line N'}); duplicate keys are errors (PyYAML keeps the last)."""
-    loader = _Loader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"invalid YAML ({where}{line}): {e.problem or e}") from None
-    finally:
-        loader.dispose()
-    origins: dict[str, str] = {}
-    if node is not None:
-        _index_marks(node, "", where, origins)
-    return data, origins
-
-
-def _index_marks(node, prefix: str, where: str, origins: dict[str, str]) -> None:
-    if isinstance(node, yaml.MappingNode):
-        seen = set()
-        for knode, vnode in node.value:
-            path = _join(prefix, str(knode.value))
-            loc = f"{where} line {knode.start_mark.line + 1}"
-            if knode.value in seen:
-                raise ConfigError(f"{path}: duplicate key ({loc})")
-            seen.add(knode.value)
-            origins[path] = loc
-            _index_marks(vnode, path, where, origins)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            origins[f"{prefix}[{i}]"] = f"{where} line {item.start_mark.line + 1}"
-            _index_marks(item, f"{prefix}[{i}]", where, origins)
-
-
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
-
-
-def _under(key: str, prefix: str) -> bool:
-    """`key` is `prefix` or beneath it (`prefix.x`, `prefix[0]`)."""
-    return key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "[")
-
-
-def _apply_override(raw: dict, origins: dict[str, str], text: str) -> None:
-    key, eq, value_text = text.partition("=")
-    key = key.strip()
-    where = f"override {text!r}"
-    if not eq or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
-        raise ConfigError(f"{where}: expected dotted.key=value")
-    value, _ = _parse_yaml(value_text, where)   # a YAML scalar or flow collection: 1e-6, soft, [1,2], null
-    parts = key.split(".")
-    node = raw
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        elif not isinstance(child, dict):
-            raise ConfigError(f"{'.'.join(parts[:i + 1])}: is a value, not a section ({where})")
-        node = child
-    node[parts[-1]] = value
-    for k in [k for k in origins if _under(k, key)]:
-        del origins[k]   # the override replaced whatever the file said beneath this key
-    origins[key] = where
-
-
-def _where(path: str, origins: dict[str, str]) -> str:
-    for k in origins:   # a key that only exists in the input: report where its first child came from
-        if _under(k, path):
-            return f" ({origins[k]})"
-    p = path
-    while p:   # else its nearest parent that has a location (e.g. a whole override)
-        if p in origins:
-            return f" ({origins[p]})"
-        parent = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", p)
-        p = "" if parent == p else parent
-    return ""
-
-
-def _type_name(tp) -> str:
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
-    if origin is Union:
-        rest = [a for a in args if a is not type(None)]
-        return " or ".join(_type_name(a) for a in rest) + (" or null" if len(rest) < len(args) else "")
-    if origin is list:
-        return f"a list of {_type_name(args[0])}"
-    if origin is tuple:
-        return "[" + ", ".join(_type_name(a) for a in args) + "]"
-    if origin is dict:
-        return "a mapping"
-    if dataclasses.is_dataclass(tp):
-        return f"a mapping (section {tp.__name__})"
-    return getattr(tp, "__name__", str(tp))
-
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
-
-
-def _coerce(tp, value, path: str, origins: dict[str, str]):
-    """Check `value` against annotation `tp`, returning the typed value; errors name path and location."""
-    def fail(extra: str = ""):
-        raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}{extra}{_where(path, origins)}")
-
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if tp is Any:
-        return value
-    if origin is Union:
-        if value is None:
-            if type(None) in args:
-                return None
-            fail()
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1:
-            try:
-                return _coerce(rest[0], value, path, origins)
-            except ConfigError as e:   # re-say a mismatch of this very key as "X or null"
-                if not str(e).startswith(f"{path}: expected "):
-                    raise
-                fail(" (quote it to make it a string)" if rest[0] is str else "")
-        for a in rest:
-            try:
-                return _coerce(a, value, path, origins)
-            except ConfigError:
-                pass
-        fail()
-    if origin is Literal:
-        if value in args and not isinstance(value, bool):
-            return value
-        close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
-        fail(f" (did you mean {close[0]!r}?)" if close else "")
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path, origins)
-    if origin is list:
-        if not isinstance(value, list):
-            fail()
-        return [_coerce(args[0], v, f"{path}[{i}]", origins) for i, v in enumerate(value)]
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            fail()
-        return tuple(_coerce(a, v, f"{path}[{i}]", origins) for i, (a, v) in enumerate(zip(args, value)))
-    if origin is dict:
-        if not isinstance(value, dict):
-            fail()
-        return {str(k): _coerce(args[1], v, f"{path}.{k}", origins) for k, v in value.items()}
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        fail()
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():   # `steps: 1e3`
-            return int(value)
-        fail()
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        fail()
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        fail(" (quote it to make it a string)" if value is not None else "")
-    raise TypeError(f"{path}: unsupported annotation {tp!r} in the config schema")
-
-
-def _build(cls, raw, path: str, origins: dict[str, str]):
-    if raw is None and not path:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected {_type_name(cls)}, got {raw!r}{_where(path, origins)}")
-    hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in raw:
-        if key not in names:
-            sub = _join(path, str(key))
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(f"{sub}: unknown key ({hint}valid keys under "
-                              f"{path or 'the top level'}: {', '.join(names)}){_where(sub, origins)}")
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in raw
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"{_join(path, missing[0])}: required{_where(path, origins)}")
-    obj = cls(**{k: _coerce(hints[k], v, _join(path, k), origins) for k, v in raw.items()})
-    for name, msg in getattr(obj, "validate", lambda: ())():
-        sub = _join(path, name)
-        raise ConfigError(f"{sub}: {msg}{_where(sub, origins)}")
-    return obj
-
-
-def config_from_dict(data: dict | None, overrides: list[str] | tuple = (),
-                     origins: dict[str, str] | None = None) -> Config:
-    """Build a Config from plain data (e.g. a saved run's config) plus overrides."""
-    raw = copy.deepcopy(data or {})
-    origins = dict(origins or {})
-    for text in overrides:
-        _apply_override(raw, origins, text)
-    return _build(Config, raw, "", origins)
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
-    """Load `path` (YAML; None: the defaults) and apply dotted `key=value` overrides in order."""
-    data, origins = None, {}
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        data, origins = _parse_yaml(p.read_text(), str(p))
-        if data is not None and not isinstance(data, dict):
-            raise ConfigError(f"{p}: expected a mapping of sections at the top level, got {type(data).__name__}")
-    return config_from_dict(data, overrides, origins)
-
-
 # ------------------------------------------------------------------------------------------- comparing
 
 def diff_configs(a: Config, b: Config, keys: tuple[str, ...] | list[str] | None = None
@@ -633,3 +388,12 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[_join(prefix, k)] = v
     return out
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _under(key: str, prefix: str) -> bool:
+    """`key` is `prefix` or beneath it (`prefix.x`, `prefix[0]`)."""
+    return key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "[")

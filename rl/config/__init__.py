@@ -1,0 +1,25 @@
+"""One typed config schema for every fbrl command (pretrain/SFT, eval, compare-likelihood, RL train).
+
+Owns: the nested dataclasses below (one per section), loading them from YAML plus dotted `key=value`
+overrides (`load_config`), strict validation (unknown key, wrong type, bad choice -> `ConfigError` naming
+the full dotted key, the file and line or the override, and what was expected), dumping back to YAML,
+and comparing two configs field by field (`diff_configs`, `check_resume`).
+
+schema.py holds the sections, loading.py the YAML/override loader; import both from here.
+
+The loader is generic: it reads the dataclasses' annotations, so adding a field is adding one line to a
+section. Rules inside one section live in its `validate()` (it returns `(field, message)` problems; the
+loader turns them into errors carrying the key's location). Rules that need other packages (e.g. vLLM
+option compatibility, `enable_prefix_caching` must stay false) are checked where those packages are used.
+The defaults are the embedded CPU default (tiny checkpoint, arithmetic task).
+"""
+from rl.config.loading import config_from_dict, load_config
+from rl.config.schema import (RESUME_LOCKED, AlgoConfig, CompareConfig, Config, ConfigError, DataConfig, DecodeMode,
+                              EvalConfig, LearnerConfig, LikelihoodConfig, LoggingConfig, ModelConfig,
+                              ModelInitConfig, PretrainConfig, RayConfig, RewardConfig, RewardFn, RolloutConfig,
+                              TrainConfig, VllmOptions, check_resume, diff_configs)
+
+__all__ = ["config_from_dict", "load_config", "RESUME_LOCKED", "AlgoConfig", "CompareConfig", "Config", "ConfigError",
+           "DataConfig", "DecodeMode", "EvalConfig", "LearnerConfig", "LikelihoodConfig", "LoggingConfig",
+           "ModelConfig", "ModelInitConfig", "PretrainConfig", "RayConfig", "RewardConfig", "RewardFn",
+           "RolloutConfig", "TrainConfig", "VllmOptions", "check_resume", "diff_configs"]
