@@ -12,7 +12,8 @@ not depend on their values). Estimators are timed round-robin after one warm-up 
 and noisy); the median of each is reported with its best, and ratios are of medians (best-of ratios too).
 
 Shapes: `tiny` is checkpoints/tiny-arith when it exists, else a random Llama with d=128, 2 layers, 2 heads of
-64, intermediate 384, vocab 64, on 16 rows x (16 prompt + 48 response) tokens; `135m` is a random model of
+64, intermediate 384, vocab 64, on the demo's learner micro-batch: 64 rows x (40 prompt + 32 response) tokens,
+8 prompts x 8 samples (a GRPO batch repeats each prompt G times; fused prompts are prefilled once per prompt); `135m` is a random model of
 SmolLM2-135M's shape (d=576, 30 layers, 9 heads / 3 KV heads of 64, intermediate 1536, vocab 49,152) on a small
 batch of 4 x (16 + 48) tokens. `exact` (fwd+bwd through the sequential recurrence) is timed on `tiny` only.
 Threads default to 1: on a shared 2-core box oversubscribed intra-op threads make timings erratic.
@@ -39,11 +40,13 @@ TINY_CKPT = os.path.join(ROOT, "checkpoints", "tiny-arith")
 GOALS = {"replay/standard": 1.1, "kpass3/standard": 2.0}
 
 SHAPES = {
+    # the demo's learner micro-batch: 64 rows = 8 prompts x 8 samples, arithmetic-sized prompts and responses
     "tiny": dict(cfg=dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                          head_dim=64, intermediate_size=384, vocab_size=64), rows=16, prompt=16, response=48),
+                          head_dim=64, intermediate_size=384, vocab_size=64), rows=64, group=8, prompt=40,
+                 response=32),
     "135m": dict(cfg=dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                           head_dim=64, intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True),
-                 rows=4, prompt=16, response=48),
+                 rows=4, group=1, prompt=16, response=48),
 }
 
 
@@ -58,12 +61,14 @@ def build_model(shape: str):
     return FBTLlamaForCausalLM(cfg).float(), "random init"
 
 
-def build_batch(model, rows: int, prompt: int, response: int, seed: int = 0) -> LearnerBatch:
-    """Right-padded rows of equal length (BOS + random prompt + random response), states from a no-grad pass."""
+def build_batch(model, rows: int, prompt: int, response: int, group: int = 1, seed: int = 0) -> LearnerBatch:
+    """Right-padded rows of equal length (BOS + random prompt + random response), states from a no-grad pass.
+    Consecutive `group` rows share their prompt, as the G samples of a GRPO group do."""
     g = torch.Generator().manual_seed(seed)
     V = model.config.vocab_size
     L = prompt + response
     ids = torch.randint(3, V, (rows, L), generator=g)
+    ids[:, :prompt] = ids[::group, :prompt].repeat_interleave(group, dim=0)[:rows]
     ids[:, 0] = model.config.bos_token_id
     am = torch.ones(rows, L, dtype=torch.long)
     batch = LearnerBatch(ids, am, torch.full((rows,), prompt), torch.full((rows,), response),
@@ -90,7 +95,7 @@ def bench_shape(shape: str, repeats: int, mode: str, with_exact: bool) -> dict:
     model, source = build_model(shape)
     model.train()
     spec = SHAPES[shape]
-    batch = build_batch(model, spec["rows"], spec["prompt"], spec["response"])
+    batch = build_batch(model, spec["rows"], spec["prompt"], spec["response"], spec["group"])
     runs = {"standard": ("standard", 1), "replay": ("replay", 1), "kpass3": ("kpass", 3)}
     if with_exact:
         runs["exact"] = ("exact", 1)
@@ -107,7 +112,8 @@ def bench_shape(shape: str, repeats: int, mode: str, with_exact: bool) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     return {
         "shape": shape, "model": source, "params_M": round(n_params / 1e6, 1), "decode_mode": mode,
-        "batch": f"{spec['rows']} x ({spec['prompt']} prompt + {spec['response']} response)",
+        "batch": f"{spec['rows']} x ({spec['prompt']} prompt + {spec['response']} response), "
+                 f"{spec['group']} rows per prompt",
         "repeats": repeats, "median_ms": {k: round(1000 * v, 2) for k, v in med.items()},
         "best_ms": {k: round(1000 * v, 2) for k, v in best.items()},
         "ratios": {k: round(v, 3) for k, v in ratios.items()},

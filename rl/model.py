@@ -246,11 +246,24 @@ class FBTMixin:
         P = int(prompt_lens.max())
         ids = input_ids[:, :P]
         am = attention_mask[:, :P] if attention_mask is not None else None
-        fb = self.feedback_mask(ids, am)
-        fb &= torch.arange(P, device=ids.device)[None, :] < prompt_lens.to(ids.device)[:, None]
-        prev = self.multipass_forward(ids, passes - 1, am, feedback_mask=fb).last_hidden
+        in_prompt = torch.arange(P, device=ids.device)[None, :] < prompt_lens.to(ids.device)[:, None]
+        fb = self.feedback_mask(ids, am) & in_prompt
+        # A GRPO batch holds each prompt G times: run the prefill passes once per distinct prompt. Positions past
+        # a row's prompt (its response) cannot reach the prompt's states through causal attention, so the key
+        # masks them out.
+        key = torch.where(in_prompt, ids, torch.full_like(ids, -1))
+        uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+        if len(uniq) < len(key):
+            # one row per distinct prompt (any row of a group will do: they agree on every prompt position)
+            rep = torch.zeros(len(uniq), dtype=torch.long, device=ids.device).scatter_(
+                0, inverse, torch.arange(len(key), device=ids.device))
+            prev = self.multipass_forward(ids[rep], passes - 1, None if am is None else am[rep],
+                                          feedback_mask=fb[rep]).last_hidden[inverse]
+        else:
+            prev = self.multipass_forward(ids, passes - 1, am, feedback_mask=fb).last_hidden
         carried = torch.zeros(*input_ids.shape, prev.shape[-1], dtype=prev.dtype, device=prev.device)
-        carried[:, :P] = shift_right(prev)
+        # zero where nothing is fed (past a row's prompt the states are another row's response's, with dedup)
+        carried[:, :P] = shift_right(prev).masked_fill(~fb[..., None], 0.0)
         fixed = torch.zeros_like(input_ids, dtype=torch.bool)
         fixed[:, :P] = fb
         return carried, fixed

@@ -282,3 +282,32 @@ def test_compare_likelihood_cli(tmp_path, source, mode):
     assert rep["n_samples"] == 4 and rep["task"] == "arith" and rep["decode_mode"] == mode
     check_report(rep)
     assert png.stat().st_size > 0
+
+
+def test_fused_prompt_prefill_runs_once_per_distinct_prompt(model, monkeypatch):
+    """A GRPO batch repeats each prompt G times: the learner's fused-prompt prefill runs once per distinct prompt
+    and gives every row the states it would get alone, so replay still equals exact."""
+    engine = TorchEngine(model, eos_token_ids=())
+    samples = engine.generate(random_prompts(3, seed=5), SamplingParams(
+        n=4, temperature=1.0, max_tokens=8, seed=1, decode_mode="fused", record_states=True))
+    batch = collate(samples, with_states=True)
+    rows_seen = []
+    orig = model.run_stack
+
+    def counting(x, *a, **k):
+        rows_seen.append(x.shape[0])
+        return orig(x, *a, **k)
+
+    monkeypatch.setattr(model, "run_stack", counting)
+    with torch.no_grad():
+        carried, mask = model.prompt_carried(batch.input_ids, batch.prompt_lens, batch.attention_mask)
+    monkeypatch.setattr(model, "run_stack", orig)
+    assert rows_seen == [3] * (model.config.fbt_prefill_passes - 1)    # 3 prompts, not 12 rows
+    with torch.no_grad():
+        for b in range(len(samples)):    # each row alone: the same states on its prompt positions
+            c1, m1 = model.prompt_carried(batch.input_ids[b:b + 1], batch.prompt_lens[b:b + 1],
+                                          batch.attention_mask[b:b + 1])
+            assert torch.equal(m1[0], mask[b])
+            assert (c1[0] - carried[b]).abs().max() <= 1e-6
+    assert (run(model, batch, "fused", "replay").logprobs - run(model, batch, "fused", "exact").logprobs
+            ).abs().max() <= TOL
