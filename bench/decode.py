@@ -1,6 +1,7 @@
 """Decode benchmark: latent-feedback overhead and engine throughput, printed as a JSON of ratios.
 
     python bench/decode.py [--model tiny|135m|all] [--reps N] [--threads N] [--clock cpu|wall] [--rows a,b]
+                           [--new-tokens N]
 
 Per model, batch 64, greedy, every row generating exactly `new_tokens` tokens (no stop token):
   (a) `a_soft_over_standard`: soft-mode time / standard-mode time in the torch engine, beside
@@ -342,6 +343,8 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="the clock the ratios use")
     ap.add_argument("--rows", default=None, help="comma-separated rows (default: all; 135m: ROWS_135M)")
+    ap.add_argument("--new-tokens", type=int, default=None,
+                    help="tokens generated per row (default tiny 64, 135m 16; RL responses are longer)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -353,7 +356,10 @@ def main(argv=None):
         if unknown:
             ap.error(f"--rows: unknown {unknown}; known: {list(ROWS)}")
         reps = args.reps or (15 if name == "tiny" else 5)
-        result[name] = bench_model(MODELS[name](), reps, rows, args.clock)
+        setup = MODELS[name]()
+        if args.new_tokens:
+            setup.new_tokens = args.new_tokens
+        result[name] = bench_model(setup, reps, rows, args.clock)
     print(json.dumps(result, indent=2))
     return result
 

@@ -56,12 +56,15 @@ def plot(results: dict, out: Path) -> None:
     for arm, rows in results.items():
         ev = [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
         tr = [(r["step"], r["reward_mean"]) for r in rows if "reward_mean" in r]
+        # a step's batch reward swings with its prompts (the arms share them): show a 5-step running mean
+        tr = [(s, sum(v for _, v in tr[max(0, i - 4):i + 1]) / len(tr[max(0, i - 4):i + 1]))
+              for i, (s, _) in enumerate(tr)]
         if ev:
             ax1.plot(*zip(*ev), marker="o", label=arm)
         if tr:
             ax2.plot(*zip(*tr), label=arm)
     ax1.set(xlabel="step", ylabel="held-out greedy accuracy", title="held-out accuracy")
-    ax2.set(xlabel="step", ylabel="mean reward", title="training reward")
+    ax2.set(xlabel="step", ylabel="mean reward (5-step running mean)", title="training reward")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend()
