@@ -193,8 +193,11 @@ class VLLMEngine(RolloutEngine):
         nbytes = 2 if (dtype in ("bfloat16", "float16", "half")
                        or (dtype == "auto" and str(getattr(c, "dtype", "float32")) in ("bfloat16", "float16"))) else 4
         per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * nbytes
-        need = per_token * max_model_len * max_num_seqs
-        return max(0.25, math.ceil(2 * need / 2**30 * 8) / 8)  # x2: page padding + one state page per request
+        # vLLM CPU pages a hybrid model's KV in 128-token blocks, and each request also holds one state page of a
+        # block's size: ceil(L / 128) + 1 blocks (2 x L alone fell short at L = 140: 53 of 64 sequences fit)
+        tokens = max(2 * max_model_len, (math.ceil(max_model_len / 128) + 1) * 128)
+        need = per_token * tokens * max_num_seqs
+        return max(0.25, math.ceil(1.1 * need / 2**30 * 8) / 8)
 
     def _check_no_preemption(self) -> None:
         cc = self.llm.llm_engine.vllm_config.cache_config
