@@ -57,8 +57,7 @@ def plot(results: dict, out: Path) -> None:
         ev = [(r["step"], r["eval_accuracy"]) for r in rows if r.get("eval_accuracy") is not None]
         tr = [(r["step"], r["reward_mean"]) for r in rows if "reward_mean" in r]
         # a step's batch reward swings with its prompts (the arms share them): show a 5-step running mean
-        tr = [(s, sum(v for _, v in tr[max(0, i - 4):i + 1]) / len(tr[max(0, i - 4):i + 1]))
-              for i, (s, _) in enumerate(tr)]
+        tr = [(s, _mean([v for _, v in tr[max(0, i - 4):i + 1]])) for i, (s, _) in enumerate(tr)]
         if ev:
             ax1.plot(*zip(*ev), marker="o", label=arm)
         if tr:

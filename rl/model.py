@@ -253,14 +253,11 @@ class FBTMixin:
         # masks them out.
         key = torch.where(in_prompt, ids, torch.full_like(ids, -1))
         uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
-        if len(uniq) < len(key):
-            # one row per distinct prompt (any row of a group will do: they agree on every prompt position)
-            rep = torch.zeros(len(uniq), dtype=torch.long, device=ids.device).scatter_(
-                0, inverse, torch.arange(len(key), device=ids.device))
-            prev = self.multipass_forward(ids[rep], passes - 1, None if am is None else am[rep],
-                                          feedback_mask=fb[rep]).last_hidden[inverse]
-        else:
-            prev = self.multipass_forward(ids, passes - 1, am, feedback_mask=fb).last_hidden
+        # one row per distinct prompt (any row of a group will do: they agree on every prompt position)
+        rep = torch.zeros(len(uniq), dtype=torch.long, device=ids.device).scatter_(
+            0, inverse, torch.arange(len(key), device=ids.device))
+        prev = self.multipass_forward(ids[rep], passes - 1, None if am is None else am[rep],
+                                      feedback_mask=fb[rep]).last_hidden[inverse]
         carried = torch.zeros(*input_ids.shape, prev.shape[-1], dtype=prev.dtype, device=prev.device)
         # zero where nothing is fed (past a row's prompt the states are another row's response's, with dedup)
         carried[:, :P] = shift_right(prev).masked_fill(~fb[..., None], 0.0)

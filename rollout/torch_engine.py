@@ -1,9 +1,9 @@
 """The pure-torch reference rollout engine: batched latent-feedback decoding with a KV cache.
 
 Owns `TorchEngine` (the `RolloutEngine` every other engine is checked against, the engine of unit tests, and
-the fallback where vLLM is not installed); its counter-based sampler is rollout/sampling.py. It runs the FBT model's own building
-blocks (`prefill`, `embed`, `run_stack`, `logits_from_hidden` of rl/model.py), so what it computes is the
-model's recurrence (`recurrent_forward`), batched; tests/test_torch_engine.py holds it to that.
+the fallback where vLLM is not installed). It runs the FBT model's own building blocks (`prefill`, `embed`,
+`run_stack`, `logits_from_hidden` of rl/model.py), so what it computes is the model's recurrence
+(`recurrent_forward`), batched; tests/test_torch_engine.py holds it to that.
 
 Design choices (bench/decode.py measures them; docs/BENCHMARKS.md has the figures):
 
@@ -33,14 +33,11 @@ Design choices (bench/decode.py measures them; docs/BENCHMARKS.md has the figure
   the two fusion matmuls and a handful of elementwise ops. The tables are rebuilt whenever the embedding or
   fusion weights change (new tensors or in-place writes). They cost a vocab × d tensor: `fusion_tables=False`
   (`model.fuse` every step) for very large vocabularies.
-- **Sampling with a per-request seed, independent of batch composition.** Sample k of prompt i draws one
-  uniform per step from a counter-based hash of (seed, i, k, step) and inverts the CDF of softmax(logits / T)
-  (after top-k / top-p if asked). A sample's tokens therefore depend on its own prompt, the weights, the
-  params and (seed, i, k) only — not on the other prompts, the padding, the batch size or which rows already
-  finished (up to float rounding of differently shaped batches landing a uniform on the other side of a CDF
-  boundary) — and there is no per-row `torch.Generator` loop in the step (B Python calls per token).
-- **Log-probs** follow the one contract (shared/DESIGN.md §5): log_softmax(logits / T) over the full vocabulary
-  of the sampled token, whatever top-p/top-k did; T = 0 is greedy with log-probs of the untempered logits.
+- **Sampling with a per-request seed, independent of batch composition** (rollout/sampling.py): a sample's
+  tokens depend on its own prompt, the weights, the params and (seed, prompt index, sample index) only — not
+  on the other prompts, the padding, the batch size or which rows already finished (up to float rounding of
+  differently shaped batches landing a uniform on the other side of a CDF boundary) — and there is no per-row
+  `torch.Generator` loop in the step (B Python calls per token). Log-probs follow shared/DESIGN.md §5.
 """
 from __future__ import annotations
 
@@ -56,6 +53,7 @@ from rl.batch import Sample
 from rl.model import rms_normalize, rms_value
 from rollout.base import RolloutEngine, SamplingParams, validate_prompts
 from rollout.sampling import row_keys, sample_tokens, uniforms
+
 
 def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, P] token ids and attention mask of left-padded prompts."""

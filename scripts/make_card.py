@@ -19,8 +19,10 @@ INTRO = ("A Llama-backbone full-bandwidth transformer (gate_product fusion, head
          "tokenizer is saved alongside.")
 
 
-def card(ckpt: Path, ev: dict, note: str = "", intro: str = INTRO,
-         command: str = "fbrl pretrain configs/tiny_pretrain.yaml") -> str:
+COMMAND = "fbrl pretrain configs/tiny_pretrain.yaml"
+
+
+def card(ckpt: Path, ev: dict, note: str = "", intro: str = INTRO, command: str = COMMAND) -> str:
     s = json.loads((ckpt / "training_summary.json").read_text())
     cfg_text = (ckpt / "pretrain_config.yaml").read_text()
     size_mb = sum(f.stat().st_size for f in ckpt.iterdir() if f.is_file()) / 1e6
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
     ap.add_argument("eval_json")
     ap.add_argument("--note", default="", help="appended to the wall-time line (e.g. machine load)")
     ap.add_argument("--intro", default=INTRO, help="the card's opening paragraph (what the model is)")
-    ap.add_argument("--command", default="fbrl pretrain configs/tiny_pretrain.yaml", help="how it was trained")
+    ap.add_argument("--command", default=COMMAND, help="how it was trained")
     args = ap.parse_args(argv)
     ckpt = Path(args.checkpoint)
     (ckpt / "README.md").write_text(card(ckpt, json.loads(Path(args.eval_json).read_text()), args.note,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rl.config import DataConfig
+from rl.config import ConfigError, DataConfig, config_from_dict
 from rl.data import arith
 from rl.data.loaders import (DataError, PromptSampler, load_hf_disk, load_jsonl, load_parquet, load_task_split,
                              read_jsonl, write_jsonl)
@@ -61,8 +61,7 @@ def test_direct_answer_mixture():
     assert all("=" in w["solution"] for w in worked)     # the default keeps every worked solution
     cfg = DataConfig(difficulty=[1, 2], direct_answer_frac=0.7, num_train=2000)
     assert load_task_split(cfg, "train") == mixed
-    with pytest.raises(Exception, match="direct_answer_frac"):
-        from rl.config import config_from_dict
+    with pytest.raises(ConfigError, match="direct_answer_frac"):
         config_from_dict({"data": {"direct_answer_frac": 1.5}})
 
 
