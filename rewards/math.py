@@ -1,27 +1,29 @@
 """rewards.math — the rule-based math reward (math-verify, gold parsed first, answer anchor required).
 
-Owns: answer extraction (the anchor rules below), the per-item scorer `score_completion` that runs inside a
-pool worker (or in-process), `MathReward` (the batch reward used by training, also for the embedded arithmetic
-task whose answers are integers and whose completions end with `\\boxed{N}`), `math_reward` (the same as a plain
-function with default settings) and `format_reward`.
+Owns: the per-item scorer `score_completion` that runs inside a pool worker (or in-process), `MathReward` (the
+batch reward used by training and as the math tasks' correctness check), `math_reward` (the same as a plain
+function with default settings) and `format_reward`. Where the answer of a completion is, and how answer text is
+normalised, is `rewards.answer` (the anchor rules; docs/REWARDS.md states them for users).
 
-Anchor rules (a completion without an anchor scores 0, however correct its reasoning):
-  * `\\boxed{...}`: the LAST `\\boxed{` in the completion is the answer, like most graders (MATH, Minerva, PRM800K
-    tooling): a model that boxes 3, then corrects itself and boxes 5, answered 5. If that last box does not
-    close, or its content is longer than `max_answer_chars`, there is no answer (an earlier box is NOT used:
-    it would reward a retracted answer). Answers with several parts go in one box (`\\boxed{1, 2}`).
-  * "final answer is X" / "final answer: X" (case-insensitive, markdown `**` allowed): X is the rest of that
-    line (or the next non-empty line), without a trailing "I hope it is correct." and without `$`/`\\(`
-    delimiters.
-  * When both appear, the anchor that starts last in the text wins ("...\\boxed{3}. The final answer is 5").
-  * Text such as "so x = 5" or "the answer to part one is 5" is not an anchor.
+Scoring one completion against its gold:
+  * Truncated responses (`finish_reasons[i]` is "length" or "aborted") score 0 before any parsing: a cut-off
+    response must not be rewarded for an answer it boxed earlier and might have revised.
+  * No anchored answer: 0 (`no_answer`).
+  * Gold answers are normalised like predictions, parsed first, and compared as `verify(gold, pred)`
+    (math-verify's comparison is not symmetric). A gold without `$` or `\\boxed` is read as bare LaTeX, wrapped
+    in `\\boxed{}` ("\\frac{1}{2}", "[0,1)", "\\{1,2\\}", "-7"), except a plain number, which is read the way
+    math-verify reads numbers: a comma before exactly three digits groups thousands ("1,000"), any other comma
+    is a decimal comma ("1,22" is 1.22, "0,111" is 0.111). Answers that are not strings are `str()`-ed.
+  * A gold that parses only to a string (math-verify then compares text), or to a plain number although its text
+    names a symbol or constant (e.g. a unit-like `\\mathrm{i}` stripped), is still scored but counted
+    (`gold_string_only`, `gold_lost_symbols`) and logged: it usually means the dataset's answer column needs a
+    look.
+  * `strict=True` (config: `options: {strict: true}`): when the gold is a number written out (integer, decimal,
+    fraction), the answer must be a number written out too, of equal value, and an integer gold needs an integer
+    (`rewards.answer.literal_value`): `\\boxed{17*23}` or the question copied into the box score 0 (`not_literal`)
+    where math-verify would evaluate them. Such items are compared exactly, in-process, without math-verify.
+    Golds that are not plain numbers keep math-verify's semantics. The arithmetic task uses strict scoring.
 
-Truncated responses (`finish_reasons[i]` is "length" or "aborted") score 0 before any parsing: a cut-off
-response must not be rewarded for an answer it boxed earlier and might have revised.
-
-Gold answers are parsed first and verified as `verify(gold, pred)` (math-verify's comparison is not symmetric).
-Gold strings without `$` or `\\boxed` are wrapped as `\\boxed{gold}` so bare LaTeX ("\\frac{1}{2}", "[0,1)",
-"\\{1,2\\}") and integers ("42", "-7") parse the same way; answers that are not strings are `str()`-ed.
 Gold parses are cached per process (`_parse_gold`), since every sample of a GRPO group shares one gold.
 """
 
@@ -34,82 +36,57 @@ import re
 import threading
 from typing import Any, Sequence
 
+from rewards.answer import extract_answer, literal_equal, literal_value, normalize, strip_trailing_punctuation
 from rewards.base import RewardResult
 
 log = logging.getLogger(__name__)
 
 # Statuses of one scored item. Only `correct` scores 1.
-CORRECT, WRONG, NO_ANSWER, TRUNCATED = "correct", "wrong", "no_answer", "truncated"
+CORRECT, WRONG, NO_ANSWER, TRUNCATED, NOT_LITERAL = "correct", "wrong", "no_answer", "truncated", "not_literal"
 GOLD_UNPARSED, TIMEOUT, ERROR = "gold_unparsed", "timeout", "error"
+# Notes on a gold (the item is still scored): counted and logged so a bad answer column is seen.
+GOLD_STRING_ONLY, GOLD_LOST_SYMBOLS = "gold_string_only", "gold_lost_symbols"
 UNFINISHED_REASONS = ("length", "aborted")
 
-_BOX_RE = re.compile(r"\\boxed\s*\{")
-# "final answer is X", "Final Answer: X", "**Final Answer:** X" — requires "is" or ":" right after, so that
-# "the final answer will follow" is not an anchor.
-_FINAL_RE = re.compile(r"final\s+answer\b[*\s]{0,8}(?:is\b[*\s]{0,8}:?|:)[*\s]{0,8}", re.IGNORECASE)
-_HOPE_RE = re.compile(r"\s*I hope it is correct\.?\s*$", re.IGNORECASE)
-_MATH_ENV_RE = re.compile(r"\$\$(.+?)\$\$|\$(.+?)\$|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.DOTALL)
+_THOUSANDS_GOLD_RE = re.compile(r"[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
+_DECIMAL_COMMA_GOLD_RE = re.compile(r"[-+]?\d+,\d+")
+# For the lost-symbol note: text-like groups and unit words are not symbols; `\mathrm{x}` of one letter may be.
+_TEXT_GROUP_RE = re.compile(r"\\(?:text\w*|mbox|mathrm|operatorname)\s*\{\s*[A-Za-z]{2,}[^{}]*\}|"
+                            r"\\(?:text\w*|mbox)\s*\{[^{}]*\}")
 
 
-def _box_content(text: str, open_brace: int, max_chars: int) -> str | None:
-    """Content of the brace group opening at `open_brace`, or None if it does not close within max_chars.
-
-    The scan is bounded by max_chars, so a 1 MB string of braces costs no more than a short answer.
-    `\\{` and `\\}` are LaTeX set braces, not grouping, and are skipped.
-    """
-    depth, i, end = 0, open_brace, min(len(text), open_brace + max_chars + 2)
-    while i < end:
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[open_brace + 1 : i]
-        i += 1
+def plain_number_gold(gold: str) -> str | None:
+    """A bare gold that is a plain number, with its comma read as math-verify reads it; None otherwise."""
+    if _THOUSANDS_GOLD_RE.fullmatch(gold):
+        return gold.replace(",", "")
+    if _DECIMAL_COMMA_GOLD_RE.fullmatch(gold):
+        return gold.replace(",", ".")
     return None
 
 
-def _last_match(pattern: re.Pattern, text: str) -> re.Match | None:
-    last = None
-    for last in pattern.finditer(text):
-        pass
-    return last
+def gold_text(gold: Any) -> str:
+    """The text of a gold answer as it is parsed (see the module docstring)."""
+    g = str(gold).strip()
+    # Delimited LaTeX (an unescaped `$`) or a whole solution with a box: math-verify finds the answer in it.
+    if re.search(r"(?<!\\)\$", g) or "\\boxed" in g:
+        return normalize(g, strip_dollars=False)
+    g = strip_trailing_punctuation(normalize(g))
+    return plain_number_gold(g) or "\\boxed{" + g + "}"
 
 
-def _final_answer_span(text: str, start: int, max_chars: int) -> str | None:
-    """The answer after a "final answer is/:" anchor ending at `start`, cleaned of delimiters."""
-    rest = text[start : start + 4 * max_chars].lstrip()
-    line = rest.split("\n", 1)[0].strip()
-    line = _HOPE_RE.sub("", line).strip()
-    env = _MATH_ENV_RE.search(line)
-    if env:
-        line = next(g for g in env.groups() if g is not None)
-    line = line.strip().strip("*").strip().rstrip(".").strip()
-    if not line or len(line) > max_chars:
-        return None
-    return line
-
-
-def extract_answer(completion: str, max_answer_chars: int = 512) -> str | None:
-    """The anchored answer text of a completion (see the module docstring), or None when there is none."""
-    box = _last_match(_BOX_RE, completion)
-    final = _last_match(_FINAL_RE, completion)
-    if final is not None and (box is None or final.start() > box.start()):
-        return _final_answer_span(completion, final.end(), max_answer_chars)
-    if box is not None:
-        content = _box_content(completion, box.end() - 1, max_answer_chars)
-        if content is None:
-            return None
-        content = content.strip()
-        # "{{42}}" is the group "42": drop redundant outer braces (math-verify's parse slows ~0.1 s per level).
-        while content.startswith("{") and _box_content(content, 0, max_answer_chars) == content[1:-1]:
-            content = content[1:-1].strip()
-        return content or None
-    return None
+def _gold_note(text: str, parsed: tuple) -> str:
+    exprs = [p for p in parsed if not isinstance(p, str)]
+    if not exprs:
+        return GOLD_STRING_ONLY
+    expr = exprs[0]
+    if not (getattr(expr, "is_Number", False) and expr.is_finite):
+        return ""
+    t = _TEXT_GROUP_RE.sub(" ", text.split("=")[-1])
+    named = re.search(r"\\(?:pi|infty)\b", t) is not None
+    t = re.sub(r"\\[A-Za-z]+", " ", t.replace("\\boxed", " "))
+    if named or re.search(r"(?<![A-Za-z])[A-Za-z](?![A-Za-z])", t):
+        return GOLD_LOST_SYMBOLS
+    return ""
 
 
 def _extraction_config():
@@ -119,42 +96,64 @@ def _extraction_config():
     return [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
 
 
-def _wrap(answer: str) -> str:
-    return answer if ("$" in answer or "\\boxed" in answer) else "\\boxed{" + answer + "}"
-
-
 @functools.lru_cache(maxsize=8192)
-def _parse_gold(gold: str, parse_timeout_s: int) -> tuple:
+def _parse_gold(text: str, parse_timeout_s: int) -> tuple:
     from math_verify import parse
 
-    return tuple(parse(_wrap(gold), extraction_config=_extraction_config(), parsing_timeout=parse_timeout_s,
+    return tuple(parse(text, extraction_config=_extraction_config(), parsing_timeout=parse_timeout_s,
                        raise_on_error=True))
 
 
-def score_completion(gold: str, completion: str, max_answer_chars: int = 512,
-                     mv_timeout_s: int | None = 3) -> tuple[float, str]:
-    """Score one completion against its gold answer: (1.0, "correct") or (0.0, reason).
+def score_literal(gold: Any, completion: str, max_answer_chars: int = 512) -> tuple[float, str, str] | None:
+    """Strict scoring without math-verify when the gold is a number written out; None when it is not."""
+    g = str(gold).strip()
+    if "\\boxed" in g:  # a whole solution, not a number
+        return None
+    bare = re.search(r"(?<!\\)\$", g) is None  # inside `$...$` a comma separates items, as in the answer
+    g = strip_trailing_punctuation(normalize(g))
+    g = (plain_number_gold(g) if bare else None) or g
+    if literal_value(g) is None:
+        return None
+    answer = extract_answer(completion, max_answer_chars)
+    if answer is None:
+        return 0.0, NO_ANSWER, ""
+    if literal_equal(g, normalize(answer)):
+        return 1.0, CORRECT, ""
+    kind = literal_value(normalize(answer))
+    right_kind = kind is not None and (kind[0] == "int" or literal_value(g)[0] != "int")
+    return 0.0, (WRONG if right_kind else NOT_LITERAL), ""
 
-    Runs where math-verify's signal-based timeouts work: a pool worker's main thread, or the main thread of an
-    in-process caller. Pass mv_timeout_s=None off the main thread (no soft timeout; the pool's hard timeout is
-    the protection there). math-verify timeouts are whole seconds (signal.alarm).
+
+def score_completion(gold: Any, completion: str, max_answer_chars: int = 512, mv_timeout_s: int | None = 3,
+                     strict: bool = False) -> tuple[float, str, str]:
+    """Score one completion against its gold answer: (1.0, "correct", note) or (0.0, reason, note).
+
+    `note` is "" or a note on the gold (`gold_string_only`, `gold_lost_symbols`). Runs where math-verify's
+    signal-based timeouts work: a pool worker's main thread, or the main thread of an in-process caller. Pass
+    mv_timeout_s=None off the main thread (no soft timeout; the pool's hard timeout is the protection there).
+    math-verify timeouts are whole seconds (signal.alarm).
     """
-    from math_verify import verify
+    from math_verify import parse, verify
     from math_verify.errors import TimeoutException
 
+    note = ""
     try:
+        if strict:
+            literal = score_literal(gold, completion, max_answer_chars)
+            if literal is not None:
+                return literal
         answer = extract_answer(completion, max_answer_chars)
         if answer is None:
-            return 0.0, NO_ANSWER
-        gold_parsed = list(_parse_gold(str(gold).strip(), mv_timeout_s))
+            return 0.0, NO_ANSWER, note
+        text = gold_text(gold)
+        gold_parsed = list(_parse_gold(text, mv_timeout_s))
         if not gold_parsed:
-            return 0.0, GOLD_UNPARSED
-        from math_verify import parse
-
-        pred = parse("\\boxed{" + answer + "}", extraction_config=_extraction_config(),
+            return 0.0, GOLD_UNPARSED, note
+        note = _gold_note(text, tuple(gold_parsed))
+        pred = parse("\\boxed{" + normalize(answer) + "}", extraction_config=_extraction_config(),
                      parsing_timeout=mv_timeout_s, raise_on_error=True)
         if not pred:
-            return 0.0, NO_ANSWER
+            return 0.0, NO_ANSWER, note
         # Gold first: verify(gold, pred) is not symmetric. Pair by pair (what verify does over the lists) so a
         # soft timeout is counted as a timeout while an error comparing one pair only fails that pair.
         timed_out = False
@@ -162,17 +161,17 @@ def score_completion(gold: str, completion: str, max_answer_chars: int = 512,
             for p in pred:
                 try:
                     if verify(g, p, timeout_seconds=mv_timeout_s, raise_on_error=True):
-                        return 1.0, CORRECT
+                        return 1.0, CORRECT, note
                 except TimeoutException:
                     timed_out = True
                 except Exception:
                     continue
-        return (0.0, TIMEOUT) if timed_out else (0.0, WRONG)
+        return (0.0, TIMEOUT, note) if timed_out else (0.0, WRONG, note)
     except TimeoutException:
-        return 0.0, TIMEOUT
+        return 0.0, TIMEOUT, note
     except Exception as e:  # a parser bug on odd input must cost this item only
         log.debug("math reward error: %s: %s", type(e).__name__, e)
-        return 0.0, ERROR
+        return 0.0, ERROR, note
 
 
 # What a pool worker for the math reward imports before it is ready. With forkserver these are imported in the
@@ -203,8 +202,9 @@ def _finish_reasons(n: int, row_fields: dict) -> list:
     return reasons
 
 
-def _result(scores: list[float], statuses: list[str]) -> RewardResult:
-    counts = {s: statuses.count(s) for s in (NO_ANSWER, TRUNCATED, GOLD_UNPARSED, WRONG)}
+def _result(scores: list[float], statuses: list[str], notes: list[str]) -> RewardResult:
+    counts = {s: statuses.count(s) for s in (NO_ANSWER, TRUNCATED, GOLD_UNPARSED, WRONG, NOT_LITERAL)}
+    counts.update({k: notes.count(k) for k in (GOLD_STRING_ONLY, GOLD_LOST_SYMBOLS)})
     return RewardResult(scores, errors=statuses.count(ERROR) + statuses.count(GOLD_UNPARSED),
                         timeouts=statuses.count(TIMEOUT), counts=counts)
 
@@ -219,16 +219,19 @@ class MathReward:
     also no protection against a hang, so in_process is for debugging and the serial benchmark.
 
     In the pool, identical (gold, completion) pairs are scored once, and items are keyed by gold so that a
-    group's samples land on one worker and its gold is parsed once there.
+    group's samples land on one worker and its gold is parsed once there. With `strict=True`, items whose gold
+    is a literal number never reach the pool: they are compared exactly in the caller (regular expressions on
+    at most `max_answer_chars` characters, nothing that can hang).
     """
 
     def __init__(self, pool=None, *, num_workers: int = 2, timeout_s: float = 10.0, in_process: bool = False,
-                 max_answer_chars: int = 512, mv_timeout_s: int | None = None):
+                 max_answer_chars: int = 512, mv_timeout_s: int | None = None, strict: bool = False):
         self.__name__ = "math"
         self.timeout_s = float(timeout_s)
         self.num_workers = num_workers
         self.in_process = in_process
         self.max_answer_chars = max_answer_chars
+        self.strict = bool(strict)
         # math-verify's soft timeouts (whole seconds) sit below the hard one, so the usual slow item ends softly
         # (cheap) and the kill is kept for code stuck in C (e.g. a giant integer power).
         self.mv_timeout_s = mv_timeout_s if mv_timeout_s is not None else max(1, int(self.timeout_s // 3))
@@ -252,7 +255,7 @@ class MathReward:
         if len(answers) != n:
             raise ValueError(f"math reward got {n} completions but {len(answers)} answers")
         reasons = _finish_reasons(n, row_fields)
-        scores, statuses = [0.0] * n, [TRUNCATED] * n
+        scores, statuses, notes = [0.0] * n, [TRUNCATED] * n, [""] * n
         todo = []
         for i in range(n):
             if reasons[i] in UNFINISHED_REASONS:
@@ -260,13 +263,17 @@ class MathReward:
             if answers[i] is None:  # a row without a gold is a data error, not a wrong answer
                 statuses[i] = GOLD_UNPARSED
                 continue
+            literal = score_literal(answers[i], completions[i], self.max_answer_chars) if self.strict else None
+            if literal is not None:
+                scores[i], statuses[i], notes[i] = literal
+                continue
             todo.append(i)
         if self.in_process:
             on_main = threading.current_thread() is threading.main_thread()
             for i in todo:
-                scores[i], statuses[i] = score_completion(str(answers[i]), completions[i], self.max_answer_chars,
-                                                          self.mv_timeout_s if on_main else None)
-        else:
+                scores[i], statuses[i], notes[i] = score_completion(
+                    str(answers[i]), completions[i], self.max_answer_chars, self.mv_timeout_s if on_main else None)
+        elif todo:
             # Identical (gold, completion) pairs are scored once: a small policy often repeats itself in a group.
             unique: dict[tuple[str, str], list[int]] = {}
             for i in todo:
@@ -278,13 +285,18 @@ class MathReward:
                 if res.status == "ok":
                     got = res.value
                 else:  # hard timeout, worker crash or an exception escaping the scorer
-                    got = (0.0, TIMEOUT if res.status == "timeout" else ERROR)
+                    got = (0.0, TIMEOUT if res.status == "timeout" else ERROR, "")
                 for i in idx:
-                    scores[i], statuses[i] = got
-        out = _result([float(s) if _math.isfinite(s) else 0.0 for s in scores], statuses)
+                    scores[i], statuses[i], notes[i] = got
+        out = _result([float(s) if _math.isfinite(s) else 0.0 for s in scores], statuses, notes)
         if out.errors or out.timeouts:
             log.warning("math reward: %d of %d samples scored 0 for an error (%d golds that do not parse) and %d "
                         "for a timeout", out.errors, n, out.counts[GOLD_UNPARSED], out.timeouts)
+        noted = sorted({str(answers[i]) for i in range(n) if notes[i]})
+        if noted:
+            log.warning("math reward: %d gold answers parse only to text or to a number without the symbols they "
+                        "name (scored anyway; check the answer column): %s", len(noted),
+                        ", ".join(repr(g[:60]) for g in noted[:3]) + (" ..." if len(noted) > 3 else ""))
         return out
 
     def close(self) -> None:

@@ -23,19 +23,24 @@ from typing import Any, Callable, Sequence
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
 
+# A number written out: digits (thousands groups allowed), sign, decimal point; no operators, exponent or "inf".
+_NUMBER = re.compile(r"[-+]?(?:(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]*)?|\.[0-9]+)")
+
+
 def plain_numeric_score(prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any],
                         finish_reasons: Sequence[str] | None = None, **_) -> list[float]:
-    """1.0 when the last `\\boxed{...}` equals the gold answer as a number; truncated responses score 0."""
+    """1.0 when the last `\\boxed{...}` holds a number written out (digits, optional sign and decimal point; no
+    expression, exponent or "inf") equal to the gold answer; truncated responses score 0."""
     reasons = finish_reasons or [None] * len(completions)
     out = []
     for text, gold, reason in zip(completions, answers, reasons):
         found = _BOXED.findall(text)
+        got = found[-1].strip().rstrip(".").strip() if found else ""
         ok = False
-        if found and reason not in ("length", "aborted"):
+        if _NUMBER.fullmatch(got) and reason not in ("length", "aborted"):
             try:
-                ok = math.isclose(float(found[-1].strip().replace(",", "")), float(str(gold).strip()),
-                                  rel_tol=0, abs_tol=1e-9)
-            except ValueError:
+                ok = math.isclose(float(got.replace(",", "")), float(str(gold).strip()), rel_tol=0, abs_tol=1e-9)
+            except ValueError:  # a gold that is not a number
                 ok = False
         out.append(float(ok))
     return out

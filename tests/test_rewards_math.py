@@ -105,7 +105,7 @@ def test_table_is_big_and_mixed():
 
 @pytest.mark.parametrize("gold,completion,expected", CASES)
 def test_table_in_process(gold, completion, expected):
-    score, status = score_completion(str(gold), completion)
+    score, status, _ = score_completion(str(gold), completion)
     assert score == expected, status
 
 
@@ -205,7 +205,7 @@ def test_gold_parse_is_cached():
     score_completion("\\frac{17}{19}", "\\boxed{\\frac{17}{19}}")
     before = _parse_gold.cache_info().hits
     for _ in range(3):
-        assert score_completion("\\frac{17}{19}", "\\boxed{\\frac{34}{38}}") == (1.0, "correct")
+        assert score_completion("\\frac{17}{19}", "\\boxed{\\frac{34}{38}}") == (1.0, "correct", "")
     assert _parse_gold.cache_info().hits == before + 3
 
 

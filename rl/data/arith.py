@@ -1,6 +1,7 @@
 """Synthetic multi-step integer arithmetic: the task of the embedded default.
 
-Owns: problem generation by difficulty and seed, the prompt / worked-solution format, and the split rule.
+Owns: problem generation by difficulty and seed, the prompt / worked-solution format, the split rule, and the
+task's answer rule (`score`: a literal integer in the last box).
 
 A problem is an expression such as `37+5*3` (its canonical text). Its split (train / val / test) is a function
 of a hash of that text, so the splits are disjoint by construction: no test problem can ever be drawn for
@@ -118,6 +119,9 @@ def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2, 3), unique: 
 
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_INTEGER = re.compile(r"[-+]?[0-9]+")   # ASCII digits only: int() would also take "1_7", " 17 " or "١٧"
+# The last box preceded only by separators and another box: a list of answers ("\\boxed{50}, \\boxed{52}").
+_BOX_LIST = re.compile(r"\\boxed\{[^{}]*\}(?:\s|[,;&$]|\band\b|\bor\b)*\\boxed\{[^{}]*\}(?!.*\\boxed)", re.DOTALL)
 
 
 def extract_boxed(text: str) -> str | None:
@@ -127,12 +131,17 @@ def extract_boxed(text: str) -> str | None:
 
 
 def score(completion: str, answer: str) -> float:
-    """Plain numeric check (1.0 / 0.0) of the boxed answer; the math reward (rewards/) is the real scorer."""
+    """The task's own answer rule (1.0 / 0.0): the last box holds the answer as a literal integer — digits with an
+    optional sign and a final period, nothing else — and does not end a list of boxes. `\\boxed{17*23}`, the
+    question copied into the box, units or a decimal score 0 even when they evaluate to the answer. The strict
+    math reward (rewards/, used for training and held-out accuracy on this task) applies the same rule;
+    tests/test_rewards_answer.py checks they agree."""
     got = extract_boxed(completion)
-    try:
-        return float(got is not None and int(got) == int(answer))
-    except ValueError:
+    if got is None or _BOX_LIST.search(completion):
         return 0.0
+    if got.endswith(".") and not got.endswith(".."):  # sentence punctuation, not an ellipsis
+        got = got[:-1].strip()
+    return float(_INTEGER.fullmatch(got) is not None and int(got) == int(answer))
 
 
 def write_split(path: str | Path, split: str, n: int, seed: int = 0, difficulties=(1, 2, 3)) -> list[dict]:
