@@ -4,9 +4,10 @@
               --decode-mode standard soft fused --samples 4 --json eval.json
 
 The engine is the pure-torch reference engine (`rollout.torch_engine.TorchEngine`); completions are scored with
-the math reward (`rewards.math.MathReward`, math-verify) when it is importable, else with
-`rl.evaluate.plain_numeric_score`. For the arithmetic task the difficulty levels default to the ones the
-checkpoint was trained on (its `pretrain_config.yaml`), so the test split matches the training distribution.
+the math reward (`rewards.math.MathReward`, math-verify; strict on the arithmetic task, as in training) when it
+is importable, else with `rl.evaluate.plain_numeric_score`. For the arithmetic task the difficulty levels default
+to the ones the checkpoint was trained on (its `pretrain_config.yaml`), so the test split matches the training
+distribution.
 """
 from __future__ import annotations
 
@@ -61,11 +62,12 @@ def _data_config(args) -> DataConfig:
     return config_from_dict({"data": data}).data
 
 
-def _scorer(choice: str):
+def _scorer(choice: str, strict: bool = False):
+    """The correctness check: the math reward (strict on the arithmetic task: a literal answer, as in training)."""
     if choice in ("auto", "math"):
         try:
             from rewards.math import MathReward
-            return MathReward()
+            return MathReward(strict=strict)
         except ImportError:
             if choice == "math":
                 raise
@@ -89,7 +91,7 @@ def run(args) -> int:
     rows = load_task_split(data, args.split if args.split in ("train", "val") else "test", n=args.n)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
-    score_fn = _scorer(args.scorer)
+    score_fn = _scorer(args.scorer, strict=args.task == "arith")
     try:
         result = evaluate(TorchEngine(model), SamplingParams, tokenizer, rows, args.decode_mode,
                           samples=args.samples, temperature=args.temperature, max_tokens=args.max_tokens,

@@ -130,7 +130,7 @@ class LocalRewards(RewardHost):
     """`RewardWorkers` in this process (the reward set of `reward.fns`)."""
 
     def __init__(self, cfg, base_dir: str | None = None):
-        super().__init__(cfg.reward, base_dir)
+        super().__init__(cfg.reward, base_dir, cfg.data.task)
 
 
 def build_local_workers(cfg, learner_backend: str = "deepspeed"):

@@ -127,7 +127,8 @@ def start_learner_group(cfg, placement: Placement):
 
 def start_reward_workers(cfg, base_dir: str | None = None):
     from actors.reward_workers import RewardWorkersOnRay, reward_actor_class
-    return RewardWorkersOnRay(reward_actor_class().options(num_cpus=1).remote(cfg.reward, base_dir or os.getcwd()))
+    return RewardWorkersOnRay(reward_actor_class().options(num_cpus=1).remote(cfg.reward, base_dir or os.getcwd(),
+                                                                               cfg.data.task))
 
 
 def build_workers(cfg, use_ray: bool):

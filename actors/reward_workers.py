@@ -1,8 +1,16 @@
 """Reward workers: the configured reward set behind the loop's `RewardWorkers` interface.
 
 `RewardHost` builds the `rewards` package's `RewardSet` from `reward.fns` (built-ins `math` / `format`, user
-`file.py:fn` / `pkg.mod:fn`, weights) and scores a batch: `score(...) -> (rewards, metrics)`. The math reward
-scores in its own process pool with a hard per-item timeout (`reward.num_workers` processes).
+`file.py:fn` / `pkg.mod:fn`, weights) and scores a batch: `score(...) -> rl.workers.Scores` — the training reward
+per sample (weighted sum), each sample's correctness by the task's check (`reward.accuracy`, never "total reward
+> 0"), and the metrics of every reward term on its own. Dataset columns reach the rewards as keyword lists. The
+math reward scores in its own process pool with a hard per-item timeout (`reward.num_workers` processes).
+
+The correctness check (`reward.accuracy`, docs/REWARDS.md): "auto" uses the `math` entry of `fns` when there is
+one, else runs the math check beside the rewards at weight 0 (it counts in `accuracy`, never in the reward);
+"none" turns accuracy off; the name of a `fns` entry uses that entry; any other value is a reward spec run at
+weight 0. A sample is correct when the check scores at least 1. On the arithmetic task the built-in `math`
+reward is strict unless its options say otherwise: a literal integer answer, no expression (`\\boxed{17*23}`).
 
 On Ray it runs as `RewardActor`: a PLAIN actor — no `max_concurrency`, no async methods — so its methods run on
 the actor process's main thread. math-verify's timeouts use `signal.alarm`, which raises in threads, threaded
@@ -15,33 +23,75 @@ from __future__ import annotations
 import logging
 import os
 
+from rl.workers import Scores
+
 log = logging.getLogger(__name__)
 
+ACCURACY_ENTRY = "accuracy"  # name of a correctness check run beside the rewards at weight 0
+CORRECT_AT = 1.0 - 1e-9       # a check scores 1 for a right answer; float sums may land a hair below
 
-def reward_entries(rcfg) -> list[dict]:
-    """`reward.fns` as `rewards.loader.build_reward_set` entries; the math reward's pool gets
-    `reward.num_workers` processes unless its options say otherwise."""
-    entries = rcfg.entries()
-    for e in entries:
-        if e.get("fn") == "math":
-            e["options"] = {"num_workers": rcfg.num_workers, **(e.get("options") or {})}
-    return entries
+
+def reward_entries(rcfg, task: str | None = None) -> list[dict]:
+    """`reward.fns` as `rewards.loader.build_reward_set` entries. The math reward's pool gets `reward.num_workers`
+    processes, and on the arithmetic task it is strict, unless its options say otherwise."""
+    return [_math_options(e, rcfg, task) for e in rcfg.entries()]
+
+
+def _math_options(entry: dict, rcfg, task: str | None) -> dict:
+    if entry.get("fn") == "math":
+        entry["options"] = {"num_workers": rcfg.num_workers, **({"strict": True} if task == "arith" else {}),
+                            **(entry.get("options") or {})}
+    return entry
+
+
+def build_scorer(rcfg, base_dir: str, task: str | None = None):
+    """`(reward_set, accuracy_name)`: the rewards of `reward.fns`, plus the correctness check at weight 0 when it
+    is not one of them; `accuracy_name` is the entry whose scores say which samples are correct (None: off)."""
+    from rewards.base import RewardSet
+    from rewards.loader import RewardLoadError, build_reward_set
+    from rewards.math import MathReward
+
+    entries = reward_entries(rcfg, task)
+    reward_set = build_reward_set(entries, base_dir=base_dir, default_timeout_s=rcfg.timeout_s)
+    accuracy = rcfg.accuracy.strip()
+    names = [e.name for e in reward_set.entries]
+    # an entry is named by its metrics name ("format_reward") or by what `fn` says in the config ("format")
+    by_spec = {**{e["fn"]: r.name for e, r in zip(reversed(entries), reversed(reward_set.entries))},
+               **{n: n for n in names}}
+    if accuracy == "none":
+        return reward_set, None
+    if accuracy in by_spec:
+        return reward_set, by_spec[accuracy]
+    if accuracy == "auto":
+        math = [e.name for e in reward_set.entries if isinstance(e.fn, MathReward)]
+        if math:
+            return reward_set, math[0]
+    check = _math_options({"fn": "math" if accuracy == "auto" else accuracy, "weight": 0.0, "name": ACCURACY_ENTRY},
+                          rcfg, task)
+    try:
+        extra = build_reward_set([check], base_dir=base_dir, default_timeout_s=rcfg.timeout_s)
+    except RewardLoadError as e:
+        raise RewardLoadError(f"reward.accuracy: {accuracy!r} is not a reward of reward.fns ({', '.join(names)}), "
+                              f"'auto' or 'none', and cannot be loaded as a reward: {e}") from e
+    return RewardSet(reward_set.entries + extra.entries), ACCURACY_ENTRY
 
 
 class RewardHost:
     """The reward set in this process. `score` is `RewardWorkers.score`."""
 
-    def __init__(self, rcfg, base_dir: str | None = None):
-        from rewards.loader import build_reward_set
-        self.reward_set = build_reward_set(reward_entries(rcfg), base_dir=base_dir or os.getcwd(),
-                                           default_timeout_s=rcfg.timeout_s)
+    def __init__(self, rcfg, base_dir: str | None = None, task: str | None = None):
+        self.reward_set, self.accuracy_name = build_scorer(rcfg, base_dir or os.getcwd(), task)
 
-    def score(self, prompts: list[str], completions: list[str], answers: list, finish_reasons: list[str]
-              ) -> tuple[list[float], dict[str, float]]:
-        result = self.reward_set(prompts, completions, answers, finish_reasons=list(finish_reasons))
+    def score(self, prompts: list[str], completions: list[str], answers: list, finish_reasons: list[str],
+              columns: dict[str, list] | None = None) -> Scores:
+        result = self.reward_set(prompts, completions, answers, finish_reasons=list(finish_reasons),
+                                 **(columns or {}))
         for line in result.errors:  # already counted in result.metrics; surfaced in this process's log too
             log.warning(line)
-        return [float(r) for r in result.rewards], dict(result.metrics)
+        correct = None
+        if self.accuracy_name is not None:
+            correct = [s >= CORRECT_AT for s in result.per_reward[self.accuracy_name]]
+        return Scores([float(r) for r in result.rewards], correct, dict(result.metrics))
 
     def close(self) -> None:
         self.reward_set.close()
@@ -53,10 +103,10 @@ class RewardWorkersOnRay:
     def __init__(self, actor):
         self.actor = actor
 
-    def score(self, prompts, completions, answers, finish_reasons) -> tuple[list[float], dict[str, float]]:
+    def score(self, prompts, completions, answers, finish_reasons, columns=None) -> Scores:
         import ray
         return ray.get(self.actor.score.remote(list(prompts), list(completions), list(answers),
-                                               list(finish_reasons)))
+                                               list(finish_reasons), columns))
 
     def close(self) -> None:
         import ray

@@ -15,7 +15,7 @@ import torch
 from rl import algos
 from rl.batch import SamplingParams
 from rl.config import Config
-from rl.data.loaders import PromptSampler, load_task_split
+from rl.data.loaders import PromptSampler, load_task_split, reward_columns
 from rl.run import RunDir
 from rl.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
 
@@ -31,15 +31,18 @@ def sampling_params(cfg: Config, eos_id: int, greedy: bool = False, decode_mode:
 
 
 def evaluate(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorkers, version: int) -> dict:
-    """Greedy held-out accuracy per decode mode (fraction of problems with positive reward)."""
+    """Greedy held-out accuracy per decode mode: the fraction of problems the task's correctness check
+    (`reward.accuracy`) calls right — never "reward > 0". Empty when accuracy is off."""
     out = {}
     prompts = [tokenizer.encode(r["prompt"]) for r in rows]
     for mode in cfg.train.eval_decode_modes:
         samples = rollout.generate(prompts, sampling_params(cfg, tokenizer.eos_token_id, True, mode), version)
         texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-        scores, _ = rewards.score([r["prompt"] for r in rows], texts, [r["answer"] for r in rows],
-                                  [s.finish_reason for s in samples])
-        out[mode] = sum(s > 0 for s in scores) / len(scores)
+        scored = rewards.score([r["prompt"] for r in rows], texts, [r["answer"] for r in rows],
+                               [s.finish_reason for s in samples], reward_columns(rows))
+        if scored.correct is None:
+            return {}
+        out[mode] = sum(scored.correct) / len(scored.correct)
     return out
 
 
@@ -47,6 +50,7 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
           run: RunDir, log=print, progress=None) -> list[dict]:
     train_rows = load_task_split(cfg.data, "train")
     eval_rows = load_task_split(cfg.data, "test", n=cfg.train.eval_n)
+    reward_columns(train_rows + eval_rows)  # a column that would shadow a reward argument fails now, not at step 1
     sampler = PromptSampler(train_rows, seed=cfg.train.seed)
     eos = tokenizer.eos_token_id
     step, version = 0, 0
@@ -66,7 +70,7 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
     if step == 0 and cfg.train.eval_every > 0:
         acc = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version)
         run.log_metrics({"step": 0, **{f"eval_accuracy_{m}": a for m, a in acc.items()},
-                         "eval_accuracy": acc[cfg.train.eval_decode_modes[0]]})
+                         "eval_accuracy": acc.get(cfg.train.eval_decode_modes[0])})
         log(f"step 0 | held-out greedy accuracy {_fmt(acc)}")
 
     history = []
@@ -87,15 +91,18 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
         # 2. rewards
         t0 = time.perf_counter()
         completions = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-        scores, reward_metrics = rewards.score([rows[s.group_id]["prompt"] for s in samples], completions,
-                                               [rows[s.group_id]["answer"] for s in samples],
-                                               [s.finish_reason for s in samples])
+        sample_rows = [rows[s.group_id] for s in samples]
+        scored = rewards.score([r["prompt"] for r in sample_rows], completions, [r["answer"] for r in sample_rows],
+                               [s.finish_reason for s in samples], reward_columns(sample_rows))
         time_reward = time.perf_counter() - t0
-        reward = torch.tensor(scores, dtype=torch.float32)
+        reward = torch.tensor(scored.rewards, dtype=torch.float32)
         lengths = torch.tensor([s.response_len for s in samples], dtype=torch.float32)
-        if cfg.algo.overlong_buffer > 0:
-            reward = reward + algos.overlong_penalty(lengths, cfg.rollout.max_tokens, cfg.algo.overlong_buffer,
-                                                     cfg.algo.overlong_factor)
+        reward_metrics = dict(scored.metrics)
+        if cfg.algo.overlong_buffer > 0:  # a reward term of its own, logged like the others
+            penalty = algos.overlong_penalty(lengths, cfg.rollout.max_tokens, cfg.algo.overlong_buffer,
+                                             cfg.algo.overlong_factor)
+            reward = reward + penalty
+            reward_metrics["rewards/overlong_penalty/mean"] = float(penalty.mean()) if len(samples) else 0.0
 
         # 3. advantages per prompt group; groups with no signal are dropped if asked
         groups = torch.tensor([s.group_id for s in samples])
@@ -123,7 +130,7 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
             "step": step, "policy_version": version, "skipped": int(skip),
             "prompts_digest": hashlib.sha256("\x00".join(r["prompt"] for r in rows).encode()).hexdigest()[:16],
             "reward_mean": float(reward.mean()) if len(samples) else 0.0,
-            "accuracy": sum(s > 0 for s in scores) / max(len(scores), 1),
+            "accuracy": None if scored.correct is None else sum(scored.correct) / max(len(scored.correct), 1),
             "response_len_mean": float(lengths.mean()) if len(samples) else 0.0,
             "truncation_rate": sum(s.truncated for s in samples) / max(len(samples), 1),
             "groups_dropped": dropped, "samples_preempted": preempted,
@@ -135,7 +142,7 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
         }
         if cfg.train.eval_every > 0 and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
             acc = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version)
-            metrics["eval_accuracy"] = acc[cfg.train.eval_decode_modes[0]]
+            metrics["eval_accuracy"] = acc.get(cfg.train.eval_decode_modes[0])
             metrics.update({f"eval_accuracy_{m}": a for m, a in acc.items()})
         if cfg.train.checkpoint_every > 0 and (step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps):
             run.save_checkpoint(step, learner, {"version": version, "sampler": sampler.state_dict()})
@@ -161,11 +168,12 @@ def _fmt(acc: dict) -> str:
 
 def _console_line(m: dict) -> str:
     mismatch = m["logprob_mismatch_abs_mean"]
-    parts = [f"step {m['step']}", f"reward {m['reward_mean']:.3f}", f"acc {m['accuracy']:.3f}",
+    acc = "-" if m["accuracy"] is None else f"{m['accuracy']:.3f}"
+    parts = [f"step {m['step']}", f"reward {m['reward_mean']:.3f}", f"acc {acc}",
              f"len {m['response_len_mean']:.1f}",
              f"mismatch {mismatch:.2e}" if mismatch is not None else "mismatch -",
              f"rollout {m['time_rollout_s']:.1f}s learner {m['time_learner_s']:.1f}s sync {m['time_sync_s']:.2f}s"]
-    if "eval_accuracy" in m:
+    if m.get("eval_accuracy") is not None:
         parts.append(f"eval {m['eval_accuracy']:.3f}")
     if m["skipped"]:
         parts.append("(no usable signal: optimizer step skipped)")

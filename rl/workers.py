@@ -6,6 +6,7 @@ and on a cluster. Arguments and results are plain Python / tensors so they cross
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from rl.batch import Sample
@@ -24,10 +25,25 @@ class RolloutWorkers(Protocol):
         """Per-tensor checksums of the first engine's weights (the weight-sync test compares them)."""
 
 
+@dataclass
+class Scores:
+    """What the reward workers say about a batch of completions.
+
+    `rewards`: the training reward per completion (weighted sum of the configured rewards). `correct`: whether each
+    completion is right by the task's correctness check (`reward.accuracy`), which is separate from the reward —
+    a format bonus or a penalty never makes an answer right — or None when accuracy is turned off. `metrics`:
+    every reward term on its own (`rewards/<name>/mean`, errors, timeouts, counts) and the weighted total.
+    """
+    rewards: list[float]
+    correct: list[bool] | None
+    metrics: dict[str, float]
+
+
 class RewardWorkers(Protocol):
-    def score(self, prompts: list[str], completions: list[str], answers: list[str],
-              finish_reasons: list[str]) -> tuple[list[float], dict[str, float]]:
-        """One reward per completion (weighted sum of the configured rewards) and per-reward metrics."""
+    def score(self, prompts: list[str], completions: list[str], answers: list[str], finish_reasons: list[str],
+              columns: dict[str, list] | None = None) -> Scores:
+        """Score completions. `columns` are the dataset's other columns, one list per column aligned with the
+        completions (`rl.data.loaders.reward_columns`); every reward receives them as keyword arguments."""
 
 
 class LearnerWorkers(Protocol):

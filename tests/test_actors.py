@@ -253,10 +253,12 @@ def test_reward_actor_scores_like_main_thread(ray_workers):
     completions = ["so \\boxed{5}", "\\boxed{6}", "no anchor 5", "\\boxed{5}", "\\boxed{5"]
     answers = ["5"] * 5
     reasons = ["stop", "stop", "stop", "length", "stop"]
+    columns = {"difficulty": [1, 2, 3, 1, 2]}  # dataset columns cross to the actor with the batch
     local = LocalRewards(cfg)
-    want, want_m = local.score(prompts, completions, answers, reasons)
+    want = local.score(prompts, completions, answers, reasons, columns)
     local.close()
-    got, got_m = rewards.score(prompts, completions, answers, reasons)
-    assert got == want == pytest.approx([1.1, 0.1, 0.0, 0.0, 0.0])
+    got = rewards.score(prompts, completions, answers, reasons, columns)
+    assert got.rewards == want.rewards == pytest.approx([1.1, 0.1, 0.0, 0.0, 0.0])
+    assert got.correct == want.correct == [True, False, False, False, False]  # the math check, not reward > 0
     strip = lambda m: {k: v for k, v in m.items() if "latency" not in k}
-    assert strip(got_m) == strip(want_m)
+    assert strip(got.metrics) == strip(want.metrics)

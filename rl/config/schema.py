@@ -229,6 +229,14 @@ class RewardConfig:
     fns: list[RewardFn] = field(default_factory=lambda: [RewardFn("math")])
     timeout_s: float = 5.0                # default per-call deadline of user rewards
     num_workers: int = 2
+    # The correctness check behind `accuracy`, `eval_accuracy` and the run's summary, separate from the training
+    # reward (docs/REWARDS.md): "auto" (the `math` entry of `fns`, else the math check run beside them at weight
+    # 0; strict for the arith task), "none", the name of one of `fns`, or a reward spec run at weight 0.
+    accuracy: str = "auto"
+
+    def validate(self):
+        if not self.accuracy.strip():
+            yield "accuracy", "expected 'auto', 'none', the name of a reward in fns, or a reward spec"
 
     def entries(self) -> list[dict]:
         """`fns` as the dicts `rewards.loader.build_reward_set` takes (unset timeouts left out)."""

@@ -5,8 +5,8 @@ saved to disk (when `datasets` is installed), `load_task_split` which maps a `da
 `PromptSampler`, which draws prompts in a seeded per-epoch order and can save/restore its position so that a
 resumed run draws exactly the prompts an uninterrupted run would have.
 
-Rows are plain dicts with at least `prompt` (str) and `answer` (str); other fields ride along (the reward
-functions receive them as `**row_fields`).
+Rows are plain dicts with at least `prompt` (str) and `answer` (str); every other column rides along and reaches
+the reward functions as a keyword list (`reward_columns`, TRL's convention; docs/REWARDS.md).
 """
 from __future__ import annotations
 
@@ -139,6 +139,23 @@ def load_task_split(data: Any, split: str, n: int | None = None) -> list[dict]:
     else:
         raise DataError(f"data.task: unknown task {data.task!r}")
     return rows if n is None else rows[:n]
+
+
+# Reward arguments a dataset column must not shadow: the positional lists and the finish reasons the loop adds.
+RESERVED_COLUMNS = ("prompts", "completions", "answers", "finish_reasons")
+
+
+def reward_columns(rows: list[dict]) -> dict[str, list]:
+    """The columns of `rows` other than `prompt` and `answer` (those are the rewards' positional `prompts` and
+    `answers`), one list per column, aligned with the rows: `{"difficulty": [1, 3, ...], "id": [...]}`. Rewards get
+    them as keyword arguments (`def r(prompts, completions, answers, difficulty, **_)`), as in TRL. A column that a
+    row lacks is None there. Raises DataError for a column that would shadow a reward argument."""
+    names = dict.fromkeys(k for row in rows for k in row if k not in ("prompt", "answer"))
+    clash = [k for k in names if k in RESERVED_COLUMNS]
+    if clash:
+        raise DataError(f"dataset column(s) {clash} would shadow the reward arguments {list(RESERVED_COLUMNS)}; "
+                        f"rename them in the data")
+    return {k: [row.get(k) for row in rows] for k in names}
 
 
 class PromptSampler:
