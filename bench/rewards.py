@@ -1,6 +1,8 @@
 """Math reward throughput: rewards/s for typical completions, process pool vs in-process serial. Prints JSON.
+With --suite: math-verify's own public test cases through our reward, as a table (bench/rewards_suite.py).
 
     .venv/bin/python bench/rewards.py [--n 1024] [--workers 2] [--group 8] [--repeats 3]
+    .venv/bin/python bench/rewards.py --suite [--strict] [--verbose] [--json OUT]
 
 Completions are generated deterministically: a GRPO-like batch of n/group prompts with `group` samples each
 (so a gold answer is shared by a group, as in training). Half are the embedded arithmetic task's shape
@@ -93,7 +95,13 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--repeats", type=int, default=3, help="alternating serial/pool passes; best of each reported")
     ap.add_argument("--timeout-s", type=float, default=10.0)
+    ap.add_argument("--suite", action="store_true", help="math-verify's public test cases: agree / by design / wrong")
+    ap.add_argument("--strict", action="store_true", help="--suite with the strict option (literal numbers)")
+    ap.add_argument("--verbose", action="store_true", help="--suite: list every case that does not agree")
+    ap.add_argument("--json", default=None, help="--suite: write counts and per-case rows here")
     args = ap.parse_args()
+    if args.suite:
+        return suite(args)
     prompts, completions, golds, finish = make_batch(args.n, args.group)
     n = len(completions)
 
@@ -130,6 +138,20 @@ def main() -> None:
         "counts": p_out.counts, "errors": p_out.errors, "timeouts": p_out.timeouts,
         "load_avg_1m": round(os.getloadavg()[0], 2),
     }))
+
+
+def suite(args) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rewards_suite", os.path.join(os.path.dirname(__file__),
+                                                                                "rewards_suite.py"))
+    rs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rs)
+    result = rs.run_suite(strict=args.strict)
+    print(rs.format_table(result, rs.math_verify_alone(), verbose=args.verbose))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":  # the pool's forkserver/spawn children import this file's path
