@@ -53,9 +53,10 @@ _IS_NUMBER_RE = re.compile(r"(?:\bis\b|\bare\b|=)\s*(" + _NUMBER + r")\s*(?:[.!]
 _PLAIN_NUMBER_RE = re.compile(r"^\s*" + _NUMBER + r"\s*$")
 _DECORATION = " \t\n*\"'“”`"
 
-# Digit groups: "1\,000", "1 000", "1\!000", "1~000" (the run must start a number: not after a letter, ".", "^").
-_GROUPS_RE = re.compile(r"(?<![\w.^_{\\])(\d{1,3})((?:(?:\\[,;: !]|~|\s)\d{3})+)(?![\d])")
-_GROUP_SEP_RE = re.compile(r"\\[,;: !]|~|\s")
+# Digit groups: "1\\,000", "1 000", "1\\!000", "1~000" (the run must start a number: not after a letter, ".", "^";
+# a line break does not separate groups).
+_GROUPS_RE = re.compile(r"(?<![\w.^_{\\])(\d{1,3})((?:(?:\\[,;: !]|~|[ \u2009\u202f])\d{3})+)(?![\d])")
+_GROUP_SEP_RE = re.compile(r"\\[,;: !]|~|[ \u2009\u202f]")
 _ELLIPSIS_RE = re.compile(r"(?:\.\.|\\[lc]?dots|\\ldots|…)\s*$")
 
 
@@ -160,13 +161,13 @@ def _final_answer(text: str, start: int, max_chars: int) -> str | None:
                 if not _is_joiner(region[prev.end(): nxt.start()]):
                     break
                 parts.append(next(g for g in prev.groups() if g is not None))
-            answer = ", ".join(p.strip() for p in reversed(parts))
+            answer = ", ".join(p.strip() for p in reversed(parts))  # math as written: f' keeps its prime
     else:
-        answer = region.strip(_DECORATION)
+        answer = region.strip(_DECORATION)  # prose decoration: **bold**, quotes
         is_number = _IS_NUMBER_RE.search(answer)
         if is_number and not _PLAIN_NUMBER_RE.match(answer):
             answer = is_number.group(1)
-    answer = strip_trailing_punctuation(answer.strip(_DECORATION))
+    answer = strip_trailing_punctuation(answer)
     if not answer or len(answer) > max_chars:
         return None
     return answer
@@ -180,11 +181,12 @@ def extract_answer(completion: str, max_chars: int = 512) -> str | None:
         answer = _final_answer(completion, final.end(), max_chars)
         # "The final answer is $\boxed{42}$": the box inside the line is the answer.
         inner = list(_BOX_RE.finditer(answer or ""))
-        return _box_answer(answer, inner, max_chars) if inner else answer
-    if boxes:
+        answer = _box_answer(answer, inner, max_chars) if inner else answer
+    elif boxes:
         answer = _box_answer(completion, boxes, max_chars)
-        return (strip_trailing_punctuation(answer) or None) if answer is not None else None
-    return None
+    else:
+        return None
+    return (strip_trailing_punctuation(answer) or None) if answer is not None else None
 
 
 # -- normalisation ---------------------------------------------------------------------------------------------------

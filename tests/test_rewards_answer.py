@@ -67,9 +67,12 @@ def test_extraction_rules():
     assert extract_answer("Final Answer: Jane started 3 hours ago.") == "Jane started 3 hours ago"  # prose: read as is
     assert extract_answer("\\boxed{42} ... the final answer is $\\boxed{41}$") == "41"
     assert extract_answer("\\boxed{1} \\boxed{2") is None     # the last box is broken: never an earlier one
+    assert extract_answer("The final answer is $f'$.") == "f'"      # math keeps its prime; prose loses its quotes
+    assert extract_answer('**Final answer:** "42"') == "42"
     assert normalize("1\\,000\\,000") == "1000000" and normalize("2^{10 000}") == "2^{10 000}"
     assert normalize("x^2 100") == "x^2 100"                  # a group must start a number, not follow `^2`
     assert normalize("4 4/9") == "4 4/9"                      # a mixed number is not a digit group
+    assert normalize("12\n345") == "12\n345"                  # nor are two lines
 
 
 def test_gold_normalisation():
