@@ -73,7 +73,8 @@ def build_scorer(rcfg, base_dir: str, task: str | None = None):
     except RewardLoadError as e:
         raise RewardLoadError(f"reward.accuracy: {accuracy!r} is not a reward of reward.fns ({', '.join(names)}), "
                               f"'auto' or 'none', and cannot be loaded as a reward: {e}") from e
-    return RewardSet(reward_set.entries + extra.entries), ACCURACY_ENTRY
+    combined = RewardSet(reward_set.entries + extra.entries)
+    return combined, combined.entries[-1].name  # "accuracy", or "accuracy_2" beside a user reward so named
 
 
 class RewardHost:

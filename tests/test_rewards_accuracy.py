@@ -67,6 +67,8 @@ def test_accuracy_named_in_config(tmp_path):
     assert score(host(tmp_path, fns, accuracy="none")).correct is None
     out = score(host(tmp_path, ["format"], accuracy="my_rewards.py:penalty"))   # a spec, run at weight 0
     assert out.rewards == [1.0, 1.0, 1.0, 0.0] and out.correct == [False] * 4
+    named = score(host(tmp_path, [{"fn": "format", "name": "accuracy"}]))  # the check never takes a user's name
+    assert named.correct == [True, False, False, False] and "rewards/accuracy_2/mean" in named.metrics
     with pytest.raises(RewardLoadError, match="reward.accuracy: 'maths'"):
         host(tmp_path, fns, accuracy="maths")
 
