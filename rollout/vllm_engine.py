@@ -42,7 +42,8 @@ FORCED_OPTIONS = {
     "enable_chunked_prefill": (False, "a fused prompt's passes must see the whole prompt in one step"),
     "speculative_config": (None, "draft tokens would be fed without their latent state"),
     "async_scheduling": (False, "the recorded states and slots assume one step at a time"),
-    "enforce_eager": (True, "the K-pass prefill and state writes are not captured in graphs"),
+    "enforce_eager": (True, "the per-request modes and recorded states are host-side bookkeeping a captured CUDA "
+                            "graph would replay stale (docs/GPU.md)"),
     "logprobs_mode": ("processed_logprobs", "engine log-probs must be log_softmax(logits / T)"),
     "worker_extension_cls": (WORKER_EXTENSION, "weights and recorded states travel through it"),
     "skip_tokenizer_init": (True, "the engine is token-in, token-out"),
@@ -50,6 +51,54 @@ FORCED_OPTIONS = {
     "mamba_cache_mode": ("none", "the state slot must hold only the latest h_prev"),
 }
 FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
+
+
+def engine_environment(on_cpu: bool, dtype: str, weight_transfer_backend: str | None):
+    """(required, defaults): environment variables the engine sets before vLLM starts, name -> (value, why).
+
+    A required variable the user set to another value is an error; a default yields to the user's value. They
+    are process-wide and inherited by vLLM's engine and worker processes (docs/GPU.md).
+    """
+    required = {
+        # vLLM 0.32 picks the V2 model runner on CUDA whenever Triton is installed (VllmConfig.use_v2_model_runner).
+        # The plugin finds each request's decode mode, key and prompt length in the V1 runner's request table
+        # (`input_batch.req_ids`, `requests`, `query_start_loc`), which V2 does not have; and the V1 runner is the
+        # one CI exercises (the CPU runner subclasses it). tests/test_vllm_gpu_ready.py pins this choice.
+        "VLLM_USE_V2_MODEL_RUNNER": ("0", "the FBT plugin reads the V1 model runner's request table"),
+    }
+    defaults = {}
+    if on_cpu:
+        # In-process engine: up in seconds, and no process to orphan (shared/DESIGN.md §9).
+        defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = ("0", "in-process engine on CPU")
+    else:
+        if weight_transfer_backend == "ipc":
+            # The IPC update info (CUDA IPC handles: storage classes, dtypes) crosses collective_rpc to a worker in
+            # another process; vLLM's msgpack serializer refuses such objects unless pickling is allowed. The
+            # sockets are vLLM's own local IPC channels between this process and its engine core.
+            required["VLLM_ALLOW_INSECURE_SERIALIZATION"] = ("1", "CUDA IPC handles cross collective_rpc pickled")
+        if str(dtype).removeprefix("torch.") in ("float32", "float"):
+            # fp32 attention on GPU runs in Triton kernels whose tl.dot defaults to TF32 (10-bit mantissa, ~1e-3
+            # relative error per product): an fp32 engine then is not fp32. "ieee" makes those dots true fp32.
+            defaults["TRITON_F32_DEFAULT"] = ("ieee", "dtype=float32 means fp32 attention too")
+    return required, defaults
+
+
+def apply_environment(required: dict, defaults: dict) -> None:
+    """Set `engine_environment`'s variables; ValueError naming a required one the user set otherwise."""
+    for name, (value, why) in required.items():
+        current = os.environ.get(name)
+        if current is not None and current.strip() != value:
+            raise ValueError(f"VLLMEngine: environment variable {name}={current!r} is incompatible with "
+                             f"latent-feedback decoding ({why}); unset it or set it to {value!r}")
+    for name, (value, _) in required.items():
+        os.environ[name] = value
+    for name, (value, _) in defaults.items():
+        os.environ.setdefault(name, value)
+    # An in-process engine core freezes vLLM's view of the environment (vllm.envs.enable_envs_cache); a later
+    # engine in this process must see the values set above.
+    from vllm import envs
+
+    envs.disable_envs_cache()
 
 
 def _scratch_dir() -> str:
@@ -83,9 +132,7 @@ class VLLMEngine(RolloutEngine):
         from vllm.platforms import current_platform
 
         self.on_cpu = current_platform.is_cpu()
-        if self.on_cpu:
-            # In-process engine: up in seconds, and no process to orphan (shared/DESIGN.md §9).
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        apply_environment(*engine_environment(self.on_cpu, dtype, weight_transfer_backend))
         from transformers import AutoConfig
 
         import rl.model  # noqa: F401  (AutoConfig must know fbt_llama / fbt_qwen2)

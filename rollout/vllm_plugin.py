@@ -17,7 +17,9 @@ state of the request's last computed position. Each forward:
 - the new state of every request is written back to its slot, and (when asked) recorded for the learner.
 
 The decode mode is per request: `SamplingParams.extra_args["fbt"] = {"key", "mode", "record"}`, read from the
-model runner's request table, which the worker extension attaches (`rollout.vllm_worker_ext`). A model used
+model runner's request table, which the worker extension attaches (`rollout.vllm_worker_ext`). That table, and
+the token offsets and positions read beside it, are the V1 model runner's host-side arrays: the engine forces the
+V1 runner (vLLM 0.32 defaults to V2 on CUDA; `rollout.vllm_engine.engine_environment` says why). A model used
 without our worker extension (plain `vllm serve`) decodes every request in the engine-wide mode
 `hf_config.fbt_decode_mode` (set it with `hf_overrides`; default `soft`) and records nothing.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -129,16 +132,36 @@ class _RequestInfo:
     prompt_len: int
 
 
+@dataclass
+class _Batch:
+    """One forward's requests as the host knows them (the model runner's CPU-side tables), so that the forward
+    reads nothing back from the device. Requests are in batch order: decodes first, then prefills."""
+    infos: list[_RequestInfo]
+    bounds: list[int]  # [num_reqs + 1] token offsets of the requests
+    computed: list[int]  # [num_reqs] positions computed before this step (a request's first token's position)
+
+    def last_position(self, i: int) -> int:
+        return self.computed[i] + self.bounds[i + 1] - self.bounds[i] - 1
+
+
+def _to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Host values as a device tensor without stalling the host: on an accelerator the copy goes from pinned
+    memory, asynchronously (a copy from pageable memory waits for the stream's queued work)."""
+    t = torch.as_tensor(values, dtype=dtype)
+    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
+
+
 class _Records:
     """Recorded states and preemption flags, keyed by the engine's per-sample key.
 
-    Rows are kept on the model's device (no per-step host sync) and gathered when the worker extension pops them.
+    Row indices live on the host (computed from the runner's host tables), states on the model's device; both
+    are gathered when the worker extension pops them, so recording costs no per-step host sync.
     """
 
     def __init__(self):
         self.keys: list[str] = []  # one per recorded row
-        self.rows: list[torch.Tensor] = []  # per step, [n] long (row index within the sample)
-        self.states: list[torch.Tensor] = []  # per step, [n, d]
+        self.rows: list[torch.Tensor] = []  # per step, [n] long on the host (row index within the sample)
+        self.states: list[torch.Tensor] = []  # per step, [n, d] on the model's device
         self.prefilled: set[str] = set()
         self.preempted: set[str] = set()
 
@@ -153,8 +176,9 @@ class _Records:
         wanted = set(keys)
         out: dict[str, torch.Tensor] = {}
         if self.keys:
-            rows = torch.cat(self.rows).cpu()
-            states = torch.cat(self.states).cpu()
+            rows = torch.cat(self.rows)
+            on_device = torch.cat(self.states)
+            states = on_device.cpu()
             by_key: dict[str, dict[int, int]] = {}
             keep = []
             for i, (k, r) in enumerate(zip(self.keys, rows.tolist())):
@@ -170,7 +194,8 @@ class _Records:
             idx = torch.tensor(keep, dtype=torch.long)
             self.keys = [self.keys[i] for i in keep]
             self.rows = [rows[idx]] if keep else []
-            self.states = [states[idx]] if keep else []
+            # what stays, stays where new rows are appended (a host tensor among device ones breaks the next cat)
+            self.states = [on_device[idx.to(on_device.device)]] if keep else []
         preempted = self.preempted & wanted
         self.preempted -= wanted
         self.prefilled -= wanted
@@ -239,13 +264,17 @@ class FBTVLLMMixin:
         self._fbt_runner = runner
         self._fbt_req_cache.clear()
 
-    def _request_infos(self, num_reqs: int) -> list[_RequestInfo] | None:
-        """Per request of this batch, in the batch's order (decodes first, as vLLM reorders it)."""
+    def _batch(self, num_reqs: int) -> _Batch | None:
+        """This forward's requests from the V1 model runner's host-side tables (None without the worker extension,
+        or in a dummy run whose batch holds no requests)."""
         runner = self._fbt_runner
         if runner is None:
             return None
+        req_ids = runner.input_batch.req_ids[:num_reqs]
+        if len(req_ids) < num_reqs:
+            return None
         infos = []
-        for rid in runner.input_batch.req_ids[:num_reqs]:
+        for rid in req_ids:
             info = self._fbt_req_cache.get(rid)
             if info is None:
                 state = runner.requests[rid]
@@ -259,7 +288,10 @@ class FBTVLLMMixin:
         if len(self._fbt_req_cache) > 4 * max(num_reqs, 64):  # drop finished requests now and then
             live = set(runner.requests)
             self._fbt_req_cache = {r: i for r, i in self._fbt_req_cache.items() if r in live}
-        return infos
+        # Filled by the runner before every forward (_prepare_inputs); host arrays, no device read.
+        bounds = runner.query_start_loc.np[:num_reqs + 1].tolist()
+        computed = runner.input_batch.num_computed_tokens_cpu[:num_reqs].tolist()
+        return _Batch(infos, bounds, computed)
 
     # ---- fusion from token tables ------------------------------------------------------------------------
     # Every fusion mode is a d×d matmul of the state plus a term that depends on the token alone (gate_product:
@@ -301,6 +333,10 @@ class FBTVLLMMixin:
         return x * scale[ids] if scale is not None else x
 
     # ---- forward -----------------------------------------------------------------------------------------
+    # Host syncs: the per-request facts (mode, key, prompt length, token offsets, positions) come from the model
+    # runner's host tables (`_batch`), so a decode step reads nothing back from the device; host-built index
+    # tensors (mixed modes, a fused prompt's positions, a partial record set) go up through `_to_device`. Only a
+    # model used without our worker extension reads prefill offsets back from the device (one sync per prefill).
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
         e = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
         md = get_forward_context().attn_metadata
@@ -309,35 +345,34 @@ class FBTVLLMMixin:
             return self.model(None, positions, None, e)
 
         state = self.fbt_state.kv_cache[0]
-        nd, npf = md.num_decode_tokens, md.num_prefills
-        infos = self._request_infos(md.num_reqs)
-        default = self.fbt_default_mode
-        modes = [i.mode for i in infos] if infos is not None else [default] * md.num_reqs
+        nd, ndec, npf = md.num_decode_tokens, md.num_decodes, md.num_prefills
+        batch = self._batch(md.num_reqs)
+        modes = [i.mode for i in batch.infos] if batch is not None else [self.fbt_default_mode] * md.num_reqs
 
         # Decode tokens: fused with their request's h_prev (constant over prefill passes). Reset tokens and
         # position 0 keep the plain input.
         x = e
         if nd:
-            idx_d = md.state_indices_tensor_d[:, 0].long()
-            fb_d = [m != "standard" for m in modes[:md.num_decodes]]
+            idx_d = md.state_indices_tensor_d[:nd, 0].long()
+            fb_d = [m != "standard" for m in modes[:ndec]]
             if any(fb_d):
                 ids_d = input_ids[:nd]
                 mask_d = ~self.fbt_is_reset[ids_d] & (positions[:nd] > 0)
-                if not all(fb_d):
-                    mask_d &= torch.tensor(fb_d, device=e.device)
+                if not all(fb_d):  # modes mixed in one batch (one generate() call uses one mode)
+                    mask_d &= _to_device(fb_d, torch.bool, e.device)
                 x_d = torch.where(mask_d[:, None], self._fuse_tokens(state[idx_d], ids_d, e[:nd]), e[:nd])
                 x = x_d if nd == e.shape[0] else torch.cat([x_d, e[nd:]])
 
         # Prefill tokens: a fresh prompt each (chunked prefill and prefix caching are off).
         passes, pf_idx, last = 1, None, None
         if npf:
-            qsl = (md.query_start_loc_p.long() + nd)
-            bounds = qsl.tolist()
-            last = qsl[1:] - 1
+            last = md.query_start_loc_p[1:].long() + (nd - 1)  # each prefill's last token
+            bounds = batch.bounds if batch is not None else \
+                list(range(nd)) + (md.query_start_loc_p + nd).tolist()  # without the extension: a device read
             fused_ranges = []
-            for j in range(npf):
-                a, b = bounds[j], bounds[j + 1]
-                info = infos[md.num_decodes + j] if infos is not None else None
+            for r in range(ndec, ndec + npf):
+                a, b = bounds[r], bounds[r + 1]
+                info = batch.infos[r] if batch is not None else None
                 if info is not None and info.key is not None:
                     if info.key in self.fbt_records.prefilled or b - a != info.prompt_len:
                         # A recompute after preemption: the generated tokens are re-read as prompt, and the
@@ -345,11 +380,11 @@ class FBTVLLMMixin:
                         self.fbt_records.preempted.add(info.key)
                         continue
                     self.fbt_records.prefilled.add(info.key)
-                if modes[md.num_decodes + j] == "fused" and b - a > 1:
-                    fused_ranges.append(torch.arange(a + 1, b))
+                if modes[r] == "fused" and b - a > 1:
+                    fused_ranges.append(np.arange(a + 1, b))
             if fused_ranges and self.fbt_passes > 1:
                 passes = self.fbt_passes
-                pf_idx = torch.cat(fused_ranges).to(e.device)
+                pf_idx = _to_device(np.concatenate(fused_ranges), torch.long, e.device)
                 pf_ids = input_ids[pf_idx]
                 pf_mask = ~self.fbt_is_reset[pf_ids][:, None]  # pf_idx holds no first prompt position
 
@@ -365,22 +400,25 @@ class FBTVLLMMixin:
             state[idx_d] = hidden[:nd].to(state.dtype)
         if npf:
             state[md.state_indices_tensor_p.long()] = hidden[last].to(state.dtype)
-        if infos is not None:
-            self._record(infos, md, positions, hidden, last)
+        if batch is not None:
+            self._record(batch, ndec, hidden, last)
         return hidden
 
-    def _record(self, infos, md, positions, hidden, last) -> None:
-        """Row j of a sample is the state that predicted its response token j: row = position - (P - 1)."""
-        sel = [i for i, info in enumerate(infos) if info.record and info.key is not None]
+    def _record(self, batch: _Batch, ndec: int, hidden, last) -> None:
+        """Row j of a sample is the state that predicted its response token j: row = position - (P - 1), taken
+        at the request's last computed position (decode i is token i; prefill j ends at last[j])."""
+        sel = [i for i, info in enumerate(batch.infos) if info.record and info.key is not None]
         if not sel:
             return
-        # Token index of each request's last computed position: decode i is token i; prefill j ends at last[j].
-        ends = torch.arange(md.num_decodes, device=hidden.device)
-        if md.num_prefills:
-            ends = torch.cat([ends, last])
-        tok = ends[torch.tensor(sel, device=hidden.device)]
-        plen = torch.tensor([infos[i].prompt_len for i in sel], device=hidden.device)
-        self.fbt_records.add([infos[i].key for i in sel], positions[tok] - (plen - 1), hidden[tok])
+        if last is None and len(sel) == ndec:  # the common decode step: every request records
+            states = hidden[:ndec]
+        else:
+            ends = torch.arange(ndec, device=hidden.device)
+            if last is not None:
+                ends = torch.cat([ends, last])
+            states = hidden[ends if len(sel) == len(ends) else ends[_to_device(sel, torch.long, hidden.device)]]
+        rows = torch.tensor([batch.last_position(i) - (batch.infos[i].prompt_len - 1) for i in sel])
+        self.fbt_records.add([batch.infos[i].key for i in sel], rows, states)
 
 
 class FBTLlamaForCausalLM(FBTVLLMMixin, LlamaForCausalLM, HasInnerState, IsHybrid):

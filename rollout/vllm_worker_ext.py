@@ -52,13 +52,24 @@ class FBTWorkerExtension:
         return model
 
     def fbt_attach(self) -> dict:
-        """Give the model the runner's request table (per-request mode, key, prompt length); return facts."""
+        """Give the model the runner's request table (per-request mode, key, prompt length); return facts.
+
+        The table is the V1 model runner's (`rollout.vllm_engine.engine_environment` forces that runner); a runner
+        without it fails here, at construction, rather than at the first forward."""
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1ModelRunner
+
+        runner = self.model_runner
+        if not isinstance(runner, V1ModelRunner):
+            raise RuntimeError(f"FBT plugin: vLLM built a {type(runner).__module__}.{type(runner).__name__}, not the "
+                               f"V1 model runner whose request table the plugin reads; set "
+                               f"VLLM_USE_V2_MODEL_RUNNER=0 (VLLMEngine does)")
         model = self._fbt_model()
-        model.fbt_attach_runner(self.model_runner)
+        model.fbt_attach_runner(runner)
         cfg = model.config
         return {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "version": model.fbt_version,
                 "fusion_mode": cfg.fbt_fusion_mode, "prefill_passes": model.fbt_passes,
-                "model_class": type(model).__name__}
+                "model_class": type(model).__name__,
+                "model_runner": f"{type(runner).__module__}.{type(runner).__name__}"}
 
     def fbt_load_weights(self, path: str, version: int) -> int:
         """Load checkpoint-format tensors (HF names) from a file or directory in place, tag them `version`.
