@@ -293,7 +293,9 @@ class TorchEngine(RolloutEngine):
             x, e = self._fuse_with_tables(tables, h_prev, tok), None
         if is_reset is not None:
             reset = is_reset[tok]
-            if bool(reset.any()):
+            # The host check skips the select when no row holds a reset token; on an accelerator it would stall
+            # the host every step (a device read), and the select is cheap.
+            if tok.device.type != "cpu" or bool(reset.any()):
                 e = self.model.embed(tok[:, None]) if e is None else e
                 x = torch.where(reset[:, None, None], e, x)
         return x

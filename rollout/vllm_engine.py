@@ -17,6 +17,9 @@ recorded states out through files, never bulk tensors through RPC).
 - Weights: `load_weights(path_or_state_dict, version)` goes through a safetensors file (/dev/shm when there is
   one); on GPU, vLLM's native weight transfer (NCCL / IPC) is driven through the four methods of vLLM's
   `VLLMWeightSyncClient` protocol below; the engine refuses to generate until the new weights carry a version.
+- Environment (`engine_environment`, set before vLLM starts): the V1 model runner always (the plugin reads its
+  request table; vLLM 0.32 would pick V2 on CUDA), pickled IPC handles through `collective_rpc` for the native IPC
+  transfer, true-fp32 Triton attention for fp32 engines on GPU. docs/GPU.md has the reasons.
 """
 from __future__ import annotations
 

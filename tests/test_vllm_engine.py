@@ -7,7 +7,9 @@ exists, else a random tiny FBT Llama (d=128, 2 layers, 2 heads of 64: the CPU at
 
 Tolerances: vLLM's kernels (fused RMSNorm + residual, its own attention) round differently from Hugging Face's
 at ~1e-6 in fp32; the latent recurrence carries that along 32 steps, so 1e-4 on log-probs and states leaves
-margin while a wrong position or a missing fusion differs by O(0.1).
+margin while a wrong position or a missing fusion differs by O(0.1). On a GPU (bench/gpu_check_vllm.sh) the same
+holds: an fp32 engine runs its Triton attention in true fp32, not TF32 (docs/GPU.md), and each engine takes a
+small share of GPU memory (`ON_GPU`) so the module's engine and the per-test ones coexist.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from rollout.torch_engine import TorchEngine  # noqa: E402
 from rollout.vllm_engine import VLLMEngine  # noqa: E402
 
 TOL = 1e-4
+# vLLM checks at start that free GPU memory >= gpu_memory_utilization x total: small shares let engines coexist.
+ON_GPU = {} if not torch.cuda.is_available() else {"gpu_memory_utilization": 0.1, "kv_cache_gib": 1.0}
 TINY_ARITH = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith"
 MAX_LEN = 128
 
@@ -68,7 +72,7 @@ def hf_model(ckpt):
 
 @pytest.fixture(scope="module")
 def engine(ckpt):
-    eng = VLLMEngine(ckpt, max_model_len=MAX_LEN, max_num_seqs=16, dtype="float32", seed=0)
+    eng = VLLMEngine(ckpt, max_model_len=MAX_LEN, max_num_seqs=16, dtype="float32", seed=0, **ON_GPU)
     yield eng
     eng.close()
 
@@ -186,7 +190,7 @@ def test_other_fusion_modes_and_qwen2(tmp_path, backbone, fusion_mode):
     random_tiny_fbt(tmp_path, backbone, fusion_mode)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     prompts = make_prompts(hf.config.vocab_size, n=6, seed=3)
-    eng = VLLMEngine(str(tmp_path), max_model_len=64, max_num_seqs=8, dtype="float32")
+    eng = VLLMEngine(str(tmp_path), max_model_len=64, max_num_seqs=8, dtype="float32", **ON_GPU)
     try:
         assert eng.info["model_class"] == f"FBT{'Llama' if backbone == 'llama' else 'Qwen2'}ForCausalLM"
         assert eng.info["fusion_mode"] == fusion_mode
@@ -211,7 +215,7 @@ def test_preemption_is_flagged(ckpt, hf_model):
     the latent state; those samples must come back flagged (and without states), the others exact."""
     prompts = make_prompts(hf_model.config.vocab_size)
     eng = VLLMEngine(ckpt, max_model_len=MAX_LEN, max_num_seqs=16, dtype="float32", block_size=16,
-                     num_gpu_blocks_override=24)
+                     num_gpu_blocks_override=24, **ON_GPU)
     try:
         got = eng.generate(prompts, greedy("soft", max_tokens=40))
     finally:
