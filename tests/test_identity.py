@@ -220,3 +220,32 @@ def test_latent_plot_has_a_panel_per_logged_metric(tmp_path):
             for s in range(1, 5)]
     assert plot_latent(rows, tmp_path / "latent.png") and (tmp_path / "latent.png").stat().st_size > 1000
     assert not plot_latent([{"step": 1, "reward_mean": 0.5}], tmp_path / "none.png")
+
+
+def test_identity_conversion_in_vllm_equals_the_backbone(tmp_path):
+    """The vLLM plugin (token-side fusion tables with the checkpoint's epsilon) decodes an identity-converted
+    model like the backbone: same greedy tokens, log-probs within vLLM's kernel rounding (1e-4, as in
+    tests/test_vllm_engine.py), in soft and fused mode. head_dim 64: the CPU attention kernel needs it."""
+    pytest.importorskip("vllm")
+    from rl.model import as_standard_lm
+    from rollout.vllm_engine import VLLMEngine
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0,
+                      max_position_embeddings=128, tie_word_embeddings=False)
+    stock = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        stock.lm_head.weight.mul_(5)  # wider logits: no near-ties for greedy decoding to flip on
+    convert_to_fbt(stock, "linear_addition", init="identity").save_pretrained(tmp_path)
+    prompts = [[BOS, 5, 9, 40], [BOS, 7, 3, 3, 60, 12, 90], [BOS] + list(range(10, 30))]
+    ref = TorchEngine(as_standard_lm(stock), eos_token_ids=()).generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=16, decode_mode="standard"))
+    engine = VLLMEngine(str(tmp_path), max_model_len=64, max_num_seqs=8, dtype="float32", seed=0, eos_token_ids=())
+    try:
+        for mode in ("soft", "fused"):
+            out = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=16, decode_mode=mode))
+            for a, b in zip(out, ref):
+                assert a.response_ids == b.response_ids, mode
+                assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4, mode
+    finally:
+        engine.close()
