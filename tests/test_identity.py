@@ -120,6 +120,7 @@ def test_one_sft_step_grows_the_latent_channel(stock):
     ids = torch.randint(3, V, (4, 16), generator=torch.Generator().manual_seed(0))
     ids[:, 0] = BOS
     out = fbt.multipass_forward(ids, 2)
+    assert float((out.hidden[0] - out.hidden[1]).abs().max()) < TOL  # pass 2 == pass 1 at the identity point
     logits = fbt.logits_from_hidden(out.hidden[-1])
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
     loss.backward()
