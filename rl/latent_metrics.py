@@ -5,14 +5,14 @@ Computed by the learner (where the weights live: `actors/learner.py` calls `late
 update, on the samples the engines just drew with the same weights) and logged per step by the loop under
 `learner/latent/*`; `plot_latent` draws them with the run's other plots.
 
-| metric | meaning |
-|---|---|
-| `w_state_norm` | ‖W_U‖_F (linear_addition, gate_product) or ‖W_C[:, :d]‖_F (concat_projection): the state's weights |
-| `w_token_dev` | ‖W_T − I‖_F or ‖W_C[:, d:] − I‖_F: how far the token path moved from an identity start |
-| `w_gate_norm` | ‖W_G‖_F (gate_product) |
-| `state_share` | mean over fused response positions of ‖state term‖ / ‖token term‖ before the final RMS: ‖W_U h‖ / ‖W_T RMS(e)‖, or ‖W_C[:, :d] RMS(h)‖ / ‖W_C[:, d:] RMS(e)‖ (0 at an identity start) |
-| `gate_mean`, `gate_std` | gate_product: statistics of σ(W_G RMS(e)) over those positions (the state is the value path) |
-| `policy_shift` | mean over response tokens of |log π_soft(y) − log π_standard(y)|: what feedback changes in the policy's log-probs of its own samples (0 at an identity start) |
+- `w_state_norm`: ‖W_U‖_F (linear_addition, gate_product) or ‖W_C[:, :d]‖_F (concat_projection)
+- `w_token_dev`: ‖W_T − I‖_F or ‖W_C[:, d:] − I‖_F: how far the token path moved from an identity start
+- `w_gate_norm`: ‖W_G‖_F (gate_product)
+- `state_share`: mean over fused response positions of ‖state term‖ / ‖token term‖ before the final RMS:
+  ‖W_U h‖ / ‖W_T RMS(e)‖, or ‖W_C[:, :d] RMS(h)‖ / ‖W_C[:, d:] RMS(e)‖ (0 at an identity start)
+- `gate_mean`, `gate_std`: gate_product: statistics of σ(W_G RMS(e)) there (the state is the value path)
+- `policy_shift`: mean over response tokens of |log π_soft(y) − log π_standard(y)|: what feedback changes in the
+  policy's log-probs of its own samples (0 at an identity start)
 
 `policy_shift` uses the recorded states (replay, exact for the weights that drew the samples) when the batch has
 them, else the exact recurrence; the standard log-probs are an ordinary forward. Subset: the first `max_rows` rows.
