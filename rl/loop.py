@@ -8,6 +8,7 @@ before the next rollout asks for them (`min_version`), so no sample is ever draw
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 
 import torch
@@ -146,7 +147,8 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
             metrics.update({f"eval_accuracy_{m}": a for m, a in acc.items()})
         if cfg.train.checkpoint_every > 0 and (step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps):
             run.save_checkpoint(step, learner, {"version": version, "sampler": sampler.state_dict()})
-        if step == cfg.train.steps or (cfg.train.checkpoint_every > 0 and step % cfg.train.checkpoint_every == 0):
+        if (step == cfg.train.steps or (cfg.train.checkpoint_every > 0 and step % cfg.train.checkpoint_every == 0)) \
+                and os.path.isfile(_weights_file(run)):  # (a learner stand-in in tests may export no file)
             # RUN_DIR/policy/: the newest synced weights (the last _sync exported them) as a save_pretrained dir
             run.export_policy(_weights_file(run), cfg.model.path, cfg.model.tokenizer)
         metrics["time_step_s"] = time.perf_counter() - t_step
