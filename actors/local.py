@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from actors.learner import (LearnerRank, copy_tokenizer_files, load_policy, pad_id_of, write_safetensors_atomic)
+from actors.learner import (LearnerRank, compute_latent_metrics, copy_tokenizer_files, load_policy, pad_id_of,
+                            write_safetensors_atomic)
 from actors.learner_group import merge_rank_metrics
 from actors.reward_workers import RewardHost
 from actors.rollout import EngineHost, chunk_params, merge_chunks, split_prompts
@@ -58,8 +59,11 @@ class TorchLearner:
         self.updater = PolicyUpdater(self.policy, cfg, pad_id_of(self.policy), ref)
 
     def update(self, samples, advantages) -> dict:
+        latent = compute_latent_metrics(self.policy, self.cfg, samples) if self.cfg.train.latent_metrics_rows > 0 \
+            and hasattr(self.policy, "fusion") else {}
         self.policy.train()
         metrics = self.updater.update(samples, advantages, self.backend, 0)
+        metrics.update(latent)
         metrics["_tokens"] = float(self.cfg.algo.ppo_epochs * sum(s.response_len for s in samples))
         return metrics
 

@@ -100,7 +100,9 @@ def evaluate(engine, make_params: Callable[..., Any], tokenizer, rows: list[dict
              score_fn: Callable | None = None, batch_size: int = 64, log=None) -> dict:
     """Greedy (temperature 0) and `samples` sampled completions per problem in every decode mode."""
     score_fn = score_fn or plain_numeric_score
-    prompt_ids = [tokenizer(r["prompt"], add_special_tokens=True)["input_ids"] for r in rows]
+    # a chat-templated prompt already holds its special tokens (rl.data.loaders.encode_prompt)
+    prompt_ids = [tokenizer(r["prompt"], add_special_tokens=not r.get("chat_templated", False))["input_ids"]
+                  for r in rows]
     stop = (tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ()
     result = {"meta": {"n": len(rows), "samples": samples, "temperature": temperature, "max_tokens": max_tokens,
                        "seed": seed, "scorer": getattr(score_fn, "__name__", type(score_fn).__name__)},
@@ -111,33 +113,42 @@ def evaluate(engine, make_params: Callable[..., Any], tokenizer, rows: list[dict
         common = dict(max_tokens=max_tokens, stop_token_ids=stop, decode_mode=mode)
         greedy = _run(engine, make_params, prompt_ids, rows, tokenizer, score_fn, batch_size,
                       n=1, temperature=0.0, seed=None, **common)
+        # samples=0: greedy only (the sampled figures are None, and there is no pass@k)
         sampled = _run(engine, make_params, prompt_ids, rows, tokenizer, score_fn, batch_size,
-                       n=samples, temperature=temperature, seed=seed, **common)
+                       n=samples, temperature=temperature, seed=seed, **common) if samples > 0 else None
         g = [grp[0] for grp in greedy]
-        flat = [s for grp in sampled for s in grp]
-        correct_counts = [sum(s[0] for s in grp) for grp in sampled]
-        mean = lambda xs: sum(xs) / max(len(xs), 1)
+        flat = [s for grp in sampled for s in grp] if sampled else []
+        correct_counts = [sum(s[0] for s in grp) for grp in sampled] if sampled else []
+        mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
         result["modes"][mode] = {
             "accuracy": {"greedy": mean([s[0] for s in g]), "sampled": mean([s[0] for s in flat])},
-            "pass_at_k": {str(k): mean([pass_at_k(samples, c, k) for c in correct_counts]) for k in _ks(samples)},
+            "pass_at_k": {str(k): mean([pass_at_k(samples, c, k) for c in correct_counts])
+                          for k in (_ks(samples) if samples > 0 else [])},
             "mean_length": {"greedy": mean([s[1] for s in g]), "sampled": mean([s[1] for s in flat])},
             "truncation_rate": {"greedy": mean([s[2] for s in g]), "sampled": mean([s[2] for s in flat])},
             "wall_s": round(time.time() - t0, 1),
         }
-        per_mode[mode] = {"greedy": [s[0] for s in g], "sampled": [grp[0][0] for grp in sampled]}
+        per_mode[mode] = {"greedy": [s[0] for s in g]}
+        if sampled:
+            per_mode[mode]["sampled"] = [grp[0][0] for grp in sampled]
         if log:
-            log(f"{mode}: greedy {result['modes'][mode]['accuracy']['greedy']:.3f} "
-                f"sampled {result['modes'][mode]['accuracy']['sampled']:.3f} ({result['modes'][mode]['wall_s']}s)")
+            acc = result["modes"][mode]["accuracy"]
+            log(f"{mode}: greedy {acc['greedy']:.3f} sampled {_f(acc['sampled'])} "
+                f"({result['modes'][mode]['wall_s']}s)")
     modes = list(modes)
     for i, a in enumerate(modes):
         for b in modes[i + 1:]:
-            for which in ("greedy", "sampled"):
+            for which in [w for w in ("greedy", "sampled") if w in per_mode[a]]:
                 xa, xb = per_mode[a][which], per_mode[b][which]
                 a_only = sum(p and not q for p, q in zip(xa, xb))
                 b_only = sum(q and not p for p, q in zip(xa, xb))
                 result["paired"].append({"a": a, "b": b, "which": which, "a_only": a_only, "b_only": b_only,
                                          "p_value": mcnemar_exact(a_only, b_only)})
     return result
+
+
+def _f(x, spec: str = ".3f") -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def format_table(result: dict) -> str:
@@ -149,10 +160,10 @@ def format_table(result: dict) -> str:
     lines = [f"n={meta['n']} samples={meta['samples']} T={meta['temperature']} scorer={meta['scorer']}", head,
              "-" * len(head)]
     for mode, m in result["modes"].items():
-        lines.append(f"{mode:<9} {m['accuracy']['greedy']:>7.3f} {m['accuracy']['sampled']:>8.3f} "
+        lines.append(f"{mode:<9} {m['accuracy']['greedy']:>7.3f} {_f(m['accuracy']['sampled']):>8} "
                      + " ".join(f"{m['pass_at_k'][k]:>8.3f}" for k in ks)
-                     + f" {m['mean_length']['greedy']:>7.1f} {m['mean_length']['sampled']:>7.1f}"
-                     + f" {m['truncation_rate']['greedy']:>8.3f} {m['truncation_rate']['sampled']:>8.3f}")
+                     + f" {m['mean_length']['greedy']:>7.1f} {_f(m['mean_length']['sampled'], '.1f'):>7}"
+                     + f" {m['truncation_rate']['greedy']:>8.3f} {_f(m['truncation_rate']['sampled']):>8}")
     if result["paired"]:
         lines.append("paired (McNemar exact): a_only = problems only a solves, b_only = only b")
         for p in result["paired"]:

@@ -8,6 +8,7 @@ before the next rollout asks for them (`min_version`), so no sample is ever draw
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 
 import torch
@@ -15,7 +16,7 @@ import torch
 from rl import algos
 from rl.batch import SamplingParams
 from rl.config import Config
-from rl.data.loaders import PromptSampler, load_task_split, reward_columns
+from rl.data.loaders import PromptSampler, encode_prompt, load_task_split, reward_columns
 from rl.run import RunDir
 from rl.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
 
@@ -34,7 +35,7 @@ def evaluate(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorke
     """Greedy held-out accuracy per decode mode: the fraction of problems the task's correctness check
     (`reward.accuracy`) calls right — never "reward > 0". Empty when accuracy is off."""
     out = {}
-    prompts = [tokenizer.encode(r["prompt"]) for r in rows]
+    prompts = [encode_prompt(tokenizer, r) for r in rows]
     for mode in cfg.train.eval_decode_modes:
         samples = rollout.generate(prompts, sampling_params(cfg, tokenizer.eos_token_id, True, mode), version)
         texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
@@ -48,8 +49,8 @@ def evaluate(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorke
 
 def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorkers, rewards: RewardWorkers,
           run: RunDir, log=print, progress=None) -> list[dict]:
-    train_rows = load_task_split(cfg.data, "train")
-    eval_rows = load_task_split(cfg.data, "test", n=cfg.train.eval_n)
+    train_rows = load_task_split(cfg.data, "train", tokenizer=tokenizer)
+    eval_rows = load_task_split(cfg.data, "test", n=cfg.train.eval_n, tokenizer=tokenizer)
     reward_columns(train_rows + eval_rows)  # a column that would shadow a reward argument fails now, not at step 1
     sampler = PromptSampler(train_rows, seed=cfg.train.seed)
     eos = tokenizer.eos_token_id
@@ -80,7 +81,7 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
 
         # 1. rollouts: G samples per prompt from policy `version`
         rows = sampler.next(cfg.train.prompts_per_step)
-        prompts = [tokenizer.encode(r["prompt"]) for r in rows]
+        prompts = [encode_prompt(tokenizer, r) for r in rows]
         t0 = time.perf_counter()
         seed = cfg.train.seed * 1_000_003 + step
         samples = rollout.generate(prompts, sampling_params(cfg, eos, seed=seed), min_version=version)
@@ -146,6 +147,10 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
             metrics.update({f"eval_accuracy_{m}": a for m, a in acc.items()})
         if cfg.train.checkpoint_every > 0 and (step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps):
             run.save_checkpoint(step, learner, {"version": version, "sampler": sampler.state_dict()})
+        if (step == cfg.train.steps or (cfg.train.checkpoint_every > 0 and step % cfg.train.checkpoint_every == 0)) \
+                and os.path.isfile(_weights_file(run)):  # (a learner stand-in in tests may export no file)
+            # RUN_DIR/policy/: the newest synced weights (the last _sync exported them) as a save_pretrained dir
+            run.export_policy(_weights_file(run), cfg.model.path, cfg.model.tokenizer)
         metrics["time_step_s"] = time.perf_counter() - t_step
         run.log_metrics(metrics)
         history.append(metrics)
@@ -155,8 +160,12 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
     return history
 
 
+def _weights_file(run: RunDir) -> str:
+    return str(run.path / "weights" / "policy.safetensors")
+
+
 def _sync(learner: LearnerWorkers, rollout: RolloutWorkers, run: RunDir, version: int) -> None:
-    path = learner.export_weights(str(run.path / "weights" / "policy.safetensors"))
+    path = learner.export_weights(_weights_file(run))
     versions = rollout.load_weights(path, version)
     if any(v != version for v in versions):
         raise RuntimeError(f"weight sync: engines report versions {versions}, expected {version}")

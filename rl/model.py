@@ -50,11 +50,11 @@ class Fusion(nn.Module):
     linear_addition:   RMS(W_U h + W_T RMS(e))
     """
 
-    def __init__(self, hidden_size: int, mode: str):
+    def __init__(self, hidden_size: int, mode: str, eps: float = 1e-6):
         super().__init__()
         if mode not in FUSION_MODES:
             raise ValueError(f"fbt_fusion_mode: expected one of {FUSION_MODES}, got {mode!r}")
-        self.mode = mode
+        self.mode, self.eps = mode, eps
         d = hidden_size
         if mode == "gate_product":
             self.w_u, self.w_g = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
@@ -66,13 +66,14 @@ class Fusion(nn.Module):
             lin._fbt_fusion = True  # tells _init_weights to use the paper's uniform init
 
     def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        eps = self.eps
         if self.mode == "gate_product":
-            z = self.w_u(h) * torch.sigmoid(self.w_g(rms_normalize(e)))
+            z = self.w_u(h) * torch.sigmoid(self.w_g(rms_normalize(e, eps)))
         elif self.mode == "concat_projection":
-            z = self.w_c(torch.cat([rms_normalize(h), rms_normalize(e)], dim=-1))
+            z = self.w_c(torch.cat([rms_normalize(h, eps), rms_normalize(e, eps)], dim=-1))
         else:
-            z = self.w_u(h) + self.w_t(rms_normalize(e))
-        return rms_normalize(z)
+            z = self.w_u(h) + self.w_t(rms_normalize(e, eps))
+        return rms_normalize(z, eps)
 
 
 @strict
@@ -83,6 +84,9 @@ class FBTLlamaConfig(LlamaConfig):
     fbt_input_scale: str = "embedding_rms"
     fbt_reset_token_ids: list[int] | None = None  # document starts; None = [bos_token_id]
     fbt_prefill_passes: int = 2  # passes of the `fused` prompt mode
+    # epsilon of the fusion's parameter-free RMS norms (and of the embedding-RMS scale). An identity conversion
+    # (`identity_init_fusion`) sets it ~0 so that the fused input equals the token embedding to fp32 rounding.
+    fbt_rms_eps: float = 1e-6
 
 
 @strict
@@ -92,6 +96,7 @@ class FBTQwen2Config(Qwen2Config):
     fbt_input_scale: str = "embedding_rms"
     fbt_reset_token_ids: list[int] | None = None
     fbt_prefill_passes: int = 2
+    fbt_rms_eps: float = 1e-6
 
 
 @dataclass
@@ -121,7 +126,7 @@ class FBTMixin:
             allowed = FUSION_MODES if field == "fbt_fusion_mode" else INPUT_SCALES
             if getattr(config, field) not in allowed:
                 raise ValueError(f"config.{field}: expected one of {allowed}, got {getattr(config, field)!r}")
-        self.fusion = Fusion(config.hidden_size, config.fbt_fusion_mode)
+        self.fusion = Fusion(config.hidden_size, config.fbt_fusion_mode, config.fbt_rms_eps)
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear) and getattr(module, "_fbt_fusion", False):
@@ -144,7 +149,7 @@ class FBTMixin:
     def fuse(self, h_prev: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         """The fused layer-0 input `F(h_prev, e)` at the scale the backbone expects."""
         x = self.fusion(h_prev.to(e.dtype), e)
-        return x * rms_value(e) if self.config.fbt_input_scale == "embedding_rms" else x
+        return x * rms_value(e, self.fusion.eps) if self.config.fbt_input_scale == "embedding_rms" else x
 
     def run_stack(self, inputs_embeds, attention_mask=None, position_ids=None, past_key_values=None,
                   use_cache=False):
@@ -384,6 +389,19 @@ for _cfg, _cls in FBT_CLASSES.values():
     AutoModelForCausalLM.register(_cfg, _cls, exist_ok=True)
 
 
+def as_standard_lm(model):
+    """A stock Hugging Face Llama/Qwen2 that decodes in `standard` mode wherever an FBT model does.
+
+    Its class gains `FBTMixin`'s feedback-free building blocks (`embed`, `run_stack`, `logits_from_hidden`,
+    `prefill(mode="standard")`); it has no fusion, so every feedback mode refuses it. `fbrl eval` uses this to
+    score a backbone before conversion with the same engine and scorer as the converted model.
+    """
+    if hasattr(model, "fusion"):
+        return model
+    model.__class__ = type(f"Standard{type(model).__name__}", (FBTMixin, type(model)), {})
+    return model
+
+
 def fbt_config_from(base_config, fusion_mode: str = "gate_product", **fbt_fields):
     """An FBT config carrying every field of a stock Llama/Qwen2 config."""
     backbone = base_config.model_type.removeprefix("fbt_")
@@ -400,17 +418,58 @@ def fbt_config_from(base_config, fusion_mode: str = "gate_product", **fbt_fields
     return cfg
 
 
-def convert_to_fbt(model, fusion_mode: str = "gate_product", seed: int = 0, **fbt_fields):
-    """Stock HF causal LM (module or directory) → FBT model with freshly initialized fusion weights.
+# Fusion epsilon of an identity conversion: ~0 next to any embedding's mean square (fp32 keeps 1e-12 exactly), so
+# the three RMS epsilons no longer scale the fused input by 1/sqrt(ms/(ms+eps) + eps) ≠ 1 (docs/BENCHMARKS.md).
+IDENTITY_RMS_EPS = 1e-12
+FUSION_INITS = ("random", "identity")
+_NO_IDENTITY = ("identity init: fusion mode 'gate_product' has no identity point (the carried state is its value "
+                "path, the token only gates it); use 'linear_addition' or 'concat_projection'")
 
-    The one-pass model is unchanged: every backbone tensor is copied bit for bit.
+
+@torch.no_grad()
+def identity_init_fusion(model) -> None:
+    """Set the fusion to its identity point: fused input == token embedding, whatever the carried state.
+
+    linear_addition: W_U = 0, W_T = I, so RMS(W_U h + W_T RMS(e)) · rms(e) = e; concat_projection:
+    W_C = [0, I]. The state then has no effect on the forward pass, but ∂L/∂W_U = (∂L/∂z) hᵀ is not zero, so
+    SFT or RL can grow the latent channel from a model that decodes exactly like its backbone in every mode.
+    gate_product, RMS((W_U h) ⊙ σ(W_G RMS(e))), has no such point: the state is the value path, the token only
+    gates it, so no weights make the fused input equal e.
     """
+    fusion = model.fusion
+    if fusion.mode == "gate_product":
+        raise ValueError(_NO_IDENTITY)
+    d = model.config.hidden_size
+    eye = torch.eye(d, dtype=model.dtype, device=model.device)
+    if fusion.mode == "linear_addition":
+        fusion.w_u.weight.zero_()
+        fusion.w_t.weight.copy_(eye)
+    else:
+        fusion.w_c.weight.zero_()
+        fusion.w_c.weight[:, d:].copy_(eye)
+
+
+def convert_to_fbt(model, fusion_mode: str = "gate_product", seed: int = 0, init: str = "random", **fbt_fields):
+    """Stock HF causal LM (module or directory) → FBT model.
+
+    The one-pass model is unchanged: every backbone tensor is copied bit for bit. `init="random"`: the paper's
+    fusion init (needs multi-pass SFT before feedback helps); `init="identity"`: `identity_init_fusion` with
+    `fbt_rms_eps=IDENTITY_RMS_EPS`, so every decode mode equals the backbone from step 0.
+    """
+    if init not in FUSION_INITS:
+        raise ValueError(f"init: expected one of {FUSION_INITS}, got {init!r}")
     if isinstance(model, str):
         model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    if init == "identity":
+        fbt_fields.setdefault("fbt_rms_eps", IDENTITY_RMS_EPS)
     cfg = fbt_config_from(model.config, fusion_mode, **fbt_fields)
+    if init == "identity" and fusion_mode == "gate_product":
+        raise ValueError(_NO_IDENTITY)
     torch.manual_seed(seed)
     fbt = FBT_CLASSES[cfg.model_type.removeprefix("fbt_")][1](cfg).to(next(model.parameters()).dtype)
     missing, unexpected = fbt.load_state_dict(model.state_dict(), strict=False)
     if unexpected or any(not k.startswith("fusion.") for k in missing):
         raise ValueError(f"backbone weights do not fit: missing={missing} unexpected={unexpected}")
+    if init == "identity":
+        identity_init_fusion(fbt)
     return fbt

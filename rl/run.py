@@ -5,7 +5,9 @@ Layout of RUN_DIR:
     metrics.jsonl               one JSON object per step (and eval rows merged into their step)
     checkpoints/step_000010/    learner/ (model save_pretrained + optimizer state), trainer_state.json, rng
     checkpoints/latest          name of the newest complete checkpoint
-    plots/*.png                 reward and accuracy curves, written at the end
+    policy/                     the policy as a save_pretrained directory (config, weights, tokenizer), replaced at
+                                every checkpoint and at the end: load it with AutoModelForCausalLM, decode with vLLM
+    plots/*.png                 reward, accuracy and latent-channel curves, written at the end
 A checkpoint is written under a temporary name and renamed into place, then `latest` is replaced: a crash at
 any point leaves the previous checkpoint and pointer intact.
 """
@@ -22,6 +24,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rl.config import Config, check_resume, load_config
+
+
+POLICY_CONFIG_FILES = ("config.json", "generation_config.json")
+POLICY_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                          "vocab.json", "merges.txt", "tokenizer.model")
 
 
 class RunDir:
@@ -90,6 +97,30 @@ class RunDir:
         torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
         return state
 
+    # ---- the policy, for the user to take away -------------------------------------------------------------
+    def export_policy(self, weights_file: str | Path, model_dir: str | Path, tokenizer_dir: str | Path | None = None
+                      ) -> Path:
+        """`RUN_DIR/policy/`: the weights file the learner exported (one safetensors file, named as
+        save_pretrained names them) as `model.safetensors`, beside the starting checkpoint's config, generation
+        config and tokenizer. Built in a temporary directory, then swapped in (the old one removed after)."""
+        final, tmp, old = self.path / "policy", self.path / f".policy.tmp-{os.getpid()}", self.path / ".policy.old"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:  # a hard link costs nothing; the learner replaces (never rewrites) its export file
+            os.link(weights_file, tmp / "model.safetensors")
+        except OSError:
+            shutil.copy2(weights_file, tmp / "model.safetensors")
+        for src, names in ((model_dir, POLICY_CONFIG_FILES), (tokenizer_dir or model_dir, POLICY_TOKENIZER_FILES)):
+            for name in names:
+                if (Path(src) / name).is_file():
+                    shutil.copy2(Path(src) / name, tmp / name)
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+        return final
+
     # ---- plots -----------------------------------------------------------------------------------------
     def plot(self) -> list[Path]:
         import matplotlib
@@ -113,6 +144,9 @@ class RunDir:
             fig.savefig(out_dir / f"{key}.png", dpi=100)
             plt.close(fig)
             written.append(out_dir / f"{key}.png")
+        from rl.latent_metrics import plot_latent
+        if plot_latent(rows, out_dir / "latent.png"):
+            written.append(out_dir / "latent.png")
         return written
 
 

@@ -260,26 +260,26 @@ class TorchEngine(RolloutEngine):
         d = model.config.hidden_size
         with torch.inference_mode():
             e = model.embed(torch.arange(self.vocab_size, device=self.device))
-            en = rms_normalize(e)
+            en = rms_normalize(e, fusion.eps)
             if fusion.mode == "gate_product":
                 w_h, tok = fusion.w_u.weight, torch.sigmoid(fusion.w_g(en))
             elif fusion.mode == "linear_addition":
                 w_h, tok = fusion.w_u.weight, fusion.w_t(en)
             else:  # concat_projection: W_C [RMS(h); RMS(e)] = W_C[:, :d] RMS(h) + W_C[:, d:] RMS(e)
                 w_h, tok = fusion.w_c.weight[:, :d].contiguous(), F.linear(en, fusion.w_c.weight[:, d:])
-            scale = rms_value(e) if model.config.fbt_input_scale == "embedding_rms" else None
-        tables = {"mode": fusion.mode, "w_h": w_h, "tok": tok, "scale": scale, "d": d}
+            scale = rms_value(e, fusion.eps) if model.config.fbt_input_scale == "embedding_rms" else None
+        tables = {"mode": fusion.mode, "w_h": w_h, "tok": tok, "scale": scale, "d": d, "eps": fusion.eps}
         self._tables = (key, tables)
         return tables
 
     @staticmethod
     def _fuse_with_tables(t: dict, h_prev: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
         """`model.fuse(h_prev, embed(tok))` for [b, d] states and [b] tokens, from the token tables: [b, 1, d]."""
-        hin = rms_normalize(h_prev) if t["mode"] == "concat_projection" else h_prev
+        hin = rms_normalize(h_prev, t["eps"]) if t["mode"] == "concat_projection" else h_prev
         a, tt = F.linear(hin, t["w_h"]), F.embedding(tok, t["tok"])
         z = a * tt if t["mode"] == "gate_product" else a + tt
         # F.rms_norm is one kernel and equals rms_normalize in fp32; lower precision keeps the model's fp32 path
-        x = F.rms_norm(z, (t["d"],), eps=1e-6) if z.dtype == torch.float32 else rms_normalize(z)
+        x = F.rms_norm(z, (t["d"],), eps=t["eps"]) if z.dtype == torch.float32 else rms_normalize(z, t["eps"])
         if t["scale"] is not None:
             x = x * F.embedding(tok, t["scale"])
         return x[:, None]

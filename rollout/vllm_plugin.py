@@ -218,7 +218,7 @@ class FBTVLLMMixin:
         if vllm_config.parallel_config.pipeline_parallel_size > 1:
             raise ValueError("FBT models do not support pipeline parallelism (the fused input needs the "
                              "top-layer state at layer 0)")
-        self.fusion = Fusion(cfg.hidden_size, cfg.fbt_fusion_mode)
+        self.fusion = Fusion(cfg.hidden_size, cfg.fbt_fusion_mode, getattr(cfg, "fbt_rms_eps", 1e-6))
         self.fbt_passes = int(cfg.fbt_prefill_passes)
         if self.fbt_passes < 1:
             raise ValueError(f"fbt_prefill_passes must be >= 1, got {self.fbt_passes}")
@@ -309,14 +309,14 @@ class FBTVLLMMixin:
             d = cfg.hidden_size
             with torch.no_grad():
                 e = self.model.embed_input_ids(torch.arange(cfg.vocab_size, device=self.fbt_is_reset.device))
-                en = rms_normalize(e)
+                en = rms_normalize(e, fusion.eps)
                 if fusion.mode == "gate_product":
                     w_h, tok = fusion.w_u.weight, torch.sigmoid(fusion.w_g(en))
                 elif fusion.mode == "linear_addition":
                     w_h, tok = fusion.w_u.weight, fusion.w_t(en)
                 else:  # W_C [RMS(h); RMS(e)] = W_C[:, :d] RMS(h) + W_C[:, d:] RMS(e)
                     w_h, tok = fusion.w_c.weight[:, :d].contiguous(), F.linear(en, fusion.w_c.weight[:, d:])
-                scale = rms_value(e) if cfg.fbt_input_scale == "embedding_rms" else None
+                scale = rms_value(e, fusion.eps) if cfg.fbt_input_scale == "embedding_rms" else None
             self._fbt_tables = (w_h, tok, scale)
         return self._fbt_tables
 
@@ -326,10 +326,11 @@ class FBTVLLMMixin:
             return self.fuse(h, e)
         w_h, tok, scale = self._token_tables()
         h = h.to(e.dtype)
-        a = F.linear(rms_normalize(h) if self.fusion.mode == "concat_projection" else h, w_h)
+        eps = self.fusion.eps
+        a = F.linear(rms_normalize(h, eps) if self.fusion.mode == "concat_projection" else h, w_h)
         z = a * tok[ids] if self.fusion.mode == "gate_product" else a + tok[ids]
         # one fused kernel, equal to rms_normalize in fp32; lower precision keeps rl.model's fp32 path
-        x = F.rms_norm(z, (z.shape[-1],), eps=1e-6) if z.dtype == torch.float32 else rms_normalize(z)
+        x = F.rms_norm(z, (z.shape[-1],), eps=eps) if z.dtype == torch.float32 else rms_normalize(z, eps)
         return x * scale[ids] if scale is not None else x
 
     # ---- forward -----------------------------------------------------------------------------------------

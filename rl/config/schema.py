@@ -53,7 +53,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: Literal["arith", "jsonl", "parquet", "hf_disk"] = "arith"
+    task: Literal["arith", "jsonl", "parquet", "hf_disk", "word_problems"] = "arith"
     train_path: Optional[str] = None    # jsonl / parquet file, or a `datasets.save_to_disk` dir
     test_path: Optional[str] = None
     train_split: str = "train"          # split names (arith: train|val|test; hf_disk: DatasetDict keys)
@@ -66,13 +66,17 @@ class DataConfig:
     direct_answer_frac: float = 0.0
     prompt_field: str = "prompt"
     answer_field: str = "answer"
+    messages_field: str = "messages"    # a chat (list of {role, content}) used instead of / beside the prompt
+    # auto: chats are rendered with the tokenizer's chat template; on: every prompt goes through it; off: never
+    # (base models: chats become plain text)
+    chat_template: Literal["auto", "on", "off"] = "auto"
 
     def validate(self):
         if not self.difficulty or any(not 1 <= d <= 4 for d in self.difficulty):
             yield "difficulty", f"expected a non-empty list of levels in 1..4, got {self.difficulty}"
         if not 0.0 <= self.direct_answer_frac <= 1.0:
             yield "direct_answer_frac", f"expected a fraction in [0, 1], got {self.direct_answer_frac}"
-        if self.task != "arith" and not self.train_path:
+        if self.task not in ("arith", "word_problems") and not self.train_path:
             yield "train_path", f"required when task is {self.task!r}"
 
 
@@ -253,6 +257,7 @@ class TrainConfig:
     eval_n: int = 500
     eval_decode_modes: list[DecodeMode] = field(default_factory=lambda: ["soft"])
     checkpoint_every: int = 10
+    latent_metrics_rows: int = 4          # rows per step for the latent-channel metrics (rl/latent_metrics.py); 0: off
     run_dir: Optional[str] = None         # null: runs/<date-time>/
     resume: Optional[str] = None          # a run dir to continue
 

@@ -6,7 +6,10 @@ saved to disk (when `datasets` is installed), `load_task_split` which maps a `da
 resumed run draws exactly the prompts an uninterrupted run would have.
 
 Rows are plain dicts with at least `prompt` (str) and `answer` (str); every other column rides along and reaches
-the reward functions as a keyword list (`reward_columns`, TRL's convention; docs/REWARDS.md).
+the reward functions as a keyword list (`reward_columns`, TRL's convention; docs/REWARDS.md). A dataset may give
+a `messages` chat (list of {role, content}) instead of, or beside, a prompt string: `render_prompts` turns it into
+the prompt text with the tokenizer's chat template (`data.chat_template`: auto / on / off), and `encode_prompt`
+tokenizes a prompt without adding a second set of special tokens to a templated one.
 """
 from __future__ import annotations
 
@@ -53,35 +56,98 @@ def _read_numbered(path: str | Path) -> list[tuple[int, dict]]:
     return out
 
 
-def _normalize(rows: list[dict], where, prompt_field: str, answer_field: str) -> list[dict]:
-    """Rename the configured fields to `prompt` / `answer`; `where(i)` names row i for errors."""
+def _normalize(rows: list[dict], where, prompt_field: str, answer_field: str,
+               messages_field: str = "messages") -> list[dict]:
+    """Rename the configured fields to `prompt` / `answer` (and `messages`); `where(i)` names row i for errors.
+
+    A row needs a prompt string or a `messages` list of {role, content} dicts (a chat, rendered later by
+    `render_prompts`), and an answer.
+    """
     out = []
     for i, row in enumerate(rows):
-        for name in (prompt_field, answer_field):
-            if name not in row or row[name] is None:
-                raise DataError(f"{where(i)}: missing field {name!r} (fields: {sorted(row)})")
-        prompt, answer = row[prompt_field], row[answer_field]
-        if not isinstance(prompt, str):
-            raise DataError(f"{where(i)}: field {prompt_field!r} must be a string, got {type(prompt).__name__}")
+        if answer_field not in row or row[answer_field] is None:
+            raise DataError(f"{where(i)}: missing field {answer_field!r} (fields: {sorted(row)})")
+        has_messages = row.get(messages_field) is not None
+        if not has_messages and (prompt_field not in row or row[prompt_field] is None):
+            raise DataError(f"{where(i)}: missing field {prompt_field!r} or {messages_field!r} "
+                            f"(fields: {sorted(row)})")
+        answer = row[answer_field]
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
             raise DataError(f"{where(i)}: field {answer_field!r} must be a string or number, "
                             f"got {type(answer).__name__}")
         new = dict(row)
-        new["prompt"], new["answer"] = prompt, str(answer)
+        if has_messages:
+            new["messages"] = _check_messages(row[messages_field], f"{where(i)}: field {messages_field!r}")
+        if row.get(prompt_field) is not None:
+            if not isinstance(row[prompt_field], str):
+                raise DataError(f"{where(i)}: field {prompt_field!r} must be a string, "
+                                f"got {type(row[prompt_field]).__name__}")
+            new["prompt"] = row[prompt_field]
+        new["answer"] = str(answer)
         out.append(new)
     return out
 
 
-def load_jsonl(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer") -> list[dict]:
+def _check_messages(messages, where: str) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"{where} must be a non-empty list of {{role, content}} messages")
+    for j, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise DataError(f"{where}[{j}]: expected {{'role': str, 'content': str}}, got {m!r:.80}")
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")
+
+
+def render_prompts(rows: list[dict], tokenizer=None, chat_template: str = "auto") -> list[dict]:
+    """Give every row its `prompt` text: a `messages` chat rendered with the tokenizer's chat template.
+
+    auto: rows with `messages` are rendered with the template when the tokenizer has one (else as plain text);
+    plain `prompt` rows are left alone. on: every row goes through the template (a plain prompt becomes one user
+    message); the tokenizer must have a template. off (base models): no template; `messages` rows are rendered
+    as plain text (their contents separated by blank lines) unless they carry a `prompt` already.
+    Rendered rows get `chat_templated: True`; their text already holds the template's special tokens, so
+    `encode_prompt` encodes them without adding any.
+    """
+    if chat_template not in CHAT_TEMPLATE_MODES:
+        raise DataError(f"data.chat_template: expected one of {CHAT_TEMPLATE_MODES}, got {chat_template!r}")
+    has_template = tokenizer is not None and getattr(tokenizer, "chat_template", None)
+    if chat_template == "on" and not has_template:
+        raise DataError("data.chat_template is 'on' but the tokenizer has no chat template (a base model? set "
+                        "data.chat_template: off)")
+    out = []
+    for row in rows:
+        messages = row.get("messages")
+        if chat_template == "on" and messages is None:
+            messages = [{"role": "user", "content": row["prompt"]}]
+        use_template = messages is not None and has_template and chat_template != "off"
+        if use_template:
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            row = dict(row, prompt=text, chat_templated=True)
+        elif row.get("prompt") is None:
+            row = dict(row, prompt="\n\n".join(m["content"] for m in messages) + "\n")
+        out.append(row)
+    return out
+
+
+def encode_prompt(tokenizer, row: dict) -> list[int]:
+    """Token ids of a row's prompt: a chat-templated prompt already holds its special tokens (no second BOS)."""
+    return tokenizer.encode(row["prompt"], add_special_tokens=not row.get("chat_templated", False))
+
+
+def load_jsonl(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer",
+               messages_field: str = "messages") -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     numbered = _read_numbered(path)   # keep line numbers so that a missing field names its line
     return _normalize([row for _, row in numbered], lambda i: f"{path}:{numbered[i][0]}",
-                      prompt_field, answer_field)
+                      prompt_field, answer_field, messages_field)
 
 
-def load_parquet(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer") -> list[dict]:
+def load_parquet(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer",
+                 messages_field: str = "messages") -> list[dict]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -89,11 +155,11 @@ def load_parquet(path: str | Path, prompt_field: str = "prompt", answer_field: s
     if not Path(path).exists():
         raise DataError(f"{path}: no such file")
     rows = pq.read_table(path).to_pylist()
-    return _normalize(rows, lambda i: f"{path}: row {i}", prompt_field, answer_field)
+    return _normalize(rows, lambda i: f"{path}: row {i}", prompt_field, answer_field, messages_field)
 
 
 def load_hf_disk(path: str | Path, split: str | None = None, prompt_field: str = "prompt",
-                 answer_field: str = "answer") -> list[dict]:
+                 answer_field: str = "answer", messages_field: str = "messages") -> list[dict]:
     """A `datasets` Dataset or DatasetDict written by `save_to_disk`; `split` picks from a DatasetDict."""
     try:
         import datasets
@@ -107,29 +173,39 @@ def load_hf_disk(path: str | Path, split: str | None = None, prompt_field: str =
         if split not in ds:
             raise DataError(f"{path}: no split {split!r} (splits: {sorted(ds)})")
         ds, where = ds[split], f"{path}[{split}]"
-    return _normalize(ds.to_list(), lambda i: f"{where}: row {i}", prompt_field, answer_field)
+    return _normalize(ds.to_list(), lambda i: f"{where}: row {i}", prompt_field, answer_field, messages_field)
 
 
-def load_task_split(data: Any, split: str, n: int | None = None) -> list[dict]:
-    """Rows for `split` ('train', 'val' or 'test') of a `data` config section (rl.config.DataConfig).
+def load_task_split(data: Any, split: str, n: int | None = None, tokenizer=None) -> list[dict]:
+    """Rows for `split` ('train', 'val' or 'test') of a `data` config section (rl.config.DataConfig), each with
+    its `prompt` text (`messages` rendered by `render_prompts` with `tokenizer` per `data.chat_template`).
 
-    arith: generated (`n` problems; train defaults to `data.num_train`), with split names `data.train_split` /
-    `data.test_split` mapping onto the task's own splits. Files: `train_path` for train, `test_path` for the
-    others; `n` keeps the first n rows.
+    arith / word_problems: generated (`n` problems; train defaults to `data.num_train`), with split names
+    `data.train_split` / `data.test_split` mapping onto the task's own splits. Files: `train_path` for train,
+    `test_path` for the others; `n` keeps the first n rows.
     """
+    rows = _task_rows(data, split, n)
+    return render_prompts(rows, tokenizer, getattr(data, "chat_template", "auto"))
+
+
+def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
     name = data.train_split if split == "train" else data.test_split if split == "test" else split
-    if data.task == "arith":
-        from rl.data import arith
+    if data.task in ("arith", "word_problems"):
         if n is None:
             if split != "train":
                 raise DataError(f"data: say how many {split} problems to generate (n)")
             n = data.num_train
+        if data.task == "word_problems":
+            from rl.data import word_problems
+            return word_problems.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty))
+        from rl.data import arith
         return arith.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty),
                               direct_answer_frac=data.direct_answer_frac)
     path = data.train_path if split == "train" else data.test_path
     if not path:
         raise DataError(f"data.{'train' if split == 'train' else 'test'}_path: required for task {data.task!r}")
-    fields = dict(prompt_field=data.prompt_field, answer_field=data.answer_field)
+    fields = dict(prompt_field=data.prompt_field, answer_field=data.answer_field,
+                  messages_field=getattr(data, "messages_field", "messages"))
     if data.task == "jsonl":
         rows = load_jsonl(path, **fields)
     elif data.task == "parquet":
