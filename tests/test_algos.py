@@ -48,15 +48,36 @@ R = torch.tensor([1.0, 3.0, 0.0, 1.0, 0.0, 2.0, 1.0, 4.0], dtype=D)
 
 
 def test_grpo_by_hand():
-    # group 5: mean 0.5, population std 0.5 → ±0.5/0.5; group 2: mean 2, std sqrt(2/3); singleton → 0.
-    s2 = math.sqrt(2.0 / 3.0)
-    expected = [1.0, 1 / s2, -1.0, -1 / s2, -1.0, 0.0, 1.0, 0.0]
-    close(A.grpo_advantages(R, IDS, eps=0.0)[:7], expected[:7])
+    # Unbiased (n - 1) std, as TRL and verl. group 5: mean 0.5, std sqrt(1/3); group 2: mean 2, std 1;
+    # singleton → 0.
+    s5 = math.sqrt(1.0 / 3.0)
+    expected = [0.5 / s5, 1.0, -0.5 / s5, -1.0, -0.5 / s5, 0.0, 0.5 / s5, 0.0]
+    close(A.grpo_advantages(R, IDS, eps=0.0), expected)
     adv = A.grpo_advantages(R, IDS, eps=1e-6)
-    close(adv, [0.5 / (0.5 + 1e-6), 1 / (s2 + 1e-6), -0.5 / (0.5 + 1e-6), -1 / (s2 + 1e-6),
-                -0.5 / (0.5 + 1e-6), 0.0, 0.5 / (0.5 + 1e-6), 0.0])
+    close(adv, [0.5 / (s5 + 1e-6), 1 / (1 + 1e-6), -0.5 / (s5 + 1e-6), -1 / (1 + 1e-6),
+                -0.5 / (s5 + 1e-6), 0.0, 0.5 / (s5 + 1e-6), 0.0])
+    mean, std, n, equal = A.group_stats(R, IDS)
+    close(std, [s5, 1.0, s5, 1.0, s5, 1.0, s5, 0.0])
+    assert equal.tolist() == [False] * 7 + [True]
 
 
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
+def test_equal_groups_get_exactly_zero(name):
+    # Fails on the float32 statistics of before: eight rewards of 0.7 gave +0.056 each under GRPO, sixteen of 1.1
+    # (math + 0.1 x format, all right) -0.107: the ~1-ulp residue of r - mean divided by an equally tiny std.
+    # Exactly 0 is the bar (an all-equal group carries no signal), in float32 as the loop passes rewards.
+    for value, n in ((0.7, 8), (1.1, 16), (0.3, 5), (1 / 3, 7)):
+        rewards = torch.cat([torch.full((n,), value), torch.tensor([0.0, 1.0])]).float()
+        ids = torch.tensor([0] * n + [1, 1])
+        adv = A.compute_advantages(rewards, ids, name)
+        assert adv.dtype == torch.float32
+        assert adv[:n].eq(0).all(), (value, n, adv[:n])
+        assert adv[n:].abs().min() > 0.1  # the other group keeps its signal
+    # float64 rewards: even float64 statistics leave a residue (3 x 0.1 has mean 0.1 - 1.4e-17, which GRPO's
+    # division by an equally tiny std turns into ~1): only the max == min rule makes these exactly 0.
+    rewards = torch.tensor([0.1, 0.1, 0.1, 0.0, 1.0], dtype=torch.float64)
+    adv = A.compute_advantages(rewards, torch.tensor([0, 0, 0, 1, 1]), name)
+    assert adv.dtype == torch.float64 and adv[:3].eq(0).all(), adv
 def test_dr_grpo_by_hand():
     close(A.dr_grpo_advantages(R, IDS), [0.5, 1.0, -0.5, -1.0, -0.5, 0.0, 0.5, 0.0])
 

@@ -2,7 +2,14 @@
 
 Every function takes one scalar reward per sample (`[N]`) and the sample's group id (prompt id); groups may be
 of any size and in any order (ids need not be contiguous, sorted or dense). Advantages come back per sample
-(`[N]`); the loss broadcasts them over the sample's tokens.
+(`[N]`, in the rewards' float dtype, float32 for integer or half inputs); the loss broadcasts them over the
+sample's tokens.
+
+Group statistics are computed in float64, and a group whose rewards are all equal (max == min, which includes a
+singleton) gets an advantage of exactly 0 from every estimator. In float32, `r - mean` of equal rewards is a
+rounding residue of ~1 ulp and so is the std: eight rewards of 0.7 gave +0.056 each and sixteen of 1.1 gave
+-0.107 under GRPO, a step trained on noise whenever another group had signal. The GRPO std is the unbiased
+(n - 1) sample std, as in TRL and verl.
 """
 from __future__ import annotations
 
@@ -41,41 +48,63 @@ def _float(x: Tensor) -> Tensor:
     return x if x.is_floating_point() and x.dtype != torch.float16 and x.dtype != torch.bfloat16 else x.float()
 
 
-def group_stats(rewards: Tensor, group_ids: GroupIds) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-sample group mean, population std and group size (each `[N]`), for any grouping."""
-    r = _float(rewards)
+def _rewards64(rewards: Tensor) -> Tensor:
+    r = torch.as_tensor(rewards)
     if r.dim() != 1:
         raise ValueError(f"rewards must be 1-D (one scalar per sample), got shape {tuple(r.shape)}")
+    return r.to(torch.float64)
+
+
+def _group_reduce(r: Tensor, group_ids: GroupIds) -> tuple[Tensor, int, Tensor]:
     idx, k = group_index(group_ids, device=r.device)
     if idx.numel() != r.numel():
         raise ValueError(f"{r.numel()} rewards but {idx.numel()} group ids")
     count = torch.zeros(k, dtype=r.dtype, device=r.device).index_add_(0, idx, torch.ones_like(r))
+    return idx, k, count
+
+
+def group_stats(rewards: Tensor, group_ids: GroupIds) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-sample group mean, unbiased (n - 1) std, group size and all-equal flag (each `[N]`, float64 / bool),
+    for any grouping. A singleton group's std is 0 (and it counts as all-equal)."""
+    r = _rewards64(rewards)
+    idx, k, count = _group_reduce(r, group_ids)
     mean = torch.zeros(k, dtype=r.dtype, device=r.device).index_add_(0, idx, r) / count
     sq = torch.zeros(k, dtype=r.dtype, device=r.device).index_add_(0, idx, (r - mean[idx]) ** 2)
-    return mean[idx], (sq / count).sqrt()[idx], count[idx]
+    std = (sq / (count - 1).clamp_min(1)).sqrt()
+    empty = torch.zeros(k, dtype=r.dtype, device=r.device)
+    hi = empty.scatter_reduce(0, idx, r, reduce="amax", include_self=False)
+    lo = empty.scatter_reduce(0, idx, r, reduce="amin", include_self=False)
+    return mean[idx], std[idx], count[idx], (hi == lo)[idx]
+
+
+def _finish(adv: Tensor, equal: Tensor, rewards: Tensor) -> Tensor:
+    """Exactly 0 for all-equal groups (no rounding residue), back in the rewards' float dtype."""
+    return torch.where(equal, torch.zeros_like(adv), adv).to(_float(torch.as_tensor(rewards)).dtype)
 
 
 @register_advantage_estimator("grpo")
 def grpo_advantages(rewards: Tensor, group_ids: GroupIds, eps: float = 1e-6) -> Tensor:
-    """GRPO: (r − group mean) / (group population std + eps); all-equal and singleton groups give 0."""
-    mean, std, _ = group_stats(rewards, group_ids)
-    return (_float(rewards) - mean) / (std + eps)
+    """GRPO: (r − group mean) / (group unbiased std + eps); all-equal and singleton groups give exactly 0."""
+    mean, std, _, equal = group_stats(rewards, group_ids)
+    return _finish((_rewards64(rewards) - mean) / (std + eps), equal, rewards)
 
 
 @register_advantage_estimator("dr_grpo")
 def dr_grpo_advantages(rewards: Tensor, group_ids: GroupIds, eps: float = 1e-6) -> Tensor:
-    """Dr. GRPO: r − group mean, no std normalisation (`eps` is accepted for a uniform signature and unused)."""
-    mean, _, _ = group_stats(rewards, group_ids)
-    return _float(rewards) - mean
+    """Dr. GRPO: r − group mean, no std normalisation (`eps` is accepted for a uniform signature and unused);
+    all-equal groups give exactly 0."""
+    mean, _, _, equal = group_stats(rewards, group_ids)
+    return _finish(_rewards64(rewards) - mean, equal, rewards)
 
 
 @register_advantage_estimator("rloo")
 def rloo_advantages(rewards: Tensor, group_ids: GroupIds, eps: float = 1e-6) -> Tensor:
-    """RLOO: r − mean of the *other* samples in the group (= n/(n−1)·(r − mean)); singleton groups give 0."""
-    r = _float(rewards)
-    mean, _, n = group_stats(r, group_ids)
+    """RLOO: r − mean of the *other* samples in the group (= n/(n−1)·(r − mean)); singleton and all-equal groups
+    give exactly 0."""
+    r = _rewards64(rewards)
+    mean, _, n, equal = group_stats(r, group_ids)
     scale = torch.where(n > 1, n / (n - 1).clamp_min(1), torch.zeros_like(n))
-    return scale * (r - mean)
+    return _finish(scale * (r - mean), equal, rewards)
 
 
 def compute_advantages(rewards: Tensor, group_ids: GroupIds, estimator: str = "grpo", eps: float = 1e-6) -> Tensor:
