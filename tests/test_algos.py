@@ -325,6 +325,14 @@ def test_kl_estimators_by_hand():
     close(met["kl_loss"], 0.5)
     with pytest.raises(ValueError, match="ref_logp"):
         A.compute_policy_loss(logp, None, torch.zeros(1, dtype=D), torch.ones(1, 2), cfg)
+    # k3 is clamped at 10 per token like verl / OpenRLHF (fails on main: log-ratio 5 gave e^5 - 6 = 142.4, and the
+    # old ±20 log clamp let one token reach 4.9e8); below the clamp it is unchanged.
+    big = A.kl_k3(torch.tensor([[0.0, 0.0, 0.0]], dtype=D), torch.tensor([[5.0, 30.0, 2.0]], dtype=D))
+    close(big, [[10.0, 10.0, math.exp(2) - 3]])
+    # k1 as a loss has zero expected gradient: refused (it stays available as a value).
+    with pytest.raises(ValueError, match="zero expected gradient"):
+        A.PolicyLossConfig(kl_coef=0.1, kl_estimator="k1")
+    A.PolicyLossConfig(kl_coef=0.0, kl_estimator="k1")
     # coefficient 0: no reference needed, no KL term.
     loss0, met0 = A.compute_policy_loss(logp, None, torch.zeros(1, dtype=D), torch.ones(1, 2), A.PolicyLossConfig())
     close(loss0, 0.0)

@@ -67,6 +67,9 @@ class PolicyLossConfig:
             raise ValueError(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.kl_coef > 0 and self.kl_estimator in KL_NOT_A_LOSS:
+            raise ValueError(f"kl_estimator {self.kl_estimator!r} with kl_coef > 0: "
+                             f"{KL_NOT_A_LOSS[self.kl_estimator]}")
         if self.is_mode is not None and self.is_mode not in IS_MODES:
             raise ValueError(f"unknown is_mode {self.is_mode!r}; valid choices: None, {', '.join(IS_MODES)}")
         if self.is_level not in IS_LEVELS:
@@ -164,9 +167,15 @@ def aggregate_loss(loss_mat: Tensor, mask: Tensor, mode: str = "token_mean", *, 
 
 # ---- KL to the reference policy ------------------------------------------------------------------------------
 
+KL_CLAMP = 10.0  # per-token k3 bound, as verl's low_var_kl (OpenRLHF clamps the same way)
+# Estimators whose value is fine as a metric but whose gradient as a loss term is wrong: name -> why.
+KL_NOT_A_LOSS = {"k1": "k1 = log π − log π_ref has zero expected gradient as a loss (E_π[∇ log π] = 0): it only "
+                       "adds noise; use k2 (its gradient is the gradient of KL(π‖π_ref)) or k3"}
+
+
 @register_kl_estimator("k1")
 def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k1 = log π − log π_ref (unbiased, high variance, can be negative)."""
+    """k1 = log π − log π_ref (unbiased value, high variance, can be negative; refused as a loss term)."""
     return _f(logp) - _f(ref_logp).detach()
 
 
@@ -178,9 +187,11 @@ def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 @register_kl_estimator("k3")
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """k3 = exp(log π_ref − log π) − (log π_ref − log π) − 1 (unbiased, ≥ 0; the GRPO paper's choice)."""
+    """k3 = exp(log π_ref − log π) − (log π_ref − log π) − 1 (unbiased, ≥ 0; the GRPO paper's choice), clamped
+    at KL_CLAMP per token like verl and OpenRLHF (a clamped token adds no gradient)."""
+    # Without the clamp one token the reference finds far likelier (up to e^20) swamps the whole batch's loss.
     d = (_f(ref_logp).detach() - _f(logp)).clamp(-20.0, 20.0)
-    return d.exp() - d - 1.0
+    return (d.exp() - d - 1.0).clamp(max=KL_CLAMP)
 
 
 # ---- the one call the learner makes --------------------------------------------------------------------------

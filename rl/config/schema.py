@@ -180,6 +180,9 @@ class AlgoConfig:
             yield "clip_ratio_c", f"must be > 1 (dual clip), got {self.clip_ratio_c}"
         if self.eps_low < 0 or self.eps_high < 0:
             yield "eps_low", "clip ranges must be >= 0"
+        if self.kl_coef > 0 and self.kl_estimator == "k1":
+            yield "kl_estimator", ("k1 has zero expected gradient as a loss term (E[grad log pi] = 0); "
+                                   "use k2 (the gradient of KL(pi||ref)) or k3 with kl_coef > 0")
 
 
 @dataclass
