@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 from rl.model import PROMPT_MODES
 
 FINISH_REASONS = ("stop", "length", "aborted")
@@ -21,7 +22,7 @@ STATE_DTYPES = ("float32", "bfloat16")
 class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
-    logprobs: list[float]  # engine log-probs: log_softmax(logits / T) over the full vocabulary
+    logprobs: list[float]  # engine log-probs under the log-prob contract (rl/logprob_contract.py)
     finish_reason: str  # stop | length | aborted
     policy_version: int
     states: torch.Tensor | None = None  # [R, d]; row j is the state that predicted response_ids[j]
@@ -131,7 +132,9 @@ class SamplingParams:
         """Raise ValueError naming the first bad field."""
         checks = [
             ("n", self.n >= 1, "must be >= 1"),
-            ("temperature", self.temperature >= 0, "must be >= 0 (0 = greedy)"),
+            ("temperature", self.temperature == 0 or TEMPERATURE_MIN <= self.temperature <= TEMPERATURE_MAX,
+             f"must be 0 (greedy) or in [{TEMPERATURE_MIN}, {TEMPERATURE_MAX}] (vLLM rejects higher ones and "
+             f"silently raises lower ones to {TEMPERATURE_MIN}: both engines refuse them)"),
             ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
             ("top_k", self.top_k >= 0, "must be >= 0 (0 = off)"),
             ("max_tokens", self.max_tokens >= 1, "must be >= 1"),

@@ -93,8 +93,10 @@ class PolicyUpdater:
         self.multiple_updates = cfg.algo.ppo_epochs * cfg.algo.mini_batches > 1
 
     def _logprobs(self, model, batch: LearnerBatch, with_entropy=False):
-        return self.estimator(model, batch, self.cfg.rollout.decode_mode, passes=self.cfg.likelihood.passes,
-                              temperature=self.cfg.rollout.temperature or 1.0, with_entropy=with_entropy)
+        r = self.cfg.rollout
+        return self.estimator(model, batch, r.decode_mode, passes=self.cfg.likelihood.passes,
+                              temperature=r.temperature or 1.0, with_entropy=with_entropy, top_k=max(r.top_k, 0),
+                              top_p=r.top_p)
 
     def update(self, samples: list[Sample], advantages: list[float], backend: Backend,
                rank: int = 0) -> dict[str, float]:

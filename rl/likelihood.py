@@ -3,10 +3,13 @@
 Every estimator has the signature
 
     fn(model, batch: LearnerBatch, decode_mode, passes=3, temperature=1.0, with_entropy=False,
-       micro_batch_size=None) -> LikelihoodOutput(logprobs [B, R], entropy [B, R] | None)
+       micro_batch_size=None, top_k=0, top_p=1.0) -> LikelihoodOutput(logprobs [B, R], entropy [B, R] | None)
 
-and returns log_softmax(logits / T) over the full vocabulary gathered at the response tokens, zero where
-`batch.response_mask` is 0. Alignment: response token j of row b sits at position P_b + j and is predicted by the
+and returns the response tokens' log-probs under the log-prob contract (rl/logprob_contract.py: log_softmax of
+logits / T, restricted to the top-k / top-p kept set and renormalised when those are on, the sampled token always
+kept), zero where `batch.response_mask` is 0; entropies are of that same distribution. Logits are computed at
+the real response tokens only ([N, V], no padding rows), which is most of the memory with a real vocabulary.
+Alignment: response token j of row b sits at position P_b + j and is predicted by the
 state at P_b + j - 1 (recorded state row j); when consumed, its input is F(row j, e(y_j)).
 
 | name       | what runs                                                                | gradient                     |
@@ -33,6 +36,7 @@ from typing import Callable
 import torch
 
 from rl.batch import LearnerBatch
+from rl.logprob_contract import behaviour_log_softmax, entropy_of
 from rl.model import PROMPT_MODES, positions_from_mask, shift_right
 
 __all__ = ["ESTIMATORS", "LikelihoodOutput", "get_estimator", "register_estimator", "response_hidden",
@@ -71,9 +75,10 @@ def register_estimator(name: str):
 
         def estimator(model, batch: LearnerBatch, decode_mode: str = "soft", passes: int = 3,
                       temperature: float = 1.0, with_entropy: bool = False,
-                      micro_batch_size: int | None = None) -> LikelihoodOutput:
+                      micro_batch_size: int | None = None, top_k: int = 0, top_p: float = 1.0) -> LikelihoodOutput:
             _check(model, name, decode_mode, passes)
-            outs = [token_logprobs(model, hidden_fn(model, mb, decode_mode, passes), mb, temperature, with_entropy)
+            outs = [token_logprobs(model, hidden_fn(model, mb, decode_mode, passes), mb, temperature, with_entropy,
+                                   top_k=top_k, top_p=top_p)
                     for mb in micro_batches(batch, micro_batch_size)]
             ent = torch.cat([o.entropy for o in outs]) if with_entropy else None
             return LikelihoodOutput(torch.cat([o.logprobs for o in outs]), ent)
@@ -281,11 +286,19 @@ def response_log_dists(model, h: torch.Tensor, batch: LearnerBatch, temperature:
 
 
 def token_logprobs(model, h: torch.Tensor, batch: LearnerBatch, temperature: float = 1.0,
-                   with_entropy: bool = False) -> LikelihoodOutput:
-    """Gather the response tokens' log-probs (and entropies) from states h; 0 on padding."""
-    logp = response_log_dists(model, h, batch, temperature)
-    mask = batch.response_mask.to(logp.device)
-    tok = batch.response_ids.to(logp.device)
-    lp = torch.gather(logp, -1, tok[..., None])[..., 0] * mask
-    ent = -(logp.exp() * logp).sum(-1) * mask if with_entropy else None
+                   with_entropy: bool = False, top_k: int = 0, top_p: float = 1.0) -> LikelihoodOutput:
+    """The response tokens' log-probs (and entropies) under the log-prob contract from states h; 0 on padding.
+    The LM head and log-softmax run on the real response tokens only."""
+    rows, js = batch.response_mask.bool().nonzero(as_tuple=True)
+    rows, js = rows.to(h.device), js.to(h.device)
+    pos = batch.prompt_lens.to(h.device)[rows] - 1 + js
+    head = model.logits_from_hidden if hasattr(model, "logits_from_hidden") else model.get_output_embeddings()
+    tok = batch.response_ids.to(h.device)[rows, js]
+    logp = behaviour_log_softmax(head(h[rows, pos]), _temperature(temperature), top_k, top_p, always_keep=tok)
+    shape = tuple(batch.response_mask.shape)
+    picked = logp.gather(-1, tok[:, None])[:, 0]
+    lp = torch.zeros(shape, dtype=logp.dtype, device=h.device).index_put((rows, js), picked)
+    ent = None
+    if with_entropy:
+        ent = torch.zeros(shape, dtype=logp.dtype, device=h.device).index_put((rows, js), entropy_of(logp))
     return LikelihoodOutput(lp, ent)

@@ -3,14 +3,15 @@ step) and the logits only — not on the batch it was decoded in.
 
 Sample k of prompt i draws one uniform per step from a hash of (seed, i, k, step) and inverts the CDF of
 softmax(logits / T) (after top-k / top-p if asked); no per-row `torch.Generator` loop in the step. Log-probs
-follow shared/DESIGN.md §5: log_softmax(logits / T) over the full vocabulary, whatever top-p / top-k did;
-T = 0 is greedy with log-probs of the untempered logits.
+follow the log-prob contract (rl/logprob_contract.py): log π_b of the sampled token, where π_b is the
+distribution sampled from (truncated by top-k / top-p and renormalised, the same kept set as vLLM's); T = 0 is
+greedy with log-probs of the untempered logits.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
+from rl.logprob_contract import behaviour_log_softmax, truncation_active
 from rollout.base import SamplingParams
 
 _MASK32 = 0xFFFFFFFF
@@ -59,18 +60,12 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor)
     if params.temperature == 0:
         lp, tok = torch.log_softmax(logits, dim=-1).max(dim=-1)  # argmax of log-probs = argmax of logits
         return tok, lp
-    logp = torch.log_softmax(logits / params.temperature, dim=-1)
-    probs = logp.exp()
-    if params.top_k > 0 or params.top_p < 1:
+    logp = behaviour_log_softmax(logits, params.temperature, params.top_k, params.top_p)
+    probs = logp.exp()  # 0 outside the kept set
+    order = None
+    if truncation_active(params.top_k, params.top_p):
+        # inverse CDF over the kept tokens in descending probability (the tail of zeros never reached)
         probs, order = probs.sort(dim=-1, descending=True)
-        if 0 < params.top_k < probs.shape[-1]:
-            probs[:, params.top_k:] = 0
-        if params.top_p < 1:
-            # keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < top_p
-            before = probs.cumsum(-1) - probs
-            probs = torch.where(before < params.top_p * probs.sum(-1, keepdim=True), probs, 0)
-    else:
-        order = None
     cdf = probs.double().cumsum(-1)
     total = cdf[:, -1:]
     # strictly below the total mass (u * total can round up to it): the first CDF entry above the target then

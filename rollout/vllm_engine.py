@@ -7,10 +7,10 @@ recorded states out through files, never bulk tensors through RPC).
 - Decode mode: per request. Every sample carries `SamplingParams.decode_mode` to the model in vLLM's
   `extra_args`; the constructor's `decode_mode` is only the engine-wide default written into the model config
   (`fbt_decode_mode`), which applies to requests that do not come through this class.
-- Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`, i.e. log_softmax(logits / T) of the sampled
-  token, which is our contract (T = 0: log_softmax(logits)). Under top-k / top-p vLLM's processed log-probs are
-  those of the truncated distribution actually sampled from, not the full-vocabulary ones; the learner's
-  mismatch metrics report that gap (shared/DESIGN.md §5).
+- Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`: log_softmax of the logits after temperature
+  and top-k / top-p masking, i.e. log π_b of the sampled token, the truncated renormalised distribution sampled
+  from — our contract (rl/logprob_contract.py; T = 0: log_softmax(logits)), which the torch engine and the
+  learner's estimators follow too (tests/test_logprob_contract.py).
 - Samples are matched to their recorded states by a per-sample key (not vLLM's request id, which vLLM suffixes
   internally). A sample whose request vLLM preempted and recomputed is returned with `preempted=True` and no
   states; the KV cache is sized at construction so the configured concurrency cannot preempt.
@@ -47,7 +47,7 @@ FORCED_OPTIONS = {
     "async_scheduling": (False, "the recorded states and slots assume one step at a time"),
     "enforce_eager": (True, "the per-request modes and recorded states are host-side bookkeeping a captured CUDA "
                             "graph would replay stale (docs/GPU.md)"),
-    "logprobs_mode": ("processed_logprobs", "engine log-probs must be log_softmax(logits / T)"),
+    "logprobs_mode": ("processed_logprobs", "engine log-probs must be those of the distribution sampled from"),
     "worker_extension_cls": (WORKER_EXTENSION, "weights and recorded states travel through it"),
     "skip_tokenizer_init": (True, "the engine is token-in, token-out"),
     "pipeline_parallel_size": (1, "layer 0 needs the top layer's state"),

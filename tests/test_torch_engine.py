@@ -39,19 +39,36 @@ def model():
     return tiny_fbt()
 
 
-def reference(model, sample, temperature=1.0):
-    """The recurrence's states rows [R, d] and log-probs [R, V] (under the log-prob contract) for one sample."""
+def vllm_truncation(scaled, top_k, top_p):
+    """vLLM 0.32's `apply_top_k_top_p_pytorch`, restated as the oracle: ascending sort, top-k keeps logits >= the
+    k-th largest, then top-p masks the ascending prefix whose cumulative (renormalised) mass is <= 1 - p, keeping
+    the largest token."""
+    x = scaled.clone()
+    srt, idx = x.sort(dim=-1, descending=False)
+    if top_k > 0:
+        srt = srt.masked_fill(srt < srt[:, -top_k, None], float("-inf"))
+    if top_p < 1:
+        cum = srt.softmax(-1).cumsum(-1)
+        drop = cum <= 1 - top_p
+        drop[:, -1] = False
+        srt = srt.masked_fill(drop, float("-inf"))
+    return x.scatter(-1, idx, srt)
+
+
+def reference(model, sample, temperature=1.0, top_k=0, top_p=1.0):
+    """The recurrence's states rows [R, d] and log-probs [R, V] under the log-prob contract for one sample: the
+    distribution sampled from, truncated by top-k / top-p (vLLM's rule) and renormalised."""
     P, R = len(sample.prompt_ids), len(sample.response_ids)
     ids = torch.tensor([sample.prompt_ids + sample.response_ids])
     with torch.no_grad():
         h = model.recurrent_forward(ids, torch.tensor([P]), mode=sample.decode_mode)[0, P - 1:P - 1 + R]
         logits = model.logits_from_hidden(h)
-    return h, torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return h, torch.log_softmax(vllm_truncation(logits / (temperature or 1.0), top_k, top_p), dim=-1)
 
 
-def assert_matches_recurrence(model, samples, temperature=0.0):
+def assert_matches_recurrence(model, samples, temperature=0.0, top_k=0, top_p=1.0):
     for s in samples:
-        states, logp = reference(model, s, temperature)
+        states, logp = reference(model, s, temperature, top_k, top_p)
         resp = torch.tensor(s.response_ids)
         if temperature == 0:
             assert s.response_ids == logp.argmax(-1).tolist(), "greedy tokens differ from the recurrence"
@@ -112,9 +129,15 @@ def test_fusion_modes_and_untabled_path(fusion_mode, tables):
 def test_sampled_logprobs_follow_contract(model):
     params = SamplingParams(n=3, temperature=0.7, max_tokens=10, seed=11, decode_mode="fused", record_states=True)
     assert_matches_recurrence(model, TorchEngine(model).generate(PROMPTS, params), temperature=0.7)
-    # top-k/top-p change what is sampled, never the reported log-probs (full vocabulary, tempered)
-    params = SamplingParams(temperature=1.3, top_k=5, top_p=0.9, max_tokens=8, seed=2, decode_mode="soft")
-    assert_matches_recurrence(model, TorchEngine(model).generate(PROMPTS, params), temperature=1.3)
+    # Under top-k / top-p the reported log-prob is that of the distribution sampled from (truncated, renormalised),
+    # as vLLM's processed log-probs are. Fails on main, which reported full-vocabulary log-probs (gap ~2 here).
+    for top_k, top_p in ((5, 1.0), (0, 0.8), (5, 0.9)):
+        params = SamplingParams(n=2, temperature=1.3, top_k=top_k, top_p=top_p, max_tokens=8, seed=2)
+        samples = TorchEngine(model).generate(PROMPTS, params)
+        assert_matches_recurrence(model, samples, temperature=1.3, top_k=top_k, top_p=top_p)
+        full = [reference(model, s, 1.3)[1].gather(1, torch.tensor(s.response_ids)[:, None])[:, 0] for s in samples]
+        gap = torch.cat([torch.tensor(s.logprobs) - f for s, f in zip(samples, full)])
+        assert gap.min() > 1e-3, "truncation should raise every sampled token's log-prob (kept mass < 1)"
 
 
 def test_stop_tokens_early_exit_and_reset_tokens(model):

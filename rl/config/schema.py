@@ -13,6 +13,8 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
+
 DecodeMode = Literal["standard", "soft", "fused"]
 
 
@@ -149,8 +151,9 @@ class RolloutConfig:
     def validate(self):
         if not 0 < self.top_p <= 1:
             yield "top_p", f"expected a value in (0, 1], got {self.top_p}"
-        if self.temperature <= 0:
-            yield "temperature", f"must be > 0 for training rollouts, got {self.temperature}"
+        if not TEMPERATURE_MIN <= self.temperature <= TEMPERATURE_MAX:
+            yield "temperature", (f"must be in [{TEMPERATURE_MIN}, {TEMPERATURE_MAX}] for training rollouts (vLLM's "
+                                  f"limits, enforced by both engines), got {self.temperature}")
         for name in ("num_engines", "max_tokens", "n_samples_per_prompt"):
             if getattr(self, name) < 1:
                 yield name, f"must be >= 1, got {getattr(self, name)}"
