@@ -41,7 +41,7 @@ from torch import nn
 
 from rl.batch import collate
 from rl.latent_metrics import latent_metrics
-from rl.learner import PolicyUpdater, plan_update
+from rl.learner import PolicyUpdater
 from rl.workers import tensor_checksums
 
 log = logging.getLogger(__name__)
@@ -201,15 +201,15 @@ class _EngineUpdater(PolicyUpdater):
         super().__init__(model, cfg, pad_id, ref_model)
         self.engine = engine
 
-    def _micro_loss(self, batch, rows, *args):
-        if not rows:
-            # This rank has no rows in this micro-batch. It still runs a real forward (row 0, loss x 0): under
-            # ZeRO-3 every module call all-gathers its parameters, a collective the other ranks are making now,
-            # and every parameter gets a (zero) gradient, as on the ranks with rows. rl.learner's own fallback,
-            # sum(p.sum()) x 0, fails on ZeRO-3's partitioned (empty) parameters.
-            loss, _ = self.engine(super()._micro_loss, batch, [0], *args)
+    def _micro_loss(self, micro, tokens, seqs, empty=False):
+        if empty:
+            # This rank has no rows in this micro-batch. It still runs a real forward (the stand-in row the updater
+            # passes, loss x 0): under ZeRO-3 every module call all-gathers its parameters, a collective the other
+            # ranks are making now, and every parameter gets a (zero) gradient, as on the ranks with rows.
+            # rl.learner's own fallback, sum(p.sum()) x 0, fails on ZeRO-3's partitioned (empty) parameters.
+            loss, _ = self.engine(super()._micro_loss, micro, tokens, seqs)
             return loss * 0.0, {}
-        return self.engine(super()._micro_loss, batch, rows, *args)
+        return self.engine(super()._micro_loss, micro, tokens, seqs)
 
 
 # ---- one rank ---------------------------------------------------------------------------------------------------
@@ -257,12 +257,12 @@ class LearnerRank:
     # -- training ---------------------------------------------------------------------------------------------
     def update(self, samples, advantages) -> dict:
         """This rank's share of one rollout batch. Returns the updater's metrics (token-weighted means over this
-        rank's micro-batches) plus `_tokens`, the weight a group uses to merge ranks."""
+        rank's micro-batches), the latent metrics, and `_tokens`, the response tokens this rank trained on (the
+        weight a group uses to merge ranks), from the updater's own plan."""
         latent = self._latent_metrics(samples)  # before the update: the weights that drew the samples
         self.engine.train()
         metrics = self.updater.update(samples, advantages, self.backend, self.rank)
         metrics.update(latent)
-        metrics["_tokens"] = float(self._rank_tokens(samples))
         return metrics
 
     def _latent_metrics(self, samples) -> dict:
@@ -280,13 +280,6 @@ class LearnerRank:
             return contextlib.nullcontext()
         import deepspeed
         return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
-
-    def _rank_tokens(self, samples) -> int:
-        """Response tokens this rank trained on (all epochs), from the same plan the updater used."""
-        a = self.cfg.algo
-        plan = plan_update(len(samples), a.mini_batches, self.world_size, 1)  # micro size does not change the rows
-        lens = [s.response_len for s in samples]
-        return a.ppo_epochs * sum(lens[i] for mini in plan.minibatches for i in mini[self.rank::self.world_size])
 
     # -- weights ----------------------------------------------------------------------------------------------
     def full_state(self) -> dict[str, torch.Tensor] | None:

@@ -16,7 +16,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from rl.config.schema import Config, ConfigError, _join, _under
+from rl.config.schema import RETIRED_KEYS, Config, ConfigError, _join, _under
 
 # ---------------------------------------------------------------------------------------------- loading
 
@@ -207,6 +207,8 @@ def _build(cls, raw, path: str, origins: dict[str, str]):
     for key in raw:
         if key not in names:
             sub = _join(path, str(key))
+            if sub in RETIRED_KEYS:
+                raise ConfigError(f"{sub}: {RETIRED_KEYS[sub]}{_where(sub, origins)}")
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(f"{sub}: unknown key ({hint}valid keys under "

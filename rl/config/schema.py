@@ -191,8 +191,10 @@ class AlgoConfig:
 @dataclass
 class LikelihoodConfig:
     estimator: Literal["replay", "kpass", "exact", "standard"] = "replay"
-    passes: int = 3                       # K for kpass
-    micro_batch_size: int = 8
+    passes: int = 3                       # K for kpass (the policy's and a kpass reference's)
+    # the reference model's log-probs (algo.kl_coef > 0) come from its own recurrence, never the policy's recorded
+    # states: exact, or kpass (cheaper for long responses; its error against exact is logged, ref_kpass_abs_err)
+    ref_estimator: Literal["exact", "kpass"] = "exact"
 
     def validate(self):
         if self.passes < 1:
@@ -210,13 +212,21 @@ class LearnerConfig:
     adam_betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0
     grad_clip: float = 1.0
-    micro_batch_size: int = 8
+    micro_batch_size: int = 8             # at most this many rows per micro-batch
+    # and at most this many padded tokens (rows x longest prompt + response; null: rows only). The same
+    # micro-batches compute old, reference and policy log-probs, so a step's peak memory is set by these two
+    # numbers, not by the rollout batch.
+    max_tokens_per_micro_batch: Optional[int] = 4096
     bf16: bool = False
     torch_adam: bool = True               # DeepSpeed's CPU FusedAdam JIT-compiles for minutes
 
     def validate(self):
         if not 0 <= self.zero_stage <= 3:
             yield "zero_stage", f"expected 0, 1, 2 or 3, got {self.zero_stage}"
+        if self.micro_batch_size < 1:
+            yield "micro_batch_size", f"must be >= 1, got {self.micro_batch_size}"
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
+            yield "max_tokens_per_micro_batch", f"must be >= 1 or null, got {self.max_tokens_per_micro_batch}"
 
 
 @dataclass
@@ -346,6 +356,12 @@ class Config:
             obj = getattr(obj, part)
         return obj
 
+
+# Keys that no longer exist, with what replaced them (the loader's error says so instead of "unknown key").
+RETIRED_KEYS = {
+    "likelihood.micro_batch_size": "removed (it was never read); learner.max_tokens_per_micro_batch and "
+                                   "learner.micro_batch_size now bound old, reference and policy log-probs alike",
+}
 
 # Fields whose change makes a resumed run a different experiment (checked by `check_resume`).
 RESUME_LOCKED = ("model.path", "model.init", "model.fusion_mode", "data", "likelihood.estimator",
