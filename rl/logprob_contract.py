@@ -29,6 +29,7 @@ import torch
 
 TEMPERATURE_MIN = 1e-2  # vLLM raises smaller positive temperatures to this (its _MAX_TEMP), silently
 TEMPERATURE_MAX = 2.0   # vLLM's SamplingParams refuses anything above
+SORT_CHUNK = 2 ** 24    # top-p sorts this many entries at a time (values + int64 indices: 12 bytes each)
 
 
 def truncation_active(top_k: int, top_p: float) -> bool:
@@ -47,12 +48,18 @@ def kept_tokens(scaled_logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0)
         kth = x.topk(top_k, dim=-1).values[..., -1:]
         keep = x >= kth
     if top_p < 1.0:
-        probs = torch.softmax(x.masked_fill(~keep, float("-inf")), dim=-1)
-        p_sorted, order = probs.sort(dim=-1, descending=True)
-        before = p_sorted.cumsum(-1) - p_sorted
-        keep_sorted = before < top_p
-        keep_sorted[..., 0] = True
-        keep = keep & torch.zeros_like(keep).scatter(-1, order, keep_sorted)
+        flat, kflat = x.reshape(-1, V), keep.reshape(-1, V)
+        # rows in chunks of ~SORT_CHUNK entries: a learner micro-batch of thousands of tokens x a 100k vocabulary
+        # would otherwise sort ~10 GB at once
+        step = max(1, SORT_CHUNK // V)
+        for i in range(0, flat.shape[0], step):
+            rows = slice(i, i + step)
+            probs = torch.softmax(flat[rows].masked_fill(~kflat[rows], float("-inf")), dim=-1)
+            p_sorted, order = probs.sort(dim=-1, descending=True)
+            keep_sorted = (p_sorted.cumsum(-1) - p_sorted) < top_p  # the mass before each token
+            keep_sorted[:, 0] = True
+            kflat[rows] &= torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        keep = kflat.reshape(keep.shape)
     return keep
 
 

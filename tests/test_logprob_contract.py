@@ -132,6 +132,17 @@ def test_learner_truncation_gradients_are_finite(model):
     assert torch.isfinite(tiny).all() and (tiny <= 0).all()
 
 
+def test_top_p_in_row_chunks_equals_all_rows_at_once(monkeypatch):
+    """The top-p sort runs over row chunks (memory); chunking must not change the kept set."""
+    from rl import logprob_contract as C
+    x = torch.randn(2, 37, 300, generator=torch.Generator().manual_seed(0)) * 3
+    whole = C.kept_tokens(x, 40, 0.7)
+    monkeypatch.setattr(C, "SORT_CHUNK", 300 * 5)  # 5 rows per chunk: 15 chunks, the last one partial
+    chunked = C.kept_tokens(x, 40, 0.7)
+    kept = whole.sum(-1)
+    assert torch.equal(whole, chunked) and (kept > 1).any() and (kept < 40).all()
+
+
 @pytest.mark.parametrize("temperature", [2.5, 0.005])
 def test_temperatures_outside_vllms_limits_refused_by_both_engines(model, vllm_engine, temperature):
     """vLLM 0.32 rejects T > 2 and silently raises 0 < T < 0.01 to 0.01 (the learner would then score another
