@@ -8,9 +8,10 @@ Micro-batches by token budget (`plan_update`). The plan is computed from the who
 sharding, so every rank makes the same number of forward, backward and step calls (a collective backend
 deadlocks otherwise; a rank short of rows runs empty micro-batches) and token_mean is over the global batch.
 Within a mini-batch, rows go to ranks balanced by tokens, and each rank's rows, sorted by length, are cut into
-micro-batches of at most `learner.max_tokens_per_micro_batch` padded tokens (rows x longest row) and
-`learner.micro_batch_size` rows: rows of similar length share a micro-batch, so little padding is left, and the
-estimators compute logits at real response tokens only. The same micro-batches serve the old (behaviour)
+micro-batches of at most `learner.micro_batch_size` rows, `learner.max_tokens_per_micro_batch` padded tokens
+(rows x longest row: the decoder stack's activations) and `learner.max_response_tokens_per_micro_batch` response
+tokens (the estimators compute logits at real response tokens only: the [tokens, vocab] log-softmax). Rows of
+similar length share a micro-batch, so little padding is left. The same micro-batches serve the old (behaviour)
 log-probs, the reference's and the policy's, and every micro-batch is collated from the samples when it runs:
 no tensor spans the whole batch, so a step's peak memory does not grow with the rollout batch.
 
@@ -79,12 +80,15 @@ class UpdatePlan:
 
 
 def plan_update(lengths: list[int], mini_batches: int, world_size: int, max_rows: int | None,
-                max_tokens: int | None) -> UpdatePlan:
+                max_tokens: int | None, response_lengths: list[int] | None = None,
+                max_response_tokens: int | None = None) -> UpdatePlan:
     """Mini-batches are contiguous row ranges (a prompt's group stays together); each is spread over the ranks by
     tokens (longest row first, to the rank with the fewest tokens), and each rank's rows, longest first, are cut
-    into micro-batches of at most `max_rows` rows and `max_tokens` padded tokens (rows x longest; a row longer
-    than the budget gets a micro-batch of its own). Ranks short of micro-batches get empty ones."""
+    into micro-batches of at most `max_rows` rows, `max_tokens` padded tokens (rows x longest prompt + response:
+    the decoder stack's activations) and `max_response_tokens` response tokens (the [tokens, vocab] log-softmax);
+    a row over a budget on its own gets a micro-batch of its own. Ranks short of micro-batches get empty ones."""
     n_rows = len(lengths)
+    resp = response_lengths if response_lengths is not None else [0] * n_rows
     mini_batches = max(1, min(mini_batches, n_rows))
     rows = list(range(n_rows))
     per = -(-n_rows // mini_batches)
@@ -97,22 +101,28 @@ def plan_update(lengths: list[int], mini_batches: int, world_size: int, max_rows
             k = min(range(world_size), key=lambda i: (load[i], i))
             shares[k].append(r)
             load[k] += lengths[r]
-        per_rank = [_cut(share, lengths, max_rows, max_tokens) for share in shares]
+        per_rank = [_cut(share, lengths, resp, max_rows, max_tokens, max_response_tokens) for share in shares]
         n = max(1, max(len(m) for m in per_rank))
         micro.append([m + [[] for _ in range(n - len(m))] for m in per_rank])
     return UpdatePlan(minis, micro)
 
 
-def _cut(rows: list[int], lengths: list[int], max_rows: int | None, max_tokens: int | None) -> list[list[int]]:
-    """Rows sorted longest first -> consecutive micro-batches within both budgets."""
+def _cut(rows: list[int], lengths: list[int], resp: list[int], max_rows: int | None, max_tokens: int | None,
+         max_response: int | None) -> list[list[int]]:
+    """Rows sorted longest first -> consecutive micro-batches within every budget (greedy: each micro-batch is
+    filled up to a budget, so a step's peak is the budget's, whatever the rollout batch)."""
     out: list[list[int]] = []
+    n_resp = 0
     for r in rows:
         cur = out[-1] if out else None
         if cur is not None and (max_rows is None or len(cur) < max_rows) and \
-                (max_tokens is None or (len(cur) + 1) * lengths[cur[0]] <= max_tokens):
+                (max_tokens is None or (len(cur) + 1) * lengths[cur[0]] <= max_tokens) and \
+                (max_response is None or n_resp + resp[r] <= max_response):
             cur.append(r)
+            n_resp += resp[r]
         else:
             out.append([r])
+            n_resp = resp[r]
     return out
 
 
@@ -153,10 +163,10 @@ class PolicyUpdater:
     def update(self, samples: list[Sample], advantages: list[float], backend: Backend,
                rank: int = 0) -> dict[str, float]:
         """`samples` / `advantages` are the whole batch (every rank gets the same list and takes its rows)."""
-        lengths = [s.prompt_len + s.response_len for s in samples]
         lcfg = self.cfg.learner
-        plan = plan_update(lengths, self.cfg.algo.mini_batches, backend.world_size, lcfg.micro_batch_size,
-                           lcfg.max_tokens_per_micro_batch)
+        plan = plan_update([s.prompt_len + s.response_len for s in samples], self.cfg.algo.mini_batches,
+                           backend.world_size, lcfg.micro_batch_size, lcfg.max_tokens_per_micro_batch,
+                           [s.response_len for s in samples], lcfg.max_response_tokens_per_micro_batch)
         adv = torch.tensor(advantages, dtype=torch.float32)
         R = max(max(s.response_len for s in samples), 1)
         extra_metrics: dict[str, float] = {}
@@ -232,7 +242,7 @@ class PolicyUpdater:
     def _micro_loss(self, micro: LearnerBatch, tokens: int, seqs: int, empty: bool = False):
         if empty:  # this rank has no rows in this micro-batch: a zero loss keeps collectives in step
             return sum(p.sum() for p in self.model.parameters()) * 0.0, {}
-        out = self._logprobs(self.model, micro, with_entropy=True)
+        out = self._logprobs(self.model, micro, with_entropy=True, entropy_grad=bool(self.cfg.algo.entropy_coef))
         dev = out.logprobs.device  # batches are built on the host; the model may sit on a GPU
         pick = lambda key: micro.extras[key].to(dev) if key in micro.extras else None  # noqa: E731
         mask = micro.response_mask.to(dev)

@@ -3,7 +3,8 @@
 Every estimator has the signature
 
     fn(model, batch: LearnerBatch, decode_mode, passes=3, temperature=1.0, with_entropy=False,
-       micro_batch_size=None, top_k=0, top_p=1.0) -> LikelihoodOutput(logprobs [B, R], entropy [B, R] | None)
+       micro_batch_size=None, top_k=0, top_p=1.0, entropy_grad=False)
+        -> LikelihoodOutput(logprobs [B, R], entropy [B, R] | None)
 
 and returns the response tokens' log-probs under the log-prob contract (rl/logprob_contract.py: log_softmax of
 logits / T, restricted to the top-k / top-p kept set and renormalised when those are on, the sampled token always
@@ -75,10 +76,11 @@ def register_estimator(name: str):
 
         def estimator(model, batch: LearnerBatch, decode_mode: str = "soft", passes: int = 3,
                       temperature: float = 1.0, with_entropy: bool = False,
-                      micro_batch_size: int | None = None, top_k: int = 0, top_p: float = 1.0) -> LikelihoodOutput:
+                      micro_batch_size: int | None = None, top_k: int = 0, top_p: float = 1.0,
+                      entropy_grad: bool = False) -> LikelihoodOutput:
             _check(model, name, decode_mode, passes)
             outs = [token_logprobs(model, hidden_fn(model, mb, decode_mode, passes), mb, temperature, with_entropy,
-                                   top_k=top_k, top_p=top_p)
+                                   top_k=top_k, top_p=top_p, entropy_grad=entropy_grad)
                     for mb in micro_batches(batch, micro_batch_size)]
             ent = torch.cat([o.entropy for o in outs]) if with_entropy else None
             return LikelihoodOutput(torch.cat([o.logprobs for o in outs]), ent)
@@ -286,9 +288,11 @@ def response_log_dists(model, h: torch.Tensor, batch: LearnerBatch, temperature:
 
 
 def token_logprobs(model, h: torch.Tensor, batch: LearnerBatch, temperature: float = 1.0,
-                   with_entropy: bool = False, top_k: int = 0, top_p: float = 1.0) -> LikelihoodOutput:
+                   with_entropy: bool = False, top_k: int = 0, top_p: float = 1.0,
+                   entropy_grad: bool = False) -> LikelihoodOutput:
     """The response tokens' log-probs (and entropies) under the log-prob contract from states h; 0 on padding.
-    The LM head and log-softmax run on the real response tokens only."""
+    The LM head and log-softmax run on the real response tokens only. Entropies carry a gradient only with
+    `entropy_grad` (an entropy bonus): as a metric, their [N, V] intermediates are not kept for backward."""
     rows, js = batch.response_mask.bool().nonzero(as_tuple=True)
     rows, js = rows.to(h.device), js.to(h.device)
     pos = batch.prompt_lens.to(h.device)[rows] - 1 + js
@@ -300,5 +304,10 @@ def token_logprobs(model, h: torch.Tensor, batch: LearnerBatch, temperature: flo
     lp = torch.zeros(shape, dtype=logp.dtype, device=h.device).index_put((rows, js), picked)
     ent = None
     if with_entropy:
-        ent = torch.zeros(shape, dtype=logp.dtype, device=h.device).index_put((rows, js), entropy_of(logp))
+        if entropy_grad and torch.is_grad_enabled():
+            per_token = entropy_of(logp)
+        else:  # a metric: a few rows at a time, so its temporaries add ~nothing to the [N, V] peak
+            with torch.no_grad():
+                per_token = torch.cat([entropy_of(c) for c in logp.split(max(1, 2 ** 22 // logp.shape[-1]))])
+        ent = torch.zeros(shape, dtype=logp.dtype, device=h.device).index_put((rows, js), per_token)
     return LikelihoodOutput(lp, ent)

@@ -71,7 +71,7 @@ def behaviour_log_softmax(logits: torch.Tensor, temperature: float = 1.0, top_k:
     tokens, which the engine's kept set did contain.
     """
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    if temperature > 0:
+    if temperature > 0 and temperature != 1.0:  # (T = 1: no [N, V] copy)
         x = x / temperature
     keep = kept_tokens(x.detach(), top_k, top_p) if temperature > 0 else None
     if keep is None:

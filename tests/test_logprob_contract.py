@@ -123,10 +123,14 @@ def test_learner_truncation_gradients_are_finite(model):
         prompts(4), SamplingParams(temperature=1.0, top_p=0.5, max_tokens=8, seed=1, record_states=True))
     batch = collate(samples, 0, with_states=True)
     policy = AutoModelForCausalLM.from_pretrained(CKPT, dtype=torch.float32).train()
-    out = get_estimator("replay")(policy, batch, "soft", with_entropy=True, top_p=0.5)
+    out = get_estimator("replay")(policy, batch, "soft", with_entropy=True, top_p=0.5, entropy_grad=True)
     (out.logprobs.sum() + out.entropy.sum()).backward()
     assert torch.isfinite(out.logprobs).all() and torch.isfinite(out.entropy).all()
     assert all(torch.isfinite(p.grad).all() for p in policy.parameters() if p.grad is not None)
+    # as a metric (no entropy bonus) the entropy keeps no graph: its [N, V] intermediates are freed at once
+    metric = get_estimator("replay")(policy, batch, "soft", with_entropy=True, top_p=0.5)
+    assert metric.logprobs.requires_grad and not metric.entropy.requires_grad
+    assert torch.allclose(metric.entropy, out.entropy.detach())
     # a top_p so small that only the argmax survives: the sampled (non-argmax) tokens stay finite
     tiny = get_estimator("replay")(policy, batch, "soft", top_p=1e-6).logprobs
     assert torch.isfinite(tiny).all() and (tiny <= 0).all()

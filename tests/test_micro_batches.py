@@ -40,9 +40,11 @@ def mixed_samples(n=20, seed=0, d=128):
 
 def test_plan_covers_every_row_once_within_budgets_and_equal_counts():
     lengths = [5, 60, 7, 33, 12, 90, 3, 41, 8, 8, 70, 2, 15]
+    responses = [2, 50, 1, 30, 6, 20, 1, 11, 7, 4, 60, 1, 10]
     for world in (1, 2, 3):
         for minis in (1, 2):
-            plan = plan_update(lengths, minis, world, max_rows=4, max_tokens=120)
+            plan = plan_update(lengths, minis, world, max_rows=4, max_tokens=120, response_lengths=responses,
+                               max_response_tokens=50)
             seen = []
             for m, mini in enumerate(plan.minibatches):
                 counts = {len(plan.rank_micro_batches(m, r)) for r in range(world)}
@@ -52,6 +54,7 @@ def test_plan_covers_every_row_once_within_budgets_and_equal_counts():
                         assert set(rows) <= set(mini)
                         assert len(rows) <= 4
                         assert len(rows) <= 1 or len(rows) * max(lengths[i] for i in rows) <= 120
+                        assert len(rows) <= 1 or sum(responses[i] for i in rows) <= 50
                         seen += rows
             assert sorted(seen) == list(range(len(lengths)))
     # tokens are balanced over ranks: the heaviest rank carries at most the lightest's + one row
@@ -61,11 +64,11 @@ def test_plan_covers_every_row_once_within_budgets_and_equal_counts():
 
 
 def test_config_keys():
-    cfg = load_config(None, ["learner.max_tokens_per_micro_batch=512"])
-    assert cfg.learner.max_tokens_per_micro_batch == 512
-    assert load_config(None, ["learner.max_tokens_per_micro_batch=null"]).learner.max_tokens_per_micro_batch is None
-    with pytest.raises(ConfigError, match="max_tokens_per_micro_batch"):
-        load_config(None, ["learner.max_tokens_per_micro_batch=0"])
+    for key in ("max_tokens_per_micro_batch", "max_response_tokens_per_micro_batch"):
+        assert getattr(load_config(None, [f"learner.{key}=512"]).learner, key) == 512
+        assert getattr(load_config(None, [f"learner.{key}=null"]).learner, key) is None
+        with pytest.raises(ConfigError, match=key):
+            load_config(None, [f"learner.{key}=0"])
     with pytest.raises(ConfigError, match="likelihood.micro_batch_size: removed"):
         load_config(None, ["likelihood.micro_batch_size=8"])
 
@@ -105,7 +108,8 @@ def test_no_estimator_call_sees_more_than_a_micro_batch(monkeypatch):
         est = real(name)
 
         def wrapped(model, batch, *a, **kw):
-            calls.append((name, len(batch), int(batch.attention_mask.sum(-1).max()) * len(batch)))
+            calls.append((name, len(batch), int(batch.attention_mask.sum(-1).max()) * len(batch),
+                          int(batch.response_mask.sum())))
             return est(model, batch, *a, **kw)
         return wrapped
 
@@ -116,10 +120,12 @@ def test_no_estimator_call_sees_more_than_a_micro_batch(monkeypatch):
     assert max(c[1] for c in calls) <= 4, calls
     assert {c[0] for c in calls} == {"replay", "exact"}  # policy (old + update) and the exact reference
     calls.clear()
-    budget = 160
-    cfg = cfg_for("learner.micro_batch_size=64", f"learner.max_tokens_per_micro_batch={budget}")
+    budget, response_budget = 160, 60
+    cfg = cfg_for("learner.micro_batch_size=64", f"learner.max_tokens_per_micro_batch={budget}",
+                  f"learner.max_response_tokens_per_micro_batch={response_budget}")
     PolicyUpdater(model, cfg, 0, ref_model=copy.deepcopy(model)).update(samples, adv, RecordingBackend(model))
     assert all(c[2] <= budget or c[1] == 1 for c in calls), calls
+    assert all(c[3] <= response_budget or c[1] == 1 for c in calls), calls
     assert sum(c[1] for c in calls) == 3 * len(samples)  # old, reference and policy: every row once each
 
 
@@ -144,10 +150,13 @@ def test_ranks_and_micro_batches_sum_to_the_whole(tmp_path):
         assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-9)
         return backend
 
-    plan = plan_update([s.prompt_len + s.response_len for s in samples], 2, 2, 3, 100)
+    plan = plan_update([s.prompt_len + s.response_len for s in samples], 2, 2, 3, 100,
+                       [s.response_len for s in samples], 60)
     assert any(not rows for m in range(2) for r in range(2) for rows in plan.rank_micro_batches(m, r))
-    whole = run(1, 0, "learner.micro_batch_size=64", "learner.max_tokens_per_micro_batch=null")
-    parts = [run(2, r, "learner.micro_batch_size=3", "learner.max_tokens_per_micro_batch=100") for r in (0, 1)]
+    whole = run(1, 0, "learner.micro_batch_size=64", "learner.max_tokens_per_micro_batch=null",
+                "learner.max_response_tokens_per_micro_batch=null")
+    parts = [run(2, r, "learner.micro_batch_size=3", "learner.max_tokens_per_micro_batch=100",
+                 "learner.max_response_tokens_per_micro_batch=60") for r in (0, 1)]
     assert parts[0].backwards == parts[1].backwards and len(parts[0].steps) == len(parts[1].steps) == 2
     assert parts[0].backwards > 2  # really split
     for step in range(2):

@@ -212,11 +212,13 @@ class LearnerConfig:
     adam_betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = 0
     grad_clip: float = 1.0
-    micro_batch_size: int = 8             # at most this many rows per micro-batch
-    # and at most this many padded tokens (rows x longest prompt + response; null: rows only). The same
-    # micro-batches compute old, reference and policy log-probs, so a step's peak memory is set by these two
-    # numbers, not by the rollout batch.
+    # A micro-batch holds at most: this many rows,
+    micro_batch_size: int = 8
+    # this many padded tokens (rows x longest prompt + response: the decoder stack's activations; null: no bound),
     max_tokens_per_micro_batch: Optional[int] = 4096
+    # and this many response tokens (the [tokens, vocab] fp32 log-softmax; null: no bound). The same micro-batches
+    # compute old, reference and policy log-probs, so these set a step's peak memory, not the rollout batch.
+    max_response_tokens_per_micro_batch: Optional[int] = 2048
     bf16: bool = False
     torch_adam: bool = True               # DeepSpeed's CPU FusedAdam JIT-compiles for minutes
 
@@ -225,8 +227,9 @@ class LearnerConfig:
             yield "zero_stage", f"expected 0, 1, 2 or 3, got {self.zero_stage}"
         if self.micro_batch_size < 1:
             yield "micro_batch_size", f"must be >= 1, got {self.micro_batch_size}"
-        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch < 1:
-            yield "max_tokens_per_micro_batch", f"must be >= 1 or null, got {self.max_tokens_per_micro_batch}"
+        for name in ("max_tokens_per_micro_batch", "max_response_tokens_per_micro_batch"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                yield name, f"must be >= 1 or null, got {getattr(self, name)}"
 
 
 @dataclass
@@ -359,8 +362,9 @@ class Config:
 
 # Keys that no longer exist, with what replaced them (the loader's error says so instead of "unknown key").
 RETIRED_KEYS = {
-    "likelihood.micro_batch_size": "removed (it was never read); learner.max_tokens_per_micro_batch and "
-                                   "learner.micro_batch_size now bound old, reference and policy log-probs alike",
+    "likelihood.micro_batch_size": "removed (it was never read); learner.micro_batch_size, "
+                                   "max_tokens_per_micro_batch and max_response_tokens_per_micro_batch now bound "
+                                   "old, reference and policy log-probs alike",
 }
 
 # Fields whose change makes a resumed run a different experiment (checked by `check_resume`).
