@@ -1,8 +1,11 @@
-"""Learner cost of the likelihood estimators: fwd+bwd time of replay / standard and K=3 / standard. Prints JSON.
+"""Learner cost of the likelihood estimators: fwd+bwd time of replay / standard and K=3 / standard; and the
+learner step's memory and throughput under token-budget micro-batches (`--learner`). Prints JSON.
 
     .venv/bin/python bench/likelihood.py [--shapes tiny,135m] [--repeats 5] [--threads 1] [--decode-mode soft]
+    .venv/bin/python bench/likelihood.py --learner [--learner-shapes tiny,tiny-v32k] [--repeats 3]
 
-Goals (issue 5): replay / standard <= 1.1, kpass(K=3) / standard <= 2.0.
+Goals (issue 5): replay / standard <= 1.1, kpass(K=3) / standard <= 2.0. Goal (issue 15): the peak memory of one
+learner step with 256 rollout rows <= 1.2 x that with 64 rows (`--learner`, bench/learner_memory.py).
 
 One measurement = the estimator's log-probs of the response tokens on one batch, a GRPO-like surrogate
 (sum of log-prob x advantage over response tokens, / token count) and its backward — what a learner step costs
@@ -129,8 +132,15 @@ def main(argv=None) -> int:
     p.add_argument("--repeats-135m", type=int, default=3, help="repeats for the 135m shape (seconds each)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--decode-mode", choices=("soft", "fused"), default="soft")
+    p.add_argument("--learner", action="store_true",
+                   help="learner-step memory (64 vs 256 rows) and packed vs padded tokens/s instead")
+    p.add_argument("--learner-shapes", default="tiny,tiny-v32k")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.learner:
+        from learner_memory import learner_report
+        print(json.dumps(learner_report(args.learner_shapes.split(","), args.repeats, args.threads), indent=2))
+        return 0
     results = []
     for shape in args.shapes.split(","):
         if shape not in SHAPES:
