@@ -71,9 +71,13 @@ def _accepted_kwargs(fn: Any) -> set[str] | None:
         p.name for p in params if p.kind is p.KEYWORD_ONLY}
 
 
+# A score beyond this is a bug (a sum that overflowed, an unnormalized count), not a reward: it counts as an error.
+ABSURD_SCORE = 1e6
+
+
 def validate_scores(out: Any, n: int) -> tuple[list[float], int, str]:
     """(scores, bad_items, problem). A wrong container or length fails the whole batch (n bad items, all 0);
-    a non-numeric or non-finite element fails that item only."""
+    a non-numeric, non-finite or absurd (|score| > ABSURD_SCORE) element fails that item only."""
     if isinstance(out, (str, bytes, dict, set)) or not hasattr(out, "__len__") or not hasattr(out, "__iter__"):
         return [0.0] * n, n, f"returned {type(out).__name__}, expected a list of {n} floats"
     if len(out) != n:
@@ -84,11 +88,11 @@ def validate_scores(out: Any, n: int) -> tuple[list[float], int, str]:
             if isinstance(x, (str, bytes)):
                 raise TypeError
             v = float(x)  # int, float, bool, numpy and 0-d torch scalars
-            if not math.isfinite(v):
+            if not math.isfinite(v) or abs(v) > ABSURD_SCORE:
                 raise ValueError
         except (TypeError, ValueError):
             bad += 1
-            first = first or f"returned a non-finite or non-numeric score {x!r:.80}"
+            first = first or f"returned a non-finite, absurd (|x| > {ABSURD_SCORE:g}) or non-numeric score {x!r:.80}"
             v = 0.0
         scores.append(v)
     return scores, bad, first

@@ -10,6 +10,10 @@ Layout of RUN_DIR:
     plots/*.png                 reward, accuracy and latent-channel curves, written at the end
 A checkpoint is written under a temporary name and renamed into place, then `latest` is replaced: a crash at
 any point leaves the previous checkpoint and pointer intact.
+
+`RunDir.new` (a new run) refuses a directory that already holds something, unless told to overwrite a previous
+run there; `RunDir.existing` (resume) refuses a directory that is not a run with a checkpoint, and creates nothing.
+Values under secret-looking keys (`api_key`, `token`, ...) are never written to config.yaml (`redacted`).
 """
 from __future__ import annotations
 
@@ -21,9 +25,18 @@ import shutil
 from pathlib import Path
 
 import torch
+import yaml
 from safetensors.torch import load_file, save_file
 
 from rl.config import Config, check_resume, load_config
+from rl.config.schema import redacted
+
+# What a run directory holds (RunDir.new --overwrite deletes these and nothing else).
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "weights", "plots", "wandb")
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used as asked; the message says why and what to do."""
 
 
 POLICY_CONFIG_FILES = ("config.json", "generation_config.json")
@@ -40,9 +53,50 @@ class RunDir:
         for stale in self.ckpt_root.glob(".tmp-*"):  # half-written checkpoints of a crashed run
             shutil.rmtree(stale, ignore_errors=True)
 
+    @classmethod
+    def new(cls, path: str | None, overwrite: bool = False) -> "RunDir":
+        """The directory of a new run. One that holds anything is refused (its metrics would be appended to and
+        its checkpoints overwritten), unless `overwrite` and it is an earlier run, whose files are deleted."""
+        if path is not None and Path(path).exists():
+            p = Path(path)
+            if not p.is_dir():
+                raise RunDirError(f"train.run_dir={path} is a file, not a directory")
+            held = sorted(x.name for x in p.iterdir())
+            if held and not overwrite:
+                raise RunDirError(
+                    f"train.run_dir={path} is not empty ({', '.join(held[:6])}{', ...' if len(held) > 6 else ''}): "
+                    f"continue that run with `fbrl train --resume {path}`, choose another run_dir, or pass "
+                    f"--overwrite to replace it")
+            if held:
+                strangers = [n for n in held if n not in RUN_FILES and not n.startswith(".")]
+                if strangers or not (p / "config.yaml").exists():
+                    raise RunDirError(f"--overwrite: {path} does not look like an fbrl run directory (it holds "
+                                      f"{', '.join(strangers or held)}); nothing was deleted")
+                for name in held:
+                    if (p / name).is_dir():
+                        shutil.rmtree(p / name)
+                    else:
+                        (p / name).unlink()
+        return cls(path)
+
+    @classmethod
+    def existing(cls, path: str) -> "RunDir":
+        """The directory of a run to resume: it must hold config.yaml and a complete checkpoint. Nothing is
+        created when it does not."""
+        p = Path(path)
+        if not p.is_dir():
+            raise RunDirError(f"--resume {path}: no such run directory")
+        if not (p / "config.yaml").is_file():
+            raise RunDirError(f"--resume {path}: not an fbrl run directory (no config.yaml)")
+        pointer = p / "checkpoints" / "latest"
+        if not pointer.is_file() or not (p / "checkpoints" / pointer.read_text().strip()).is_dir():
+            raise RunDirError(f"--resume {path}: the run has no complete checkpoint yet (checkpoints/latest); "
+                              f"start it again as a new run (--overwrite)")
+        return cls(path)
+
     # ---- config ----------------------------------------------------------------------------------------
     def write_config(self, cfg: Config) -> None:
-        _atomic_write_text(self.path / "config.yaml", cfg.to_yaml())
+        _atomic_write_text(self.path / "config.yaml", yaml_dump(redacted(cfg.to_dict())))
 
     def check_resume_config(self, cfg: Config) -> None:
         """Refuse to resume when a field that changes the experiment differs; the error names the field."""
@@ -148,6 +202,11 @@ class RunDir:
         if plot_latent(rows, out_dir / "latent.png"):
             written.append(out_dir / "latent.png")
         return written
+
+
+def yaml_dump(data: dict) -> str:
+    from rl.config.schema import _Dumper
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

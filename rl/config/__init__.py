@@ -15,11 +15,11 @@ The defaults are the embedded CPU default (tiny checkpoint, arithmetic task).
 """
 from rl.config.loading import config_from_dict, load_config
 from rl.config.schema import (RESUME_LOCKED, AlgoConfig, CompareConfig, Config, ConfigError, DataConfig, DecodeMode,
-                              EvalConfig, LearnerConfig, LikelihoodConfig, LoggingConfig, ModelConfig,
+                              EvalConfig, FaultsConfig, LearnerConfig, LikelihoodConfig, LoggingConfig, ModelConfig,
                               ModelInitConfig, PretrainConfig, RayConfig, RewardConfig, RewardFn, RolloutConfig,
                               TrainConfig, VllmOptions, check_resume, diff_configs)
 
 __all__ = ["config_from_dict", "load_config", "RESUME_LOCKED", "AlgoConfig", "CompareConfig", "Config", "ConfigError",
-           "DataConfig", "DecodeMode", "EvalConfig", "LearnerConfig", "LikelihoodConfig", "LoggingConfig",
-           "ModelConfig", "ModelInitConfig", "PretrainConfig", "RayConfig", "RewardConfig", "RewardFn",
-           "RolloutConfig", "TrainConfig", "VllmOptions", "check_resume", "diff_configs"]
+           "DataConfig", "DecodeMode", "EvalConfig", "FaultsConfig", "LearnerConfig", "LikelihoodConfig",
+           "LoggingConfig", "ModelConfig", "ModelInitConfig", "PretrainConfig", "RayConfig", "RewardConfig",
+           "RewardFn", "RolloutConfig", "TrainConfig", "VllmOptions", "check_resume", "diff_configs"]

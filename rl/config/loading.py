@@ -227,16 +227,24 @@ def _build(cls, raw, path: str, origins: dict[str, str]):
 def config_from_dict(data: dict | None, overrides: list[str] | tuple = (),
                      origins: dict[str, str] | None = None) -> Config:
     """Build a Config from plain data (e.g. a saved run's config) plus overrides."""
+    return _config_and_origins(data, overrides, dict(origins or {}))
+
+
+def _config_and_origins(data: dict | None, overrides, origins: dict[str, str]) -> Config:
+    """As `config_from_dict`; `origins` is updated in place with where each key finally came from."""
     raw = copy.deepcopy(data or {})
-    origins = dict(origins or {})
     for text in overrides:
         _apply_override(raw, origins, text)
     return _build(Config, raw, "", origins)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
-    """Load `path` (YAML; None: the defaults) and apply dotted `key=value` overrides in order."""
+    """Load `path` (YAML; None: the defaults) and apply dotted `key=value` overrides in order.
+
+    Relative input paths (`INPUT_PATH_KEYS`) of the package's own configs and of the schema's defaults are made
+    absolute from the package root (`resolve_packaged_paths`)."""
     data, origins = None, {}
+    packaged = False
     if path is not None:
         p = Path(path)
         if not p.is_file():
@@ -244,4 +252,32 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         data, origins = _parse_yaml(p.read_text(), str(p))
         if data is not None and not isinstance(data, dict):
             raise ConfigError(f"{p}: expected a mapping of sections at the top level, got {type(data).__name__}")
-    return config_from_dict(data, overrides, origins)
+        packaged = p.resolve().parent == PACKAGED_CONFIGS
+    origins_after = dict(origins)
+    cfg = _config_and_origins(data, overrides, origins_after)
+    resolve_packaged_paths(cfg, origins_after, packaged)
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------- paths
+
+# The directory holding the package's own configs/ and checkpoints/ (the repository root of a source checkout).
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+PACKAGED_CONFIGS = PACKAGE_ROOT / "configs"
+# Paths a job reads. Outputs (train.run_dir, pretrain.out_dir) stay relative to the working directory.
+INPUT_PATH_KEYS = ("model.path", "model.tokenizer", "data.train_path", "data.test_path")
+
+
+def resolve_packaged_paths(cfg: Config, origins: dict[str, str], packaged_file: bool) -> None:
+    """A relative input path that comes from the schema's defaults, or from a config file shipped in the
+    package's configs/ (the embedded default among them), names a file of the package: resolve it from the
+    package root, so `fbrl train` works from any directory. Paths in your own files and in overrides keep their
+    usual meaning (relative to the working directory)."""
+    for key in INPUT_PATH_KEYS:
+        value = cfg.get(key)
+        if not value or Path(value).is_absolute():
+            continue
+        origin = origins.get(key)
+        if origin is None or (packaged_file and not origin.startswith("override")):
+            section, name = key.split(".")
+            setattr(getattr(cfg, section), name, str(PACKAGE_ROOT / value))

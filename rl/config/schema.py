@@ -7,6 +7,7 @@ default (tiny checkpoint, arithmetic task).
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -72,8 +73,15 @@ class DataConfig:
     # auto: chats are rendered with the tokenizer's chat template; on: every prompt goes through it; off: never
     # (base models: chats become plain text)
     chat_template: Literal["auto", "on", "off"] = "auto"
+    # Prompts longer than this many tokens (null: the rollout engine's context minus rollout.max_tokens, so every
+    # prompt has room for a full response) are dropped when the data is loaded, with a count, or truncated; `error`
+    # stops at load. An over-long prompt otherwise kills the job whenever it is sampled, possibly hours in.
+    max_prompt_tokens: Optional[int] = None
+    overlong_prompts: Literal["drop", "truncate_left", "truncate_right", "error"] = "drop"
 
     def validate(self):
+        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
+            yield "max_prompt_tokens", f"must be >= 1 or null, got {self.max_prompt_tokens}"
         if not self.difficulty or any(not 1 <= d <= 4 for d in self.difficulty):
             yield "difficulty", f"expected a non-empty list of levels in 1..4, got {self.difficulty}"
         if not 0.0 <= self.direct_answer_frac <= 1.0:
@@ -133,6 +141,18 @@ class VllmOptions:
     enable_prefix_caching: bool = False   # must stay false (recurrent state); the engine rejects true
     tensor_parallel_size: int = 1
 
+    def validate(self):
+        if self.kv_cache_gib <= 0:
+            yield "kv_cache_gib", f"must be > 0, got {self.kv_cache_gib}"
+        if not 0 < self.gpu_memory_utilization <= 1:
+            yield "gpu_memory_utilization", f"expected a fraction in (0, 1], got {self.gpu_memory_utilization}"
+        if self.max_num_seqs < 1:
+            yield "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}"
+        if self.max_model_len is not None and self.max_model_len < 2:
+            yield "max_model_len", f"must be >= 2 or null, got {self.max_model_len}"
+        if self.tensor_parallel_size < 1:
+            yield "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}"
+
 
 @dataclass
 class RolloutConfig:
@@ -157,6 +177,10 @@ class RolloutConfig:
         for name in ("num_engines", "max_tokens", "n_samples_per_prompt"):
             if getattr(self, name) < 1:
                 yield name, f"must be >= 1, got {getattr(self, name)}"
+        if self.num_gpus_per_engine < 0:
+            yield "num_gpus_per_engine", f"must be >= 0, got {self.num_gpus_per_engine}"
+        if self.top_k == 0 or self.top_k < -1:
+            yield "top_k", f"expected -1 (off) or >= 1, got {self.top_k}"
 
 
 @dataclass
@@ -186,6 +210,14 @@ class AlgoConfig:
         if self.kl_coef > 0 and self.kl_estimator == "k1":
             yield "kl_estimator", ("k1 has zero expected gradient as a loss term (E[grad log pi] = 0); "
                                    "use k2 (the gradient of KL(pi||ref)) or k3 with kl_coef > 0")
+        for name in ("ppo_epochs", "mini_batches"):
+            if getattr(self, name) < 1:
+                yield name, f"must be >= 1, got {getattr(self, name)}"
+        for name in ("adv_eps", "kl_coef", "overlong_buffer", "overlong_factor"):
+            if getattr(self, name) < 0:
+                yield name, f"must be >= 0, got {getattr(self, name)}"
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            yield "tis_cap", f"must be > 0 or null, got {self.tis_cap}"
 
 
 @dataclass
@@ -199,6 +231,8 @@ class LikelihoodConfig:
     def validate(self):
         if self.passes < 1:
             yield "passes", f"must be >= 1, got {self.passes}"
+        if self.micro_batch_size < 1:
+            yield "micro_batch_size", f"must be >= 1, got {self.micro_batch_size}"
 
 
 @dataclass
@@ -230,6 +264,15 @@ class LearnerConfig:
         for name in ("max_tokens_per_micro_batch", "max_response_tokens_per_micro_batch"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 yield name, f"must be >= 1 or null, got {getattr(self, name)}"
+        if self.num_workers < 1:
+            yield "num_workers", f"must be >= 1, got {self.num_workers}"
+        if not self.lr > 0:
+            yield "lr", f"must be > 0, got {self.lr}"
+        for name in ("num_gpus_per_worker", "weight_decay", "warmup_steps", "grad_clip"):
+            if getattr(self, name) < 0:
+                yield name, f"must be >= 0, got {getattr(self, name)}"
+        if not all(0 <= b < 1 for b in self.adam_betas):
+            yield "adam_betas", f"expected two values in [0, 1), got {list(self.adam_betas)}"
 
 
 @dataclass
@@ -245,6 +288,8 @@ class RewardFn:
         if ":" not in self.fn and not self.fn.isidentifier():
             yield "fn", (f"expected a built-in reward name, 'path/to/file.py:fn' or 'package.module:fn', "
                          f"got {self.fn!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            yield "timeout_s", f"must be > 0 or null, got {self.timeout_s}"
 
 
 @dataclass
@@ -260,6 +305,14 @@ class RewardConfig:
     def validate(self):
         if not self.accuracy.strip():
             yield "accuracy", "expected 'auto', 'none', the name of a reward in fns, or a reward spec"
+
+    def validate(self):
+        if not self.fns:
+            yield "fns", "needs at least one reward"
+        if not self.timeout_s > 0:
+            yield "timeout_s", f"must be > 0, got {self.timeout_s}"
+        if self.num_workers < 1:
+            yield "num_workers", f"must be >= 1, got {self.num_workers}"
 
     def entries(self) -> list[dict]:
         """`fns` as the dicts `rewards.loader.build_reward_set` takes (unset timeouts left out)."""
@@ -280,6 +333,16 @@ class TrainConfig:
     run_dir: Optional[str] = None         # null: runs/<date-time>/
     resume: Optional[str] = None          # a run dir to continue
 
+    def validate(self):
+        for name in ("steps", "prompts_per_step", "eval_n"):
+            if getattr(self, name) < 1:
+                yield name, f"must be >= 1, got {getattr(self, name)}"
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                yield name, f"must be >= 0 (0: off), got {getattr(self, name)}"
+        if not self.eval_decode_modes:
+            yield "eval_decode_modes", "needs at least one decode mode"
+
 
 @dataclass
 class EvalConfig:
@@ -293,6 +356,11 @@ class EvalConfig:
     batch_size: int = 64
     seed: int = 0
     json_out: Optional[str] = None
+
+    def validate(self):
+        for name in ("n", "samples", "max_tokens", "batch_size"):
+            if getattr(self, name) < 1:
+                yield name, f"must be >= 1, got {getattr(self, name)}"
 
 
 @dataclass
@@ -322,6 +390,32 @@ class RayConfig:
     dashboard: bool = False
     colocate: bool = False                # rollout and learner share resources
 
+    def validate(self):
+        if self.num_cpus is not None and self.num_cpus < 1:
+            yield "num_cpus", f"must be >= 1 or null, got {self.num_cpus}"
+
+
+@dataclass
+class FaultsConfig:
+    """What a job survives inside itself, and when it stops instead (docs/RELIABILITY.md). Every recovery is
+    counted under `faults/...` in the metrics and logged in one line."""
+    max_rollout_restarts: int = 20        # dead rollout actors replaced over the job (their requests re-issued)
+    max_learner_rebuilds: int = 3         # learner group rebuilt from the last checkpoint after a rank died
+    max_reward_restarts: int = 20         # dead reward actors restarted (the batch is scored again)
+    max_nonfinite_steps: int = 3          # M: steps in a row with non-finite loss or gradients (skipped) -> stop
+    reward_error_share: float = 0.5       # a reward erroring or timing out on more than this share of rows ...
+    reward_error_steps: int = 3           # ... this many steps in a row stops the job, naming the reward
+
+    def validate(self):
+        for name in ("max_rollout_restarts", "max_learner_rebuilds", "max_reward_restarts"):
+            if getattr(self, name) < 0:
+                yield name, f"must be >= 0, got {getattr(self, name)}"
+        for name in ("max_nonfinite_steps", "reward_error_steps"):
+            if getattr(self, name) < 1:
+                yield name, f"must be >= 1, got {getattr(self, name)}"
+        if not 0 <= self.reward_error_share < 1:
+            yield "reward_error_share", f"expected a share in [0, 1), got {self.reward_error_share}"
+
 
 @dataclass
 class Config:
@@ -338,6 +432,7 @@ class Config:
     compare: CompareConfig = field(default_factory=CompareConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
 
     def to_dict(self) -> dict:
         """Plain dicts/lists/scalars (tuples become lists), in schema order."""
@@ -407,6 +502,22 @@ def check_resume(saved: Config, current: Config, locked: tuple[str, ...] = RESUM
         lines = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in
                           ((k, *v) for k, v in changed.items()))
         raise ConfigError(f"cannot resume: these fields differ from the saved run's config: {lines}")
+
+
+# Keys whose values are secrets (a reward's API key, a token): never written to config.yaml, logs or wandb.
+SECRET_KEY = re.compile(r"(?i)^(?:.*[_-])?(?:api[_-]?key|apikey|secret|password|passwd|token|access[_-]?key|"
+                        r"credentials?)$")
+REDACTED = "<redacted>"
+
+
+def redacted(data):
+    """`data` (plain dicts / lists) with the value of every secret-looking key replaced by "<redacted>"."""
+    if isinstance(data, dict):
+        return {k: REDACTED if isinstance(k, str) and SECRET_KEY.match(k) and v is not None else redacted(v)
+                for k, v in data.items()}
+    if isinstance(data, list):
+        return [redacted(v) for v in data]
+    return data
 
 
 def _plain(obj):

@@ -1,0 +1,121 @@
+"""Checks of a training job's inputs that run before Ray or any engine starts, so bad input fails in seconds.
+
+`check_job(cfg)` raises `BadInput` (a ValueError; config, data and reward errors are ValueErrors too) with one
+message naming what is wrong; `fbrl train` prints it without a traceback and exits with code 2. It checks:
+
+- the checkpoint (`model.path`): a local directory holding a config.json of an FBT model — "not found" is said
+  as such, never as a failed Hugging Face hub download;
+- the tokenizer (`model.tokenizer`, else the checkpoint's): it loads, has an EOS token, and every id it can
+  produce has a row in the model's embedding (`vocab_size`), else the first id without one is named;
+- the rewards (`reward.fns`): built-in names, user `path/to/file.py:fn` (relative to the working directory) and
+  `package.module:fn` load and take (prompts, completions, answers, **row_fields);
+- the data (`data`): files exist and parse, rows have the prompt and answer fields, and prompts longer than
+  the engine allows are counted (or stop the job here, `data.overlong_prompts: error`).
+
+The run directory's rules (a new run into a non-empty directory, `--resume` of a missing one) are `rl.run.RunDir`'s.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+FBT_ARCHITECTURES = ("FBTLlamaForCausalLM", "FBTQwen2ForCausalLM")
+
+
+class BadInput(ValueError):
+    """A job input that cannot work; the message names it."""
+
+
+def check_checkpoint(path: str | None, key: str = "model.path") -> dict:
+    """The checkpoint's config.json as a dict; `BadInput` unless `path` is a local FBT checkpoint directory."""
+    if not path:
+        raise BadInput(f"{key}: required (a save_pretrained directory of an FBT checkpoint)")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise BadInput(f"{key}: checkpoint not found: {p.resolve()} (a local directory is expected; relative paths "
+                       f"are taken from the working directory, {Path.cwd()})")
+    if not p.is_dir() or not (p / "config.json").is_file():
+        raise BadInput(f"{key}: {p} is not a checkpoint directory (no config.json in it)")
+    try:
+        config = json.loads((p / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{key}: {p / 'config.json'} is not valid JSON (line {e.lineno}: {e.msg})") from None
+    arch = (config.get("architectures") or [""])[0]
+    if arch not in FBT_ARCHITECTURES:
+        raise BadInput(f"{key}: {p} holds a {arch or 'model without architectures'} checkpoint, not an FBT one "
+                       f"({' / '.join(FBT_ARCHITECTURES)}); make one with `fbrl convert` and `fbrl pretrain`")
+    if not any(p.glob("*.safetensors")):
+        raise BadInput(f"{key}: {p} has no *.safetensors weights (only safetensors are loaded)")
+    return config
+
+
+def check_tokenizer(cfg, model_config: dict):
+    """The job's tokenizer, loaded; `BadInput` when it cannot serve the model."""
+    path = cfg.model.tokenizer or cfg.model.path
+    key = "model.tokenizer" if cfg.model.tokenizer else "model.path"
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise BadInput(f"{key}: tokenizer directory not found: {p.resolve()}")
+    if not any((p / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise BadInput(f"{key}: no tokenizer files in {p} (tokenizer.json / tokenizer_config.json)")
+    from rl.data.tokenizer import load_tokenizer
+    try:
+        tok = load_tokenizer(str(p))
+    except Exception as e:
+        raise BadInput(f"{key}: the tokenizer in {p} does not load: {type(e).__name__}: {str(e)[:300]}") from None
+    if tok.eos_token_id is None:
+        raise BadInput(f"{key}: the tokenizer in {p} has no EOS token (a response could never end)")
+    vocab = int(model_config.get("vocab_size") or 0)
+    ids = {name: i for name, i in tok.get_vocab().items()}
+    too_big = sorted((i, name) for name, i in ids.items() if i >= vocab)
+    if too_big:
+        i, name = too_big[0]
+        raise BadInput(f"{key}: tokenizer/model vocabulary mismatch: the tokenizer in {p} has ids up to "
+                       f"{max(ids.values())} but the model ({cfg.model.path}) has vocab_size={vocab}; token id "
+                       f"{i} ({name!r}) and {len(too_big) - 1} more have no embedding")
+    return tok
+
+
+def check_rewards(cfg, base_dir: str | None = None) -> None:
+    """Every reward of `reward.fns` resolves (user files and modules are imported here, in the driver)."""
+    from rewards.loader import BUILTINS, RewardLoadError, load_reward_fn
+    for i, entry in enumerate(cfg.reward.fns):
+        if entry.fn in BUILTINS:
+            continue
+        if ":" not in entry.fn:
+            raise BadInput(f"reward.fns[{i}].fn: unknown built-in reward {entry.fn!r} (built-ins: "
+                           f"{', '.join(BUILTINS)}; a user reward is 'path/to/file.py:fn' or 'package.module:fn')")
+        try:
+            load_reward_fn(entry.fn, base_dir)
+        except RewardLoadError as e:
+            raise BadInput(f"reward.fns[{i}].fn: {e}") from None
+
+
+def check_data(cfg, tokenizer, model_config: dict) -> dict:
+    """The train and eval rows load; returns counts (rows, over-long prompts) for the start-up line."""
+    from types import SimpleNamespace
+
+    from rl.data.loaders import DataError, load_task_split
+    from rl.data.prompts import PromptFitter, prompt_token_limit
+    fitter = PromptFitter(tokenizer, prompt_token_limit(cfg, SimpleNamespace(**model_config)),
+                          cfg.data.overlong_prompts)
+    out = {}
+    for split, n, what in (("train", None, "train data"), ("test", cfg.train.eval_n, "eval data")):
+        if split == "test" and cfg.train.eval_every == 0:
+            continue
+        try:
+            rows, over = fitter.fit(load_task_split(cfg.data, split, n=n), what)
+        except DataError as e:
+            key = "data" if cfg.data.task == "arith" else f"data.{split}_path"
+            raise BadInput(f"{key}: {e}") from None
+        out[split] = (len(rows), over)
+    return out
+
+
+def check_job(cfg, base_dir: str | None = None):
+    """All of the above; returns the tokenizer (the launcher uses it)."""
+    model_config = check_checkpoint(cfg.model.path)
+    tokenizer = check_tokenizer(cfg, model_config)
+    check_rewards(cfg, base_dir)
+    check_data(cfg, tokenizer, model_config)
+    return tokenizer

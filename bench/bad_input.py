@@ -1,0 +1,81 @@
+"""Bad input through the real command: how fast `fbrl train` refuses it, and with what message.
+
+    python bench/bad_input.py            # prints the markdown table of docs/RELIABILITY.md
+
+Each case runs `fbrl train ...` in a fresh process from a scratch directory and measures the wall time from
+process start to exit (Python start and the torch / transformers imports included: that is what a user waits).
+Every case must exit with code 2, print one `fbrl train: error: ...` line, start no Ray and create no run dir.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CASES = [  # (what the user got wrong, overrides; {d} is the scratch directory)
+    ("negative step count", ["train.steps=-1"]),
+    ("no prompts per step", ["train.prompts_per_step=0"]),
+    ("no learner workers", ["learner.num_workers=0"]),
+    ("misspelt key", ["train.stpes=3"]),
+    ("missing checkpoint", ["model.path={d}/no-such-checkpoint"]),
+    ("missing reward file", ["reward.fns=[{{fn: {d}/missing.py:score}}]"]),
+    ("missing reward function", ["reward.fns=[{{fn: {d}/my_rewards.py:scor}}]"]),
+    ("missing reward module", ["reward.fns=[{{fn: my_pkg.rewards:score}}]"]),
+    ("missing data file", ["data.task=jsonl", "data.train_path={d}/missing.jsonl"]),
+    ("data row without the prompt field", ["data.task=jsonl", "data.train_path={d}/nofield.jsonl"]),
+    ("tokenizer bigger than the model's vocabulary", ["model.tokenizer={d}/bigtok"]),
+    ("over-long prompt with data.overlong_prompts=error",
+     ["data.task=jsonl", "data.train_path={d}/long.jsonl", "data.overlong_prompts=error"]),
+    ("max_tokens beyond the context", ["rollout.max_tokens=300"]),
+    ("new run into a used run dir", ["train.run_dir={d}/used"]),
+    ("--resume of a missing run dir", ["--resume", "{d}/missing-run"]),
+]
+
+
+def make_inputs(d: Path) -> None:
+    from rl.data.loaders import write_jsonl
+    from rl.data.tokenizer import ALPHABET, build_tokenizer
+    (d / "my_rewards.py").write_text("def score(prompts, completions, answers, **kw):\n    return [0.0] * len(completions)\n")
+    write_jsonl([{"prompt": "Q: 1+1=?", "answer": "2"}, {"question": "Q: 2+2=?", "answer": "4"}], d / "nofield.jsonl")
+    write_jsonl([{"prompt": "Q: 1+1=?", "answer": "2"}, {"prompt": "Q: " + "1+" * 200 + "1=?", "answer": "201"}],
+                d / "long.jsonl")
+    build_tokenizer(alphabet=ALPHABET + "äöü").save_pretrained(str(d / "bigtok"))
+    (d / "used").mkdir()
+    (d / "used" / "metrics.jsonl").write_text('{"step": 1}\n')
+
+
+def main() -> int:
+    env = dict(os.environ, WANDB_MODE="disabled", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        make_inputs(d)
+        print("| input | message (`fbrl train: error: ...`) | seconds until the error |")
+        print("|---|---|---|")
+        for what, overrides in CASES:
+            argv = [o.format(d=d) for o in overrides]
+            if "--resume" not in argv and not any(a.startswith("train.run_dir=") for a in argv):
+                argv.append(f"train.run_dir={d}/run")
+            t0 = time.monotonic()
+            p = subprocess.run([sys.executable, "-m", "actors.cli", "train", *argv], cwd=d, env=env,
+                               capture_output=True, text=True, timeout=600)
+            seconds = time.monotonic() - t0
+            message = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "(nothing on stderr)"
+            ok = p.returncode == 2 and message.startswith("fbrl train: error: ") and "Traceback" not in p.stderr \
+                and not (d / "run").exists() and "Ray" not in p.stdout
+            failures += not ok
+            shown = message.removeprefix("fbrl train: error: ").replace(tmp, "…").replace("|", "\\|")
+            print(f"| {what} | {shown[:260]} | {seconds:.1f}{'' if ok else ' **(not refused as required)**'} |",
+                  flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
