@@ -41,6 +41,7 @@ from torch import nn
 
 from rl.batch import collate
 from rl.latent_metrics import latent_metrics
+from rl.faults import injected
 from rl.learner import PolicyUpdater
 from rl.workers import tensor_checksums
 
@@ -171,6 +172,10 @@ class DeepSpeedBackend:
 
     def step(self) -> float:
         self.engine.step()  # managed_gradient_accumulation=False: every step() is the boundary
+        if getattr(self.engine.optimizer, "overflow", False):
+            # ZeRO found an inf/NaN gradient and skipped the step (weights and optimizer state unchanged); under
+            # ZeRO-3 get_global_grad_norm() would still report the previous step's norm.
+            return float("inf")
         norm = self.engine.get_global_grad_norm()
         if norm is None:
             raise RuntimeError("DeepSpeed reported no gradient norm after step() (zero_stage 0 with a torch "
@@ -253,6 +258,7 @@ class LearnerRank:
             ref = load_policy(cfg.model.path, torch.bfloat16 if lcfg.bf16 else torch.float32)
             ref = ref.to(self.engine.device).eval().requires_grad_(False)
         self.updater = _EngineUpdater(self.engine, self.policy, cfg, self.pad_id, ref)
+        self.updates = 0  # update() calls on this rank (fault injection counts them)
 
     # -- training ---------------------------------------------------------------------------------------------
     def update(self, samples, advantages) -> dict:
@@ -260,6 +266,9 @@ class LearnerRank:
         rank's micro-batches), the latent metrics, and `_tokens`, the response tokens this rank trained on (the
         weight a group uses to merge ranks), from the updater's own plan."""
         latent = self._latent_metrics(samples)  # before the update: the weights that drew the samples
+        self.updates += 1
+        if self.updates in injected("NONFINITE_UPDATES"):  # fault injection: a NaN loss (docs/RELIABILITY.md)
+            advantages = [float("nan")] * len(advantages)
         self.engine.train()
         metrics = self.updater.update(samples, advantages, self.backend, self.rank)
         metrics.update(latent)

@@ -9,14 +9,21 @@ rank 0 reports its node IP and a free port, then all ranks build their `actors.l
 rank takes its rows from the plan `rl.learner` computes on the whole batch, so all ranks make the same number of
 backward/step calls, and gradients are summed over ranks (see actors/learner.py). Weight access (export,
 checksums, checkpoints) is called on every rank because under ZeRO-3 it is collective; rank 0 writes the files.
+
+A rank that dies (its process is gone) takes the group with it: the other ranks are bound to it by collectives.
+With `make_rank(r)` and a `supervisor`, every rank is killed and a new group is set up from the checkpoint the
+job started from (actors/supervision.py); the call raises `rl.faults.LearnerRebuilt` and the loop restores the
+run's last checkpoint into the new group.
 """
 from __future__ import annotations
 
+from actors.supervision import actor_class, gather, kill
+from rl.faults import LearnerRebuilt
 from rl.learner import SUMMED_METRICS
 
 # Metrics that are the same on every rank (global after the collective step) and are taken from rank 0; every
 # other metric is a token-weighted mean over this rank's micro-batches and is merged over ranks the same way.
-GLOBAL_METRICS = ("grad_norm", "optimizer_steps", "replay_approximate")
+GLOBAL_METRICS = ("grad_norm", "optimizer_steps", "nonfinite_steps", "replay_approximate")
 
 
 def merge_rank_metrics(per_rank: list[dict]) -> dict[str, float]:
@@ -64,17 +71,41 @@ class RankActor:
 class LearnerGroup:
     """`LearnerWorkers` over `RankActor` handles (rank i = actors[i])."""
 
-    def __init__(self, cfg, actors: list):
-        import ray
+    # After one rank's call fails, how long the others may take to fail too: a rank whose peer died fails in its
+    # next collective, and that rank's death (not the peer's error) is what must be handled.
+    PEER_ERROR_GRACE_S = 30.0
+
+    def __init__(self, cfg, actors: list, make_rank=None, supervisor=None):
         if not actors:
             raise ValueError("LearnerGroup needs at least one learner actor")
-        self.actors = actors
-        addr, port = ray.get(actors[0].address.remote())
-        ray.get([a.setup.remote(cfg, r, len(actors), addr, port) for r, a in enumerate(actors)])
+        self.cfg, self.actors = cfg, actors
+        self.make_rank, self.supervisor = make_rank, supervisor
+        self._setup()
+
+    def _setup(self) -> None:
+        import ray
+        addr, port = ray.get(self.actors[0].address.remote())
+        ray.get([a.setup.remote(self.cfg, r, len(self.actors), addr, port) for r, a in enumerate(self.actors)])
 
     def _all(self, method: str, *args) -> list:
+        return gather(lambda r: self.actors[r].call.remote(method, *args), len(self.actors),
+                      lambda r, error: self._rebuild(r, method, error), self.PEER_ERROR_GRACE_S)
+
+    def _rebuild(self, dead: int, method: str, error: BaseException):
+        """Every rank killed, a new group set up at the initial weights; then `LearnerRebuilt` (never returns)."""
+        if self.make_rank is None or self.supervisor is None:
+            raise error
+        self.supervisor.replacing("learner", f"learner rank {dead} during {method}", error)
+        for a in self.actors:
+            kill(a)
+        self.actors = [self.make_rank(r) for r in range(len(self.actors))]
+        self._setup()
+        raise LearnerRebuilt(f"learner rank {dead} died during {method}; the group was rebuilt")
+
+    def pids(self) -> list[int]:
+        """Each rank's actor process id (what a SIGKILL in the fault tests aims at)."""
         import ray
-        return ray.get([a.call.remote(method, *args) for a in self.actors])
+        return ray.get([a.pid.remote() for a in self.actors])
 
     def update(self, samples, advantages) -> dict[str, float]:
         import ray
@@ -102,6 +133,6 @@ class LearnerGroup:
 
 
 def rank_actor_class():
-    """`RankActor` as a Ray actor class (created lazily so importing this module does not need Ray)."""
-    import ray
-    return ray.remote(RankActor)
+    """`RankActor` as a Ray actor class (created lazily so importing this module does not need Ray); its process
+    exits with its node's raylet (actors/supervision.py)."""
+    return actor_class(RankActor)

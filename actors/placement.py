@@ -40,7 +40,7 @@ def runtime_env(cfg) -> dict:
     }
     if not uses_gpu(cfg):
         env["DS_ACCELERATOR"] = "cpu"
-    env.update({k: os.environ[k] for k in PASS_THROUGH_ENV if k in os.environ})
+    env.update({k: v for k, v in os.environ.items() if k in PASS_THROUGH_ENV or k.startswith("FBRL_INJECT_")})
     return {"env_vars": env}
 
 
@@ -113,35 +113,52 @@ def create_placement(cfg) -> Placement:
                      [options(i, cfg.learner.num_gpus_per_worker) for i in learner_idx], pg)
 
 
-def start_rollout_fleet(cfg, placement: Placement):
+def start_rollout_fleet(cfg, placement: Placement, supervisor=None):
     from actors.rollout import RolloutFleet, rollout_actor_class
     cls = rollout_actor_class()
-    return RolloutFleet([cls.options(**opts).remote(cfg, i) for i, opts in enumerate(placement.rollout)])
+
+    def make(i):  # engine i, on its bundle; also what replaces it (actors/supervision.py)
+        return cls.options(**placement.rollout[i]).remote(cfg, i)
+
+    return RolloutFleet([make(i) for i in range(len(placement.rollout))], make, supervisor)
 
 
-def start_learner_group(cfg, placement: Placement):
+def start_learner_group(cfg, placement: Placement, supervisor=None):
     from actors.learner_group import LearnerGroup, rank_actor_class
     cls = rank_actor_class()
-    return LearnerGroup(cfg, [cls.options(**opts).remote() for opts in placement.learner])
+
+    def make(r):
+        return cls.options(**placement.learner[r]).remote()
+
+    return LearnerGroup(cfg, [make(r) for r in range(len(placement.learner))], make, supervisor)
 
 
-def start_reward_workers(cfg, base_dir: str | None = None):
+def start_reward_workers(cfg, base_dir: str | None = None, supervisor=None):
     from actors.reward_workers import RewardWorkersOnRay, reward_actor_class
-    return RewardWorkersOnRay(reward_actor_class().options(num_cpus=1).remote(cfg.reward, base_dir or os.getcwd(),
-                                                                               cfg.data.task))
+    base_dir = base_dir or os.getcwd()
+
+    def make():
+        return reward_actor_class().options(num_cpus=1).remote(cfg.reward, base_dir, cfg.data.task)
+
+    return RewardWorkersOnRay(make(), make, supervisor)
 
 
-def build_workers(cfg, use_ray: bool):
-    """`(rollout, learner, rewards)` for `rl.loop.train`: Ray actors placed as above, or in-process workers."""
+def build_workers(cfg, use_ray: bool, faults=None):
+    """`(rollout, learner, rewards)` for `rl.loop.train`: Ray actors placed as above, or in-process workers.
+    On Ray, dead actors are replaced within `cfg.faults`' bounds and counted in `faults` (a `rl.faults.FaultLog`
+    shared with the loop)."""
     if not use_ray:
         from actors.local import build_local_workers
         return build_local_workers(cfg)
     import ray
+
+    from actors.supervision import Supervisor
+    supervisor = Supervisor(cfg.faults, faults)
     init_ray(cfg)
     placement = create_placement(cfg)
-    rollout = start_rollout_fleet(cfg, placement)   # engines start loading while the learners rendezvous
-    rewards = start_reward_workers(cfg)
-    learner = start_learner_group(cfg, placement)
+    rollout = start_rollout_fleet(cfg, placement, supervisor)   # engines start loading while the learners meet
+    rewards = start_reward_workers(cfg, supervisor=supervisor)
+    learner = start_learner_group(cfg, placement, supervisor)
     ray.get([a.version.remote() for a in rollout.actors])  # surface an engine that failed to start, now
     return rollout, learner, rewards
 

@@ -104,7 +104,7 @@ def check_data(cfg, tokenizer, model_config: dict) -> dict:
         if split == "test" and cfg.train.eval_every == 0:
             continue
         try:
-            rows, over = fitter.fit(load_task_split(cfg.data, split, n=n), what)
+            rows, over = fitter.fit(load_task_split(cfg.data, split, n=n, tokenizer=tokenizer), what)
         except DataError as e:
             key = "data" if cfg.data.task == "arith" else f"data.{split}_path"
             raise BadInput(f"{key}: {e}") from None

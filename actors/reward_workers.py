@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 
+from actors.supervision import actor_class, gather, kill
 from rl.workers import Scores
 
 log = logging.getLogger(__name__)
@@ -99,15 +100,28 @@ class RewardHost:
 
 
 class RewardWorkersOnRay:
-    """`RewardWorkers` over one `RewardActor` handle."""
+    """`RewardWorkers` over one `RewardActor` handle. With `make_actor()` and a `supervisor`, a reward actor that
+    died (its process and its pool gone) is restarted and the batch scored again (actors/supervision.py)."""
 
-    def __init__(self, actor):
-        self.actor = actor
+    def __init__(self, actor, make_actor=None, supervisor=None):
+        self.actor, self.make_actor, self.supervisor = actor, make_actor, supervisor
 
     def score(self, prompts, completions, answers, finish_reasons, columns=None) -> Scores:
+        args = (list(prompts), list(completions), list(answers), list(finish_reasons), columns)
+
+        def on_death(_, error):
+            if self.make_actor is None or self.supervisor is None:
+                raise error
+            self.supervisor.replacing("reward", "reward actor during score", error)
+            kill(self.actor)
+            self.actor = self.make_actor()
+            return self.actor.score.remote(*args)
+
+        return gather(lambda _: self.actor.score.remote(*args), 1, on_death)[0]
+
+    def pid(self) -> int:
         import ray
-        return ray.get(self.actor.score.remote(list(prompts), list(completions), list(answers),
-                                               list(finish_reasons), columns))
+        return ray.get(self.actor.pid.remote())
 
     def close(self) -> None:
         import ray
@@ -116,6 +130,6 @@ class RewardWorkersOnRay:
 
 
 def reward_actor_class():
-    """`RewardHost` as a plain Ray actor class (see the module docstring: never threaded, never async)."""
-    import ray
-    return ray.remote(RewardHost)
+    """`RewardHost` as a plain Ray actor class (see the module docstring: never threaded, never async); its
+    process exits with its node's raylet (actors/supervision.py)."""
+    return actor_class(RewardHost)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from actors.supervision import actor_class, gather, kill
 from rl.batch import Sample
 from rl.workers import tensor_checksums
 
@@ -24,10 +25,8 @@ from rl.workers import tensor_checksums
 def max_model_len(cfg, model_config) -> int:
     """vLLM's per-sequence bound: the configured one, else the model's positions (at most 2048, which keeps the
     no-preemption KV budget of `max_num_seqs` sequences small on CPU)."""
-    v = cfg.rollout.vllm
-    if v.max_model_len:
-        return v.max_model_len
-    return int(min(getattr(model_config, "max_position_embeddings", 2048) or 2048, 2048))
+    from rl.data.prompts import vllm_max_model_len  # one rule, shared with the prompt-length limit
+    return vllm_max_model_len(cfg, model_config)
 
 
 def make_engine(cfg, index: int = 0):
@@ -135,25 +134,65 @@ def merge_chunks(chunks: list[tuple[int, list[Sample]]]) -> list[Sample]:
 
 
 class RolloutFleet:
-    """`RolloutWorkers` over Ray actor handles of `RolloutActor` (one engine each)."""
+    """`RolloutWorkers` over Ray actor handles of `RolloutActor` (one engine each).
 
-    def __init__(self, actors: list):
+    With `make_actor(i)` (a new actor for engine i, on its placement bundle) and a `supervisor`, an engine whose
+    actor died is replaced (actors/supervision.py): the new one loads the last weights synced (same path and
+    version) and the chunk of the request the dead one held is issued again, with the same seeds."""
+
+    def __init__(self, actors: list, make_actor=None, supervisor=None):
         if not actors:
             raise ValueError("RolloutFleet needs at least one rollout actor")
         self.actors = actors
+        self.make_actor, self.supervisor = make_actor, supervisor
+        self.last_sync: tuple[str, int] | None = None
+        self._pids: list[int | None] = [None] * len(actors)
 
     def generate(self, prompts: list[list[int]], params, min_version: int) -> list[Sample]:
-        import ray
         chunks = split_prompts(len(prompts), len(self.actors))
-        refs = [a.generate.remote(prompts[s:e], chunk_params(params, s), min_version)
-                for a, (s, e) in zip(self.actors, chunks)]
-        return merge_chunks([(s, out) for (s, _), out in zip(chunks, ray.get(refs))])
+
+        def submit(k):
+            s, e = chunks[k]
+            return self.actors[k].generate.remote(prompts[s:e], chunk_params(params, s), min_version)
+
+        def on_death(k, error):  # the chunk runs again on the replacement, with the same seeds
+            self._replace(k, "generate", error)
+            return submit(k)
+
+        outs = gather(submit, len(chunks), on_death)
+        return merge_chunks([(s, out) for (s, _), out in zip(chunks, outs)])
 
     def load_weights(self, weights_path: str, version: int) -> list[int]:
         """Every engine loads the file as `version`. The path is read on each engine's node: one node (the local
         and CPU case, ideally /dev/shm) or a filesystem all nodes share."""
+        self.last_sync = (weights_path, version)
+
+        def on_death(k, error):  # the replacement loads `last_sync` itself
+            self._replace(k, "load_weights", error)
+            return self.actors[k].version.remote()
+
+        return gather(lambda k: self.actors[k].load_weights.remote(weights_path, version), len(self.actors),
+                      on_death)
+
+    def _replace(self, k: int, during: str, error: BaseException) -> None:
+        """A new actor for engine k at the current weights and version; raises when it may not be replaced."""
         import ray
-        return ray.get([a.load_weights.remote(weights_path, version) for a in self.actors])
+        what = f"rollout actor {k}" + (f" (pid {self._pids[k]})" if self._pids[k] else "") + f" during {during}"
+        if self.make_actor is None or self.supervisor is None:
+            raise error
+        self.supervisor.replacing("rollout", what, error)
+        kill(self.actors[k])
+        self.actors[k], self._pids[k] = self.make_actor(k), None
+        if self.last_sync is not None:
+            ray.get(self.actors[k].load_weights.remote(*self.last_sync))
+        else:
+            ray.get(self.actors[k].version.remote())  # up (its engine is built in the constructor)
+
+    def pids(self) -> list[int]:
+        """Each engine's actor process id (what a SIGKILL in the fault tests aims at)."""
+        import ray
+        self._pids = ray.get([a.pid.remote() for a in self.actors])
+        return list(self._pids)
 
     def weight_checksums(self) -> dict[str, float]:
         import ray
@@ -172,6 +211,6 @@ class RolloutFleet:
 
 
 def rollout_actor_class():
-    """`EngineHost` as a Ray actor class (created lazily so importing this module does not need Ray)."""
-    import ray
-    return ray.remote(EngineHost)
+    """`EngineHost` as a Ray actor class (created lazily so importing this module does not need Ray); its process
+    exits with its node's raylet (actors/supervision.py)."""
+    return actor_class(EngineHost)

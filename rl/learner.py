@@ -22,6 +22,7 @@ biases the KL (k3 0.0017 against a true 0.0036 at 1 % weight noise, 0.070 vs 0.3
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -43,7 +44,8 @@ class Backend(Protocol):
     def backward(self, loss: torch.Tensor) -> None: ...
 
     def step(self) -> float:
-        """Apply the accumulated gradients (summed over ranks); return the global grad norm."""
+        """Apply the accumulated gradients (summed over ranks); return the global grad norm. A non-finite norm
+        means the step was skipped (the gradients are dropped, the weights and optimizer state unchanged)."""
 
 
 class TorchBackend:
@@ -61,7 +63,8 @@ class TorchBackend:
 
     def step(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip or float("inf"))
-        self.optimizer.step()
+        if torch.isfinite(norm):  # else skip, as DeepSpeed does: one NaN would poison the weights and Adam's moments
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
@@ -203,6 +206,7 @@ class PolicyUpdater:
         out.update(extra_metrics)
         out["grad_norm"] = sum(grad_norms) / len(grad_norms)
         out["optimizer_steps"] = float(len(grad_norms))
+        out["nonfinite_steps"] = float(sum(not math.isfinite(g) for g in grad_norms))  # skipped (Backend.step)
         out["replay_approximate"] = float(self.replay and self.multiple_updates)
         out["_tokens"] = float(self.cfg.algo.ppo_epochs * sum(
             samples[i].response_len for m in range(len(plan.minibatches)) for i in plan.rank_rows(m, rank)))

@@ -4,12 +4,19 @@ Written against the worker interfaces of `rl/workers.py`, so the same function d
 actor groups (`actors/launch.py` builds either). One step is synchronous (shared/DESIGN.md §7): the engines
 generate with policy version v, the learner updates once per rollout batch, and the new weights are tagged v+1
 before the next rollout asks for them (`min_version`), so no sample is ever drawn from a stale policy.
+
+Faults (rl/faults.py, docs/RELIABILITY.md): dead rollout and reward actors are replaced inside the worker objects
+and only show up here as `faults/...` counts. A learner that lost a rank comes back rebuilt (`LearnerRebuilt`):
+`train` restores the last checkpoint and runs the lost steps again with the same prompts. A step whose loss or
+gradients were not finite is skipped; `RunGuard` stops the job (`RunStopped`) when that, or a failing reward,
+persists. `stop_requested()` (a signal arrived) ends the job after the current step, which is checkpointed.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -17,6 +24,8 @@ from rl import algos
 from rl.batch import SamplingParams
 from rl.config import Config
 from rl.data.loaders import PromptSampler, encode_prompt, load_task_split, reward_columns
+from rl.data.prompts import PromptFitter, prompt_token_limit
+from rl.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, is_nonfinite
 from rl.run import RunDir
 from rl.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
 
@@ -31,11 +40,12 @@ def sampling_params(cfg: Config, eos_id: int, greedy: bool = False, decode_mode:
         states_dtype="bfloat16" if r.record_states_dtype == "bf16" else "float32")
 
 
-def evaluate(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorkers, version: int) -> dict:
+def evaluate(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorkers, version: int,
+             encode=None) -> dict:
     """Greedy held-out accuracy per decode mode: the fraction of problems the task's correctness check
     (`reward.accuracy`) calls right — never "reward > 0". Empty when accuracy is off."""
     out = {}
-    prompts = [encode_prompt(tokenizer, r) for r in rows]
+    prompts = [encode(r) if encode else encode_prompt(tokenizer, r) for r in rows]
     for mode in cfg.train.eval_decode_modes:
         samples = rollout.generate(prompts, sampling_params(cfg, tokenizer.eos_token_id, True, mode), version)
         texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
@@ -48,40 +58,78 @@ def evaluate(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorke
 
 
 def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorkers, rewards: RewardWorkers,
-          run: RunDir, log=print, progress=None) -> list[dict]:
-    train_rows = load_task_split(cfg.data, "train", tokenizer=tokenizer)
-    eval_rows = load_task_split(cfg.data, "test", n=cfg.train.eval_n, tokenizer=tokenizer)
+          run: RunDir, log=print, progress=None, faults: FaultLog | None = None, stop_requested=None) -> list[dict]:
+    """Run the job to `cfg.train.steps` (continuing `cfg.train.resume`); returns the metrics of the steps run.
+
+    `stop_requested()` returns a reason (e.g. "SIGTERM") once the job should end; it is asked between steps."""
+    faults = faults if faults is not None else FaultLog(log)
+    fitter = PromptFitter(tokenizer, prompt_token_limit(cfg), cfg.data.overlong_prompts)
+    train_rows = _fitted(fitter, load_task_split(cfg.data, "train", tokenizer=tokenizer), "train data", faults,
+                         log)
+    eval_rows = _fitted(fitter, load_task_split(cfg.data, "test", n=cfg.train.eval_n, tokenizer=tokenizer),
+                        "eval data", faults, log) if cfg.train.eval_every > 0 else []
     reward_columns(train_rows + eval_rows)  # a column that would shadow a reward argument fails now, not at step 1
+    job = _Job(restore="resume" if cfg.train.resume else None, guard=RunGuard(cfg.faults, faults),
+               stop_requested=stop_requested or (lambda: None))
+    history: list[dict] = []
+    while True:
+        try:
+            _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, rewards, run, log, progress,
+                       faults, job, history)
+            return history
+        except LearnerRebuilt:  # the group holds its initial weights now: back to the last checkpoint
+            job.restore = "rebuild"
+
+
+@dataclass
+class _Job:
+    """What outlives one pass of `_run_steps` when the learner is rebuilt mid-job."""
+    restore: str | None           # "resume" / "rebuild": start from the run's last checkpoint
+    guard: RunGuard
+    stop_requested: object        # () -> a reason to stop (str) or None
+    step: int = 0                 # the last step completed
+    version: int = 0              # the newest policy version pushed to the engines (versions only increase)
+
+
+def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, rewards, run, log, progress,
+               faults, job, history) -> None:
     sampler = PromptSampler(train_rows, seed=cfg.train.seed)
     eos = tokenizer.eos_token_id
-    step, version = 0, 0
+    step, version = 0, job.version
 
-    if cfg.train.resume:  # continue at the next step with the same data order, RNGs, weights and optimizer
+    if job.restore:  # continue at the next step with the same data order, RNGs, weights and optimizer
         run.check_resume_config(cfg)
-        state = run.load_checkpoint(learner)
-        step, version = state["step"], state["version"]
-        sampler.load_state_dict(state["sampler"])
-        run.truncate_metrics_after(step)
-        log(f"resumed {run.path} at step {step} (policy version {version})")
+        if run.latest_checkpoint() is not None or cfg.train.resume:
+            state = run.load_checkpoint(learner)
+            step, version = state["step"], max(state["version"], version)
+            sampler.load_state_dict(state["sampler"])
+        run.truncate_metrics_after(step if step else -1)  # rows after the checkpoint are logged again
+        if job.restore == "rebuild":  # completed steps after the checkpoint are lost and run again
+            faults.add("steps_lost", max(job.step - step, 0))
+            history[:] = [m for m in history if m["step"] <= step]
+            log(f"learner restored to step {step} (policy version {version + 1}); the next steps run again "
+                f"with the same prompts")
+            job.step = step
+        else:
+            log(f"resumed {run.path} at step {step} (policy version {version})")
     else:
         run.write_config(cfg)
     version += 1  # engines start from the checkpoint file, so push the learner's weights once, tagged
-    _sync(learner, rollout, run, version)
+    job.version = _sync(learner, rollout, run, version)
 
     if step == 0 and cfg.train.eval_every > 0:
-        acc = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version)
+        acc = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version, fitter.encode)
         run.log_metrics({"step": 0, **{f"eval_accuracy_{m}": a for m, a in acc.items()},
                          "eval_accuracy": acc.get(cfg.train.eval_decode_modes[0])})
         log(f"step 0 | held-out greedy accuracy {_fmt(acc)}")
 
-    history = []
     while step < cfg.train.steps:
         step += 1
         t_step = time.perf_counter()
 
         # 1. rollouts: G samples per prompt from policy `version`
         rows = sampler.next(cfg.train.prompts_per_step)
-        prompts = [encode_prompt(tokenizer, r) for r in rows]
+        prompts = [fitter.encode(r) for r in rows]
         t0 = time.perf_counter()
         seed = cfg.train.seed * 1_000_003 + step
         samples = rollout.generate(prompts, sampling_params(cfg, eos, seed=seed), min_version=version)
@@ -121,20 +169,22 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
             kept = keep.nonzero().flatten().tolist()
             learner_metrics = learner.update([samples[i] for i in kept], advantages[kept].tolist())
         time_learner = time.perf_counter() - t0
+        nonfinite = is_nonfinite(learner_metrics)  # the optimizer step was skipped: the weights did not change
+        skip = skip or nonfinite
         t0 = time.perf_counter()
         if not skip:
             version += 1
-            _sync(learner, rollout, run, version)
+            job.version = _sync(learner, rollout, run, version)
         time_sync = time.perf_counter() - t0
 
         metrics = {
-            "step": step, "policy_version": version, "skipped": int(skip),
+            "step": step, "policy_version": version, "skipped": int(skip), "skipped_nonfinite": int(nonfinite),
             "prompts_digest": hashlib.sha256("\x00".join(r["prompt"] for r in rows).encode()).hexdigest()[:16],
             "reward_mean": float(reward.mean()) if len(samples) else 0.0,
             "accuracy": None if scored.correct is None else sum(scored.correct) / max(len(scored.correct), 1),
             "response_len_mean": float(lengths.mean()) if len(samples) else 0.0,
             "truncation_rate": sum(s.truncated for s in samples) / max(len(samples), 1),
-            "groups_dropped": dropped, "samples_preempted": preempted,
+            "groups_dropped": dropped, "samples": len(samples), "samples_preempted": preempted,
             "logprob_mismatch_abs_mean": learner_metrics.get("mismatch/abs_logp_diff"),
             "time_rollout_s": time_rollout, "time_reward_s": time_reward, "time_learner_s": time_learner,
             "time_sync_s": time_sync,
@@ -142,33 +192,59 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
             **{f"learner/{k}": v for k, v in learner_metrics.items()},
         }
         if cfg.train.eval_every > 0 and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
-            acc = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version)
+            acc = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version, fitter.encode)
             metrics["eval_accuracy"] = acc.get(cfg.train.eval_decode_modes[0])
             metrics.update({f"eval_accuracy_{m}": a for m, a in acc.items()})
-        if cfg.train.checkpoint_every > 0 and (step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps):
+        checkpointed = cfg.train.checkpoint_every > 0 and (step % cfg.train.checkpoint_every == 0
+                                                           or step == cfg.train.steps)
+        if checkpointed:
             run.save_checkpoint(step, learner, {"version": version, "sampler": sampler.state_dict()})
         if (step == cfg.train.steps or (cfg.train.checkpoint_every > 0 and step % cfg.train.checkpoint_every == 0)) \
                 and os.path.isfile(_weights_file(run)):  # (a learner stand-in in tests may export no file)
             # RUN_DIR/policy/: the newest synced weights (the last _sync exported them) as a save_pretrained dir
             run.export_policy(_weights_file(run), cfg.model.path, cfg.model.tokenizer)
         metrics["time_step_s"] = time.perf_counter() - t_step
+        try:  # the stop rules see this step's faults; a stop still logs the step and checkpoints it
+            job.guard.check(step, nonfinite if learner_metrics else None, reward_metrics, len(samples))
+            stop = job.stop_requested()
+        except RunStopped as e:
+            stop = e
+        metrics.update(faults.metrics())
         run.log_metrics(metrics)
         history.append(metrics)
+        job.step = step
         log(_console_line(metrics))
         if progress is not None:
             progress(metrics)
-    return history
+        if stop:
+            if not checkpointed:
+                run.save_checkpoint(step, learner, {"version": version, "sampler": sampler.state_dict()})
+            raise stop if isinstance(stop, RunStopped) else RunStopped(
+                f"{stop}: stopped after step {step}, which is checkpointed; `fbrl train --resume {run.path}` "
+                f"continues")
+
+
+def _fitted(fitter: PromptFitter, rows: list[dict], what: str, faults: FaultLog, log) -> list[dict]:
+    """`rows` under the prompt-length limit (data.overlong_prompts), with one log line when any were over it."""
+    rows, over = fitter.fit(rows, what)
+    if over:
+        action = "dropped" if fitter.mode == "drop" else "truncated"
+        faults.add(f"prompts_{action}", over)
+        log(f"{what}: {over} prompts longer than {fitter.limit} tokens {action} "
+            f"(data.overlong_prompts={fitter.mode}); {len(rows)} rows remain")
+    return rows
 
 
 def _weights_file(run: RunDir) -> str:
     return str(run.path / "weights" / "policy.safetensors")
 
 
-def _sync(learner: LearnerWorkers, rollout: RolloutWorkers, run: RunDir, version: int) -> None:
+def _sync(learner: LearnerWorkers, rollout: RolloutWorkers, run: RunDir, version: int) -> int:
     path = learner.export_weights(_weights_file(run))
     versions = rollout.load_weights(path, version)
     if any(v != version for v in versions):
         raise RuntimeError(f"weight sync: engines report versions {versions}, expected {version}")
+    return version
 
 
 def _fmt(acc: dict) -> str:
@@ -184,6 +260,8 @@ def _console_line(m: dict) -> str:
              f"rollout {m['time_rollout_s']:.1f}s learner {m['time_learner_s']:.1f}s sync {m['time_sync_s']:.2f}s"]
     if m.get("eval_accuracy") is not None:
         parts.append(f"eval {m['eval_accuracy']:.3f}")
-    if m["skipped"]:
+    if m["skipped_nonfinite"]:
+        parts.append("(loss or gradients not finite: optimizer step skipped)")
+    elif m["skipped"]:
         parts.append("(no usable signal: optimizer step skipped)")
     return " | ".join(parts)

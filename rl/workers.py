@@ -3,6 +3,9 @@
 The loop (`rl/loop.py`) calls only these methods; `actors/` provides two implementations of each — in-process
 objects (one process, real engines and a real learner) and Ray actor groups — so the same loop runs on a laptop
 and on a cluster. Arguments and results are plain Python / tensors so they cross Ray unchanged.
+
+Faults: rollout and reward workers replace a dead actor and redo its call themselves; a learner method may raise
+`rl.faults.LearnerRebuilt` (the group was rebuilt at its initial weights: the caller restores a checkpoint).
 """
 from __future__ import annotations
 

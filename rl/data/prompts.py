@@ -8,7 +8,7 @@ the end of the prompt, where the question usually is, after the leading BOS; `tr
 """
 from __future__ import annotations
 
-from rl.data.loaders import DataError
+from rl.data.loaders import DataError, encode_prompt
 
 # vLLM's per-sequence bound when the config sets none: the model's positions, at most this many (a longer bound
 # makes the no-preemption KV budget of max_num_seqs sequences large on CPU).
@@ -56,8 +56,10 @@ class PromptFitter:
             raise ValueError(f"data.overlong_prompts: unknown mode {mode!r}")
         self.tokenizer, self.limit, self.mode = tokenizer, int(limit), mode
 
-    def encode(self, text: str) -> list[int]:
-        ids = self.tokenizer.encode(text)
+    def encode(self, row: dict) -> list[int]:
+        """Token ids of a row's prompt (`rl.data.loaders.encode_prompt`: chats already templated), cut to the limit
+        when the mode truncates."""
+        ids = encode_prompt(self.tokenizer, row)
         if len(ids) <= self.limit or self.mode not in ("truncate_left", "truncate_right"):
             return ids
         if self.mode == "truncate_right":
@@ -70,7 +72,7 @@ class PromptFitter:
         the first; truncation keeps them (`encode` cuts them)."""
         if not rows:
             return rows, 0
-        lengths = [len(ids) for ids in self.tokenizer([r["prompt"] for r in rows])["input_ids"]]
+        lengths = self._lengths(rows)
         over = [i for i, n in enumerate(lengths) if n > self.limit]
         if not over:
             return rows, 0
@@ -88,3 +90,14 @@ class PromptFitter:
                             f"{self.limit} tokens (data.max_prompt_tokens, or the engine's context minus "
                             f"rollout.max_tokens)")
         return kept, len(over)
+
+    def _lengths(self, rows: list[dict]) -> list[int]:
+        """Each row's prompt length in tokens, as `encode_prompt` counts them (batched per kind of row)."""
+        out = [0] * len(rows)
+        for templated in (False, True):
+            idx = [i for i, r in enumerate(rows) if bool(r.get("chat_templated", False)) == templated]
+            if idx:
+                ids = self.tokenizer([rows[i]["prompt"] for i in idx], add_special_tokens=not templated)["input_ids"]
+                for i, x in zip(idx, ids):
+                    out[i] = len(x)
+        return out

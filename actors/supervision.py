@@ -1,0 +1,135 @@
+"""Supervision of the Ray workers: an actor's death is noticed, the actor replaced, and its work done again.
+
+The worker objects on Ray (`RolloutFleet`, `LearnerGroup`, `RewardWorkersOnRay`) wait for their actors with
+`gather`, which tells an actor's death (its process is gone: SIGKILL, OOM killer, a lost node) apart from an
+error its method raised, and hands the death to the worker object's own recovery:
+
+- rollout actor: a new actor on the same placement bundle loads the current weights and version through the
+  fleet's own `load_weights` (the last sync is replayed), and the chunk of the request the dead one held is issued
+  again with the same seeds, so the step gets the samples it would have had;
+- learner rank: every rank is killed (the others are bound to the dead one by collectives) and a new group starts
+  at the initial weights; the group raises `rl.faults.LearnerRebuilt` and the loop restores the last checkpoint;
+- reward actor: restarted, and the batch scored again.
+
+`Supervisor` counts every replacement (`faults/rollout_restarts`, `faults/learner_rebuilds`,
+`faults/reward_restarts`), logs it in one line, and past the role's bound (`faults.max_*`) stops the job with
+`RunStopped` instead (`fbrl train --resume RUN_DIR` continues from the last checkpoint).
+
+Orphans: an actor made by `actor_class` also exits when its parent process (the node's raylet) is gone, so an
+engine or a learner rank busy in native code never outlives its job (`exit_with_parent`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+
+from rl.faults import FaultLog, RunStopped
+
+log = logging.getLogger(__name__)
+
+# role -> (fault counter, the config key that bounds it)
+ROLES = {"rollout": ("rollout_restarts", "max_rollout_restarts"),
+         "learner": ("learner_rebuilds", "max_learner_rebuilds"),
+         "reward": ("reward_restarts", "max_reward_restarts")}
+
+
+class Supervisor:
+    """Counts replacements per role against `faults.max_*` (rl.config.FaultsConfig)."""
+
+    def __init__(self, fcfg, faults: FaultLog | None = None):
+        self.cfg, self.faults = fcfg, faults if faults is not None else FaultLog()
+        self.restarts: Counter[str] = Counter()
+
+    def replacing(self, role: str, what: str, cause: BaseException) -> None:
+        """Record that `what` (e.g. "rollout actor 0 (pid 123) during generate") died and is being replaced;
+        raise `RunStopped` when that would exceed the role's bound."""
+        kind, key = ROLES[role]
+        limit = getattr(self.cfg, key)
+        n = self.restarts[role] + 1
+        if n > limit:
+            raise RunStopped(f"{what} died ({describe(cause)}) and faults.{key}={limit} replacements are used up: "
+                             f"stopping; `fbrl train --resume RUN_DIR` continues from the last checkpoint")
+        self.restarts[role] = n
+        self.faults.record(kind, f"{what} died ({describe(cause)}); replacing it ({n} of at most {limit})")
+
+
+def describe(cause: BaseException) -> str:
+    """The first line of Ray's death notice (it carries the exit detail and the node)."""
+    text = str(cause).strip().splitlines()
+    return (text[0] if text else type(cause).__name__)[:200]
+
+
+def gather(submit, n: int, on_death, error_grace_s: float = 0.0) -> list:
+    """Results of `submit(k)` for k in range(n) (each an ObjectRef of one actor call), in order.
+
+    When the actor behind call k died, `on_death(k, error)` replaces it and returns the ObjectRef that stands for
+    call k now (or raises). An error raised by a method is re-raised as Ray raises it, after up to
+    `error_grace_s` seconds more for the other calls: a collective fails on every rank when one rank dies, and
+    the death, noticed a moment later, is what must be handled.
+    """
+    import ray
+    from ray.exceptions import RayActorError
+    refs = {submit(k): k for k in range(n)}
+    out: list = [None] * n
+    error, deadline = None, None
+    while refs:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
+        if not ready:
+            break  # the grace after a method's error is over
+        for ref in ready:
+            k = refs.pop(ref)
+            try:
+                out[k] = ray.get(ref)
+            except RayActorError as e:
+                refs[on_death(k, e)] = k
+            except Exception as e:
+                if error is None:
+                    error, deadline = e, time.monotonic() + error_grace_s
+    if error is not None:
+        raise error
+    return out
+
+
+def kill(actor) -> None:
+    """End an actor's process now (a dead one: no-op); Ray does not restart it."""
+    import ray
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception as e:  # already gone, or Ray shutting down
+        log.debug("ray.kill: %s", e)
+
+
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """Exit this process when its parent is gone (a Ray worker's parent is its node's raylet, which Ray ends with
+    the job). A daemon thread polls `getppid()`: it needs no cooperation from a main thread that may be busy in
+    native code (a vLLM step, a gloo collective) when the job ends."""
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="fbrl-exit-with-parent").start()
+
+
+def actor_class(cls):
+    """`cls` as a Ray actor class whose process exits with its parent and reports its pid (`pid()`)."""
+    import ray
+
+    class Actor(cls):
+        def __init__(self, *args, **kwargs):
+            exit_with_parent()
+            super().__init__(*args, **kwargs)
+
+        def pid(self) -> int:
+            return os.getpid()
+
+    Actor.__name__ = Actor.__qualname__ = cls.__name__
+    Actor.__doc__ = cls.__doc__
+    return ray.remote(Actor)

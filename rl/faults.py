@@ -1,0 +1,143 @@
+"""Faults a job survives, counted; the rules that stop a job rather than let it run on silently; its summary.
+
+Owns:
+- `FaultLog`: one counter per kind of fault or recovery, reported as `faults/<kind>` in every step's metrics,
+  and one log line per event. The worker objects (actors/supervision.py) and the loop record into the same log.
+- `RunGuard`: the stop rules, checked after every step — loss or gradients non-finite (the step is skipped) in
+  `faults.max_nonfinite_steps` steps in a row; one reward erroring or timing out on more than
+  `faults.reward_error_share` of the rows in `faults.reward_error_steps` steps in a row.
+- The exceptions that cross from workers to the loop and from the loop to the launcher: `LearnerRebuilt` (a
+  learner rank died and the group was rebuilt at its initial weights: the loop restores the last checkpoint and
+  runs the lost steps again) and `RunStopped` (a clear stop: the reason, whether `--resume` continues, and the
+  process exit code).
+- `run_summary`: the end-of-run lines (steps trained and skipped, reward errors and timeouts, recoveries).
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+
+# Process exit codes of `fbrl train` (documented in docs/RELIABILITY.md).
+EXIT_BAD_INPUT = 2        # a config, data, reward or checkpoint problem found before anything started
+EXIT_STOPPED = 3          # a stop rule fired, a restart bound was reached, or the run trained nothing
+EXIT_SIGNAL_BASE = 128    # SIGTERM / SIGINT: 128 + the signal number, after checkpointing the last step
+
+
+class RunStopped(RuntimeError):
+    """The job stops here on purpose. `str(e)` says why and how to continue."""
+
+    def __init__(self, reason: str, resumable: bool = True, exit_code: int = EXIT_STOPPED):
+        super().__init__(reason)
+        self.reason, self.resumable, self.exit_code = reason, resumable, exit_code
+
+
+class LearnerRebuilt(RuntimeError):
+    """Raised by a `LearnerWorkers` method when a rank died and the group was rebuilt: it holds the initial
+    weights, not the trained ones, until the caller restores a checkpoint."""
+
+
+class FaultLog:
+    """Counts of faults and recoveries (`faults/<kind>`), one log line each."""
+
+    def __init__(self, log=print):
+        self.log = log
+        self.counts: Counter[str] = Counter()
+
+    def record(self, kind: str, message: str, n: int = 1) -> None:
+        self.counts[kind] += n
+        self.log(f"fault: {message}")
+
+    def add(self, kind: str, n: int = 1) -> None:
+        """Count without a log line (the caller logs one line for a whole batch of them)."""
+        self.counts[kind] += n
+
+    def metrics(self) -> dict[str, float]:
+        return {f"faults/{k}": float(v) for k, v in sorted(self.counts.items())}
+
+
+def reward_failures(reward_metrics: dict[str, float]) -> dict[str, float]:
+    """{reward name: rows it failed on (errors + timeouts)} from `RewardWorkers.score` metrics
+    (`rewards/<name>/errors`, `rewards/<name>/timeouts`)."""
+    out: dict[str, float] = {}
+    for key, value in reward_metrics.items():
+        parts = key.split("/")
+        if len(parts) >= 3 and parts[-1] in ("errors", "timeouts"):
+            name = "/".join(parts[1:-1])
+            out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+class RunGuard:
+    """The stop rules of `faults` (rl.config.FaultsConfig), fed one finished step at a time."""
+
+    def __init__(self, fcfg, faults: FaultLog):
+        self.cfg, self.faults = fcfg, faults
+        self.nonfinite_run: list[int] = []          # the current run of steps with non-finite loss / gradients
+        self.reward_runs: dict[str, list[int]] = {}  # per reward, the current run of steps over the error share
+
+    def check(self, step: int, nonfinite: bool | None, reward_metrics: dict[str, float], rows: int) -> None:
+        """Count this step's faults; raise `RunStopped` when a rule's bound is reached. `nonfinite` is None for a
+        step the learner did not run (no reward signal): it neither extends nor ends a run of non-finite steps."""
+        if nonfinite:
+            self.nonfinite_run.append(step)
+            self.faults.record("nonfinite_steps", f"step {step}: loss or gradients not finite; optimizer step "
+                                                  f"skipped ({len(self.nonfinite_run)} in a row)")
+        elif nonfinite is not None:
+            self.nonfinite_run = []
+        if len(self.nonfinite_run) >= self.cfg.max_nonfinite_steps:
+            raise RunStopped(
+                f"loss or gradients were not finite in {len(self.nonfinite_run)} steps in a row (steps "
+                f"{self.nonfinite_run[0]}-{self.nonfinite_run[-1]}; faults.max_nonfinite_steps="
+                f"{self.cfg.max_nonfinite_steps}); every one was skipped, so the weights are those before step "
+                f"{self.nonfinite_run[0]}. Lower learner.lr, check the rewards' scale, or look for a bad batch")
+        failures = reward_failures(reward_metrics)
+        for name in sorted(set(failures) | set(self.reward_runs)):  # a reward absent from this step failed nowhere
+            share = failures.get(name, 0.0) / rows if rows else 0.0
+            run = self.reward_runs.setdefault(name, [])
+            if share > self.cfg.reward_error_share:
+                run.append(step)
+            else:
+                run.clear()
+            if len(run) >= self.cfg.reward_error_steps:
+                raise RunStopped(
+                    f"reward {name!r} failed (raised, timed out or returned a non-finite or absurd score) on "
+                    f"{share:.0%} of the rows at step {step}, and on more than {self.cfg.reward_error_share:.0%} "
+                    f"of the rows in each of the {len(run)} steps {run[0]}-{run[-1]} "
+                    f"(faults.reward_error_share, faults.reward_error_steps); its errors are in the log above. "
+                    f"Fix it and continue with `fbrl train --resume RUN_DIR`")
+
+
+def is_nonfinite(learner_metrics: dict) -> bool:
+    """The learner skipped an optimizer step because its loss or gradient norm was not finite."""
+    if learner_metrics.get("nonfinite_steps", 0) > 0:
+        return True
+    norm = learner_metrics.get("grad_norm")
+    return norm is not None and not math.isfinite(norm)
+
+
+def run_summary(history: list[dict], faults: FaultLog) -> tuple[list[str], int]:
+    """(lines, trained steps) for the end of a run: what trained, what was skipped and why, every fault."""
+    trained = sum(1 for m in history if not m.get("skipped"))
+    nonfinite = sum(1 for m in history if m.get("skipped_nonfinite"))
+    skipped = len(history) - trained
+    errors = timeouts = 0.0
+    for m in history:
+        for key, value in m.items():
+            if key.startswith("reward/") and key.endswith("/errors"):
+                errors += value
+            elif key.startswith("reward/") and key.endswith("/timeouts"):
+                timeouts += value
+    lines = [f"steps: {len(history)} run, {trained} trained, {skipped} skipped "
+             f"({skipped - nonfinite} without reward signal, {nonfinite} with non-finite loss or gradients)",
+             f"reward rows failed: {errors:.0f} errors, {timeouts:.0f} timeouts"]
+    recoveries = {k: v for k, v in sorted(faults.counts.items()) if k != "nonfinite_steps"}
+    lines.append("faults: " + (", ".join(f"{k}={v}" for k, v in recoveries.items()) if recoveries else "none"))
+    return lines, trained
+
+
+def injected(name: str) -> set[int]:
+    """Fault injection for tests and the soak benchmark: `FBRL_INJECT_<name>=2,5` names the calls (1-based) of a
+    worker method that fail on purpose (the workers say which). Empty unless the variable is set."""
+    text = os.environ.get(f"FBRL_INJECT_{name}", "")
+    return {int(x) for x in text.replace(" ", "").split(",") if x}
