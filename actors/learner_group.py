@@ -95,7 +95,7 @@ class LearnerGroup:
         """Every rank killed, a new group set up at the initial weights; then `LearnerRebuilt` (never returns)."""
         if self.make_rank is None or self.supervisor is None:
             raise error
-        self.supervisor.replacing("learner", f"learner rank {dead} during {method}", error)
+        self.supervisor.replacing("learner", f"learner rank {dead}", method, error)
         for a in self.actors:
             kill(a)
         self.actors = [self.make_rank(r) for r in range(len(self.actors))]

@@ -89,6 +89,14 @@ def check_rewards(cfg, base_dir: str | None = None) -> None:
             load_reward_fn(entry.fn, base_dir)
         except RewardLoadError as e:
             raise BadInput(f"reward.fns[{i}].fn: {e}") from None
+    check = cfg.reward.accuracy.strip()  # 'auto', 'none', an entry of fns, or a reward spec of its own
+    named = {e.fn for e in cfg.reward.fns} | {e.name for e in cfg.reward.fns if e.name}
+    if ":" in check and check not in named:  # a spec of its own (entries are also named by their metrics name)
+        try:
+            load_reward_fn(check, base_dir)
+        except RewardLoadError as e:
+            raise BadInput(f"reward.accuracy: {check!r} is not 'auto', 'none' or a reward of reward.fns, and does "
+                           f"not load as a reward: {e}") from None
 
 
 def check_data(cfg, tokenizer, model_config: dict) -> dict:

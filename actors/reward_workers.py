@@ -112,7 +112,7 @@ class RewardWorkersOnRay:
         def on_death(_, error):
             if self.make_actor is None or self.supervisor is None:
                 raise error
-            self.supervisor.replacing("reward", "reward actor during score", error)
+            self.supervisor.replacing("reward", "reward actor", "score", error)
             kill(self.actor)
             self.actor = self.make_actor()
             return self.actor.score.remote(*args)

@@ -177,10 +177,10 @@ class RolloutFleet:
     def _replace(self, k: int, during: str, error: BaseException) -> None:
         """A new actor for engine k at the current weights and version; raises when it may not be replaced."""
         import ray
-        what = f"rollout actor {k}" + (f" (pid {self._pids[k]})" if self._pids[k] else "") + f" during {during}"
+        what = f"rollout actor {k}" + (f" (pid {self._pids[k]})" if self._pids[k] else "")
         if self.make_actor is None or self.supervisor is None:
             raise error
-        self.supervisor.replacing("rollout", what, error)
+        self.supervisor.replacing("rollout", what, during, error)
         kill(self.actors[k])
         self.actors[k], self._pids[k] = self.make_actor(k), None
         if self.last_sync is not None:

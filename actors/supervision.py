@@ -43,17 +43,18 @@ class Supervisor:
         self.cfg, self.faults = fcfg, faults if faults is not None else FaultLog()
         self.restarts: Counter[str] = Counter()
 
-    def replacing(self, role: str, what: str, cause: BaseException) -> None:
-        """Record that `what` (e.g. "rollout actor 0 (pid 123) during generate") died and is being replaced;
-        raise `RunStopped` when that would exceed the role's bound."""
+    def replacing(self, role: str, what: str, during: str, cause: BaseException) -> None:
+        """Record that `what` (e.g. "rollout actor 0 (pid 123)") died during the call `during` and is being
+        replaced; raise `RunStopped` when that would exceed the role's bound."""
         kind, key = ROLES[role]
         limit = getattr(self.cfg, key)
         n = self.restarts[role] + 1
+        died = f"{what} died during {during} ({describe(cause)})"
         if n > limit:
-            raise RunStopped(f"{what} died ({describe(cause)}) and faults.{key}={limit} replacements are used up: "
-                             f"stopping; `fbrl train --resume RUN_DIR` continues from the last checkpoint")
+            raise RunStopped(f"{died}, and faults.{key}={limit} replacements are used up: stopping; "
+                             f"`fbrl train --resume RUN_DIR` continues from the last checkpoint")
         self.restarts[role] = n
-        self.faults.record(kind, f"{what} died ({describe(cause)}); replacing it ({n} of at most {limit})")
+        self.faults.record(kind, f"{died}; replacing it ({n} of at most {limit})")
 
 
 def describe(cause: BaseException) -> str:
