@@ -77,10 +77,14 @@ def gather(submit, n: int, on_death, error_grace_s: float = 0.0) -> list:
     out: list = [None] * n
     error, deadline = None, None
     while refs:
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        # waits of at most a second, so that a signal to the driver is handled promptly (its handler runs between
+        # Python bytecodes, not inside Ray's blocking wait)
+        timeout = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
         ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
         if not ready:
-            break  # the grace after a method's error is over
+            if deadline is not None and time.monotonic() >= deadline:
+                break  # the grace after a method's error is over
+            continue
         for ref in ready:
             k = refs.pop(ref)
             try:

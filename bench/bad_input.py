@@ -59,6 +59,10 @@ def main() -> int:
         make_inputs(d)
         print("| input | message (`fbrl train: error: ...`) | seconds until the error |")
         print("|---|---|---|")
+        t0 = time.monotonic()  # the floor: starting Python and importing what `fbrl train` needs before any check
+        subprocess.run([sys.executable, "-c", "import rl.config, transformers"], cwd=d, env=env, check=True)
+        print(f"| (baseline: `python -c 'import rl.config, transformers'`, no check at all) | - | "
+              f"{time.monotonic() - t0:.1f} |", flush=True)
         for what, overrides in CASES:
             argv = [o.format(d=d) for o in overrides]
             if "--resume" not in argv and not any(a.startswith("train.run_dir=") for a in argv):

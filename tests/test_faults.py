@@ -9,13 +9,14 @@ of each step's prompts against the sampler's own sequence) and that checkpoints 
 - Slow-marked (`make test-all`): a reward actor killed mid-score; the learner's restart bound; the driver killed
   and resumed; SIGTERM to the driver; the driver killed while writing a checkpoint; non-finite loss; a reward
   that fails on every row; a run that trains nothing.
-- Bad input (no Ray, seconds): each is refused before anything starts, with a message naming it.
+Bad input, run-dir rules, secrets and the Ray-free pieces of fault handling: tests/test_bad_input.py.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -258,7 +259,9 @@ def test_reward_actor_killed_mid_score(job):
     batch again; every step completes, none lost; the dead actor's pool processes do not outlive it."""
     j = job("train.steps=3")
     pid = j.rewards.pid()
-    j.rewards.score(["What is 1+1?"], ["\\boxed{2}"], ["2"], ["stop"])  # the pool starts with the first batch
+    # the math reward's pool starts with the first item that needs math-verify (a literal integer gold, as in the
+    # arithmetic task, is compared in the actor itself)
+    j.rewards.score(["What is 1/2?"], ["\\boxed{\\frac{1}{2}}"], ["\\frac{1}{2}"], ["stop"])
     pool = descendants(pid)
     assert pool, "the reward actor has no pool processes"
     j.kill_during(j.rewards, "score", 2, j.rewards.pid, delay_s=0.02)
@@ -337,14 +340,25 @@ def steps_logged(run_dir: Path) -> int:
     return max((r["step"] for r in metrics_of(run_dir)), default=0) if p.exists() else 0
 
 
-def no_processes_left(mark: str, timeout: float = 15) -> None:
+OUR_ACTORS = ("ray::EngineHost", "ray::RankActor", "ray::RewardHost", "multiprocessing")
+
+
+def no_processes_left(mark: str, timeout: float = 15, only: tuple[str, ...] | None = None) -> float:
+    """Wait until no process of the job (or none whose command line starts with one of `only`) is alive; returns
+    the seconds that took. Fails, killing them, after `timeout`."""
+    t0 = time.monotonic()
+
+    def left():
+        return [(p, c) for p, c in marked_processes(mark) if only is None or any(o in c for o in only)]
+
     try:
-        wait_for(lambda: not marked_processes(mark), timeout, "every process of the job to exit")
+        wait_for(lambda: not left(), timeout, "every process of the job to exit")
     except AssertionError:
-        left = marked_processes(mark)
-        for pid, _ in left:
+        procs = left()
+        for pid, _ in procs:
             os.kill(pid, signal.SIGKILL)
-        raise AssertionError(f"processes left after the job: {left}") from None
+        raise AssertionError(f"processes left after the job: {procs}") from None
+    return time.monotonic() - t0
 
 
 @pytest.mark.slow
@@ -359,7 +373,10 @@ def test_driver_killed_then_resumed_with_identical_data_order(tmp_path):
     wait_for(lambda: p.poll() is not None or steps_logged(run_dir) >= 3, 900, "step 3")
     p.kill()
     p.wait()
-    no_processes_left(mark)
+    # our actors go within seconds (they exit with their raylet, which Ray ends with the driver); Ray's own
+    # dashboard and runtime-env agents first try to report the raylet's death to the dead GCS, which can take longer
+    no_processes_left(mark, 15, only=OUR_ACTORS)
+    print(f"all of the job's processes gone {no_processes_left(mark, 120):.0f} s after the driver's SIGKILL")
     latest = int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
     assert latest in (2, 4) and steps_logged(run_dir) >= 3
     p = start_train(["--resume", str(run_dir)], tmp_path, mark, "resume")
@@ -389,7 +406,8 @@ def test_sigterm_checkpoints_the_last_step_and_leaves_nothing(tmp_path):
     out = output(tmp_path, "first")
     last = steps_logged(run_dir)
     assert "SIGTERM received: stopping after the current step" in out
-    assert f"stopped after step {last}, which is checkpointed" in out and "Traceback" not in out
+    assert f"stopped after step {last}, which is checkpointed" in out
+    assert not re.search(r"^Traceback", out, re.M), "the driver printed a traceback"  # (vLLM's actors print some)
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{last:06d}"
     for f in [*run_dir.rglob("*"), tmp_path / "first.out"]:
         if f.is_file():
@@ -421,7 +439,8 @@ def test_killed_while_writing_a_checkpoint_previous_one_loads(tmp_path):
     p.kill()
     p.wait()
     assert p.returncode == -signal.SIGKILL, output(tmp_path, "first")[-3000:]
-    no_processes_left(mark)
+    no_processes_left(mark, 15, only=OUR_ACTORS)
+    no_processes_left(mark, 120)
     half = [n for n in os.listdir(root) if n.startswith(".tmp-")]
     assert half, "the kill missed the checkpoint being written"
     latest = (root / "latest").read_text().strip()
@@ -475,216 +494,3 @@ def test_a_run_that_trains_nothing_exits_nonzero(tmp_path):
     out = output(tmp_path, "first")
     assert "the run trained nothing: all 2 steps were skipped" in out and "2 run, 0 trained, 2 skipped" in out
     no_processes_left(mark)
-
-
-# ---- bad input: refused before Ray or any engine starts -----------------------------------------------------------
-def prepare(*argv: str, cwd: Path | None = None):
-    """`fbrl train ARGV`'s checks (actors.launch.prepare), in this process."""
-    import argparse
-
-    from actors.launch import add_arguments, prepare as launch_prepare
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(list(argv))
-    return launch_prepare(args)
-
-
-@pytest.fixture
-def inputs(tmp_path):
-    """Files for the bad-input cases: a reward file, data sets, a tokenizer bigger than the model's vocabulary."""
-    from rl.data.loaders import write_jsonl
-    from rl.data.tokenizer import ALPHABET, build_tokenizer
-    (tmp_path / "my_rewards.py").write_text(BROKEN_REWARD)
-    write_jsonl([{"prompt": "Q: 1+1=?", "answer": "2"}, {"question": "Q: 2+2=?", "answer": "4"}],
-                tmp_path / "nofield.jsonl")
-    write_jsonl_task(tmp_path / "long.jsonl", 10)
-    write_jsonl([{"prompt": "Q: 1+1=?", "answer": "2"}], tmp_path / "short.jsonl")
-    build_tokenizer(alphabet=ALPHABET + "äöü").save_pretrained(str(tmp_path / "bigtok"))
-    return tmp_path
-
-
-BAD_INPUT = [  # (overrides, a piece of the message); {d} is the inputs directory
-    (["train.steps=-1"], "train.steps: must be >= 1, got -1"),
-    (["train.prompts_per_step=0"], "train.prompts_per_step: must be >= 1, got 0"),
-    (["learner.num_workers=0"], "learner.num_workers: must be >= 1, got 0"),
-    (["learner.lr=0"], "learner.lr: must be > 0"),
-    (["model.path={d}/no-such-checkpoint"], "model.path: checkpoint not found"),
-    (["model.path={d}"], "is not a checkpoint directory (no config.json"),
-    (["reward.fns=[{{fn: {d}/missing.py:f}}]"], "reward file not found"),
-    (["reward.fns=[{{fn: {d}/my_rewards.py:nope}}]"], "has no function 'nope'"),
-    (["reward.fns=[{{fn: mathh}}]"], "unknown built-in reward 'mathh'"),
-    (["data.task=jsonl", "data.train_path={d}/missing.jsonl"], "data.train_path: {d}/missing.jsonl: no such file"),
-    (["data.task=jsonl", "data.train_path={d}/nofield.jsonl"], "nofield.jsonl:2: missing field 'prompt'"),
-    (["model.tokenizer={d}/bigtok"], "vocabulary mismatch"),
-    (["data.task=jsonl", "data.train_path={d}/long.jsonl", "data.overlong_prompts=error"],
-     "row 5 (from 0) has a prompt of 438 tokens, more than the limit of 208"),
-    (["data.task=jsonl", "data.train_path={d}/short.jsonl", "data.max_prompt_tokens=3"],
-     "every one of the 1 prompts is longer than the limit of 3"),
-    (["rollout.max_tokens=300"], "rollout.max_tokens=300 leaves no room for a prompt"),
-]
-
-
-@pytest.mark.parametrize("overrides, message", BAD_INPUT, ids=[m[:40] for _, m in BAD_INPUT])
-def test_bad_input_is_refused_before_anything_starts(inputs, overrides, message):
-    import ray
-    d = str(inputs)
-    with pytest.raises(ValueError) as e:
-        prepare(*[o.format(d=d) for o in overrides], f"train.run_dir={inputs / 'run'}")
-    assert message.format(d=d) in str(e.value), str(e.value)
-    assert not ray.is_initialized() and not (inputs / "run").exists()  # nothing started, nothing created
-
-
-def test_run_dir_rules(tmp_path):
-    """A new run into a used run dir is refused (or replaced with --overwrite); --resume of a missing dir creates
-    nothing; --resume takes the run's own config.yaml plus the overrides it allows, and refuses locked ones."""
-    from rl.config import ConfigError
-    from rl.run import RunDirError
-    run = tmp_path / "run"
-    cfg, _, run_dir, _ = prepare("train.checkpoint_every=7", "train.steps=3", f"train.run_dir={run}")
-    run_dir.write_config(cfg)
-    (run / "metrics.jsonl").write_text('{"step": 1}\n')
-    with pytest.raises(RunDirError, match="is not empty .*--resume"):
-        prepare(f"train.run_dir={run}")
-    with pytest.raises(RunDirError, match="no complete checkpoint"):
-        prepare("--resume", str(run))
-    (run / "checkpoints" / "step_000001").mkdir(parents=True)
-    (run / "checkpoints" / "latest").write_text("step_000001")
-    cfg, path, _, _ = prepare("--resume", str(run), "train.steps=9")
-    assert path == str(run / "config.yaml")
-    assert cfg.train.checkpoint_every == 7 and cfg.train.steps == 9 and cfg.train.resume == str(run)
-    with pytest.raises(ConfigError, match="cannot resume.*likelihood.estimator"):
-        prepare("--resume", str(run), "likelihood.estimator=kpass")
-    with pytest.raises(RunDirError, match="no such run directory"):
-        prepare("--resume", str(tmp_path / "missing"))
-    assert not (tmp_path / "missing").exists()
-    (tmp_path / "other").mkdir()
-    (tmp_path / "other" / "notes.txt").write_text("mine")
-    with pytest.raises(RunDirError, match="does not look like an fbrl run directory"):
-        prepare(f"train.run_dir={tmp_path / 'other'}", "--overwrite")
-    assert (tmp_path / "other" / "notes.txt").exists()
-    prepare(f"train.run_dir={run}", "--overwrite")
-    assert sorted(os.listdir(run)) == ["checkpoints"]
-
-
-def test_embedded_default_from_another_directory(tmp_path, monkeypatch):
-    """`fbrl train` from any directory: the embedded default's checkpoint resolves from the package."""
-    monkeypatch.chdir(tmp_path)
-    cfg, path, _, tokenizer = prepare(f"train.run_dir={tmp_path / 'run'}")
-    assert Path(cfg.model.path).is_absolute() and Path(cfg.model.path).is_dir()
-    assert cfg.model.path == str(ROOT / "checkpoints" / "tiny-arith-mixed") and len(tokenizer) == 101
-    # a relative path in an override keeps its usual meaning: the working directory
-    with pytest.raises(ValueError, match=f"checkpoint not found: {tmp_path}/checkpoints/tiny-arith"):
-        prepare("model.path=checkpoints/tiny-arith", f"train.run_dir={tmp_path / 'run2'}")
-
-
-def test_secrets_are_not_saved_and_resume_asks_for_them(tmp_path):
-    from rl.config import ConfigError, load_config
-    from rl.run import RunDir
-    secret = uuid.uuid4().hex
-    cfg = load_config(CONFIG, [f"reward.fns=[{{fn: math}}, {{fn: x.py:f, options: {{api_key: {secret}}}}}]"])
-    run = RunDir(str(tmp_path / "run"))
-    run.write_config(cfg)
-    text = (tmp_path / "run" / "config.yaml").read_text()
-    assert secret not in text and "api_key: <redacted>" in text
-    (tmp_path / "run" / "checkpoints" / "step_000001").mkdir(parents=True)
-    (tmp_path / "run" / "checkpoints" / "latest").write_text("step_000001")
-    with pytest.raises(ConfigError, match=r"reward.fns\[1\].options.api_key: secret values are never saved"):
-        prepare("--resume", str(tmp_path / "run"))
-
-
-def test_cli_bad_input_exit_code_and_time(tmp_path):
-    """Through the real command: one line on stderr, no traceback, exit code 2, no Ray, in seconds."""
-    env = dict(os.environ, **ENV, PYTHONPATH=str(ROOT))
-    t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "actors.cli", "train", "train.steps=0", f"train.run_dir={tmp_path}/r"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - t0
-    assert p.returncode == 2 and p.stderr.strip() == ("fbrl train: error: train.steps: must be >= 1, got 0 "
-                                                      "(override 'train.steps=0')"), p.stderr
-    assert "Traceback" not in p.stderr and "Ray" not in p.stdout + p.stderr and not (tmp_path / "r").exists()
-    assert seconds < 60, seconds  # imports only (torch); start-up of Ray + engines is what is avoided
-
-
-def test_untrusted_files_load_without_pickle_or_remote_code():
-    """torch.load only with weights_only=True; no trust_remote_code=True anywhere in the package."""
-    import re
-    offenders = []
-    for path in [*ROOT.glob("rl/**/*.py"), *ROOT.glob("actors/**/*.py"), *ROOT.glob("rollout/**/*.py"),
-                 *ROOT.glob("rewards/**/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("bench/*.py")]:
-        text = path.read_text()
-        for m in re.finditer(r"torch\.load\(([^()]|\([^()]*\))*\)", text):
-            if "weights_only=True" not in m.group(0):
-                offenders.append(f"{path}: {m.group(0)[:80]}")
-        if re.search(r"trust_remote_code\s*=\s*True", text):
-            offenders.append(f"{path}: trust_remote_code=True")
-    assert not offenders, offenders
-
-
-# ---- the pieces, without Ray --------------------------------------------------------------------------------------
-def test_prompt_fitter_drops_truncates_or_refuses():
-    from rl.data.loaders import DataError
-    from rl.data.prompts import PromptFitter
-    from rl.data.tokenizer import build_tokenizer
-    tok = build_tokenizer()
-    rows = [{"prompt": "12345"}, {"prompt": "1234567890abc"}, {"prompt": "abc"}]  # 6, 14, 4 tokens with BOS
-    kept, over = PromptFitter(tok, 8, "drop").fit(rows, "data")
-    assert over == 1 and [r["prompt"] for r in kept] == ["12345", "abc"]
-    left = PromptFitter(tok, 8, "truncate_left")
-    assert left.fit(rows, "data") == (rows, 1)
-    assert left.encode("1234567890abc") == [tok.bos_token_id] + tok.encode("7890abc", add_special_tokens=False) \
-        and len(left.encode("1234567890abc")) == 8 and left.encode("12345") == tok.encode("12345")
-    assert PromptFitter(tok, 8, "truncate_right").encode("1234567890abc") == tok.encode("1234567")
-    with pytest.raises(DataError, match=r"data: row 1 \(from 0\) has a prompt of 14 tokens"):
-        PromptFitter(tok, 8, "error").fit(rows, "data")
-
-
-def test_run_guard_stops_on_persistent_faults_only():
-    from rl.config import FaultsConfig
-    from rl.faults import FaultLog, RunGuard, RunStopped
-    lines = []
-    guard = RunGuard(FaultsConfig(max_nonfinite_steps=2, reward_error_share=0.5, reward_error_steps=3),
-                     FaultLog(lines.append))
-    ok = {"rewards/math/errors": 0.0, "rewards/math/timeouts": 0.0}
-    half = {"rewards/math/errors": 8.0, "rewards/math/timeouts": 8.0}    # exactly the share: not over it
-    most = {"rewards/judge/errors": 20.0, "rewards/judge/timeouts": 5.0}
-    guard.check(1, True, ok, 32)
-    guard.check(2, False, half, 32)   # a finite step resets the non-finite run
-    guard.check(3, True, most, 32)
-    with pytest.raises(RunStopped, match=r"not finite in 2 steps in a row \(steps 3-4"):
-        guard.check(4, True, most, 32)
-    guard = RunGuard(FaultsConfig(reward_error_share=0.5, reward_error_steps=3), FaultLog(lines.append))
-    guard.check(1, False, most, 32)
-    guard.check(2, False, most, 32)
-    guard.check(3, False, ok, 32)     # one good step resets it
-    guard.check(4, False, most, 32)
-    guard.check(5, False, most, 32)
-    with pytest.raises(RunStopped, match=r"reward 'judge' failed .* on 78% of the rows at step 6.*steps 4-6"):
-        guard.check(6, False, most, 32)
-    assert sum(x.startswith("fault: step") for x in lines) == 3   # one line per non-finite step
-
-
-def test_torch_backend_skips_a_nonfinite_step():
-    import torch
-
-    from rl.learner import TorchBackend
-    model = torch.nn.Linear(3, 1)
-    backend = TorchBackend(model, lr=0.1)
-    before = [p.detach().clone() for p in model.parameters()]
-    backend.backward(model(torch.ones(1, 3)).sum() * float("nan"))
-    norm = backend.step()
-    assert norm != norm  # NaN, reported
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    assert not backend.optimizer.state and all(p.grad is None for p in model.parameters())
-    backend.backward(model(torch.ones(1, 3)).sum())
-    assert backend.step() == pytest.approx(2.0) and not torch.equal(before[0], model.weight)
-
-
-def test_absurd_or_nonfinite_reward_counts_as_an_error():
-    from rewards.base import RewardSet
-
-    def scaled(prompts, completions, answers):
-        return [1e9, float("inf"), 1.0]
-
-    result = RewardSet([scaled], timeout_s=None)(["p"] * 3, ["c"] * 3, ["a"] * 3)
-    assert result.rewards == [0.0, 0.0, 1.0] and result.metrics["rewards/scaled/errors"] == 2.0
-    assert "absurd" in result.errors[0]
