@@ -46,7 +46,7 @@ def prepare(args):
     one. Starts nothing (no Ray, no engine)."""
     from actors.preflight import check_job
     from rl.config import ConfigError, load_config
-    from rl.config.schema import REDACTED
+    from rl.config.secrets import REDACTED
     from rl.run import RunDir
 
     config_path = args.config
@@ -207,7 +207,7 @@ def _wandb(cfg, run_dir):
         return None
     import wandb
 
-    from rl.config.schema import redacted
+    from rl.config.secrets import redacted
     return wandb.init(project=cfg.logging.wandb_project, entity=cfg.logging.wandb_entity,
                       mode=cfg.logging.wandb_mode, dir=str(run_dir.path), config=redacted(cfg.to_dict()),
                       resume="allow" if cfg.train.resume else None, name=run_dir.path.name)

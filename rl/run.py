@@ -29,7 +29,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from rl.config import Config, check_resume, load_config
-from rl.config.schema import redacted
+from rl.config.secrets import redacted
 
 # What a run directory holds (RunDir.new --overwrite deletes these and nothing else).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "weights", "plots", "wandb")

@@ -5,7 +5,8 @@ overrides (`load_config`), strict validation (unknown key, wrong type, bad choic
 the full dotted key, the file and line or the override, and what was expected), dumping back to YAML,
 and comparing two configs field by field (`diff_configs`, `check_resume`).
 
-schema.py holds the sections, loading.py the YAML/override loader; import both from here.
+schema.py holds the sections, loading.py the YAML/override loader (import both from here), secrets.py the
+redaction of secret values before a config is written anywhere.
 
 The loader is generic: it reads the dataclasses' annotations, so adding a field is adding one line to a
 section. Rules inside one section live in its `validate()` (it returns `(field, message)` problems; the

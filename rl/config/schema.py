@@ -7,7 +7,6 @@ default (tiny checkpoint, arithmetic task).
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -502,22 +501,6 @@ def check_resume(saved: Config, current: Config, locked: tuple[str, ...] = RESUM
         lines = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in
                           ((k, *v) for k, v in changed.items()))
         raise ConfigError(f"cannot resume: these fields differ from the saved run's config: {lines}")
-
-
-# Keys whose values are secrets (a reward's API key, a token): never written to config.yaml, logs or wandb.
-SECRET_KEY = re.compile(r"(?i)^(?:.*[_-])?(?:api[_-]?key|apikey|secret|password|passwd|token|access[_-]?key|"
-                        r"credentials?)$")
-REDACTED = "<redacted>"
-
-
-def redacted(data):
-    """`data` (plain dicts / lists) with the value of every secret-looking key replaced by "<redacted>"."""
-    if isinstance(data, dict):
-        return {k: REDACTED if isinstance(k, str) and SECRET_KEY.match(k) and v is not None else redacted(v)
-                for k, v in data.items()}
-    if isinstance(data, list):
-        return [redacted(v) for v in data]
-    return data
 
 
 def _plain(obj):
