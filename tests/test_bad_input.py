@@ -183,9 +183,15 @@ def test_prompt_fitter_drops_truncates_or_refuses():
     assert over == 1 and [r["prompt"] for r in kept] == ["12345", "abc"]
     left = PromptFitter(tok, 8, "truncate_left")
     assert left.fit(rows, "data") == (rows, 1)
-    assert left.encode("1234567890abc") == [tok.bos_token_id] + tok.encode("7890abc", add_special_tokens=False) \
-        and len(left.encode("1234567890abc")) == 8 and left.encode("12345") == tok.encode("12345")
-    assert PromptFitter(tok, 8, "truncate_right").encode("1234567890abc") == tok.encode("1234567")
+    long, short = {"prompt": "1234567890abc"}, {"prompt": "12345"}
+    assert left.encode(long) == [tok.bos_token_id] + tok.encode("7890abc", add_special_tokens=False) \
+        and len(left.encode(long)) == 8 and left.encode(short) == tok.encode("12345")
+    assert PromptFitter(tok, 8, "truncate_right").encode(long) == tok.encode("1234567")
+    # a chat-templated prompt already holds its special tokens (rl.data.loaders.encode_prompt): no BOS is added,
+    # and its length is counted the same way
+    templated = {"prompt": "1234567", "chat_templated": True}
+    assert PromptFitter(tok, 7, "drop").encode(templated) == tok.encode("1234567", add_special_tokens=False)
+    assert PromptFitter(tok, 7, "drop").fit([templated, {"prompt": "1234567"}], "data") == ([templated], 1)
     with pytest.raises(DataError, match=r"data: row 1 \(from 0\) has a prompt of 14 tokens"):
         PromptFitter(tok, 8, "error").fit(rows, "data")
 
