@@ -104,6 +104,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=50, help="steps before RSS growth is measured")
     ap.add_argument("--sample-s", type=float, default=5.0)
     ap.add_argument("--out", default="runs/soak")
+    ap.add_argument("--max-minutes", type=float, default=None,
+                    help="SIGTERM the job after this long (it checkpoints its step and exits 143); the summary "
+                         "reports the steps completed")
     ap.add_argument("overrides", nargs="*", help="more `fbrl train` overrides")
     args = ap.parse_args()
     out = Path(args.out)
@@ -119,7 +122,7 @@ def main() -> int:
     log = open(out / "train.log", "w")
     t0 = time.monotonic()
     job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    samples, kills, next_kill = [], [], args.kill_every
+    samples, kills, next_kill, stopped_at = [], [], args.kill_every, None
     with open(out / "samples.jsonl", "w") as f:
         while job.poll() is None:
             step = last_step(run_dir / "metrics.jsonl")
@@ -140,6 +143,10 @@ def main() -> int:
                 kills.append({"step": step, "pids": engines, "t": round(now, 1)})
                 print(f"[soak] step {step}: SIGKILL rollout actor {engines}", flush=True)
                 next_kill += args.kill_every
+            if args.max_minutes is not None and stopped_at is None and now > 60 * args.max_minutes:
+                job.send_signal(signal.SIGTERM)
+                stopped_at = step
+                print(f"[soak] {args.max_minutes} minutes are up at step {step}: SIGTERM to the job", flush=True)
             time.sleep(args.sample_s)
     wall = time.monotonic() - t0
     time.sleep(5)  # what is still alive 5 s after the driver exited was left behind
@@ -173,7 +180,7 @@ def main() -> int:
     summary = {"command": " ".join(cmd), "exit_code": job.returncode, "wall_s": round(wall, 1),
                "steps_requested": args.steps, "steps_completed": len(steps_done),
                "every_step_once": steps_done == list(range(1, args.steps + 1)),
-               "kills": kills, "faults": {k: v for k, v in last.items() if k.startswith("faults/")},
+               "stopped_by_time_limit_at_step": stopped_at, "kills": kills, "faults": {k: v for k, v in last.items() if k.startswith("faults/")},
                "processes_left": [{"pid": p, "cmd": c[:100]} for p, c in left.items()], "rss": table}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"exit code {job.returncode}, {len(steps_done)}/{args.steps} steps in {wall:.0f} s, "
