@@ -172,7 +172,10 @@ def main() -> int:
             by_step[st] = r
         if len(by_step) < 2:
             continue
-        warm = args.warmup if not key.startswith("rollout actor") else min(by_step) + 10
+        # warm-up: `--warmup` steps after the process's first sample; a short life (a rollout actor killed every
+        # 50 steps) gets 10
+        life = max(by_step) - min(by_step)
+        warm = min(by_step) + (args.warmup if life >= 2 * args.warmup else 10)
         table.append({"process": key, "first_step": min(by_step), "last_step": max(by_step),
                       "rss_start_mib": by_step[min(by_step)], "rss_end_mib": by_step[max(by_step)],
                       "rss_max_mib": max(by_step.values()),
