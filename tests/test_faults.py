@@ -259,9 +259,9 @@ def test_reward_actor_killed_mid_score(job):
     batch again; every step completes, none lost; the dead actor's pool processes do not outlive it."""
     j = job("train.steps=3")
     pid = j.rewards.pid()
-    # the math reward's pool starts with the first item that needs math-verify (a literal integer gold, as in the
-    # arithmetic task, is compared in the actor itself)
-    j.rewards.score(["What is 1/2?"], ["\\boxed{\\frac{1}{2}}"], ["\\frac{1}{2}"], ["stop"])
+    # the math reward's pool starts with the first item that needs math-verify (a literal gold - an integer, a
+    # fraction, as in the arithmetic task - is compared in the actor itself: rewards.math.score_literal)
+    j.rewards.score(["What is the square root of 2?"], ["\\boxed{\\sqrt{2}}"], ["\\sqrt{2}"], ["stop"])
     pool = descendants(pid)
     assert pool, "the reward actor has no pool processes"
     j.kill_during(j.rewards, "score", 2, j.rewards.pid, delay_s=0.02)
