@@ -230,8 +230,6 @@ class LikelihoodConfig:
     def validate(self):
         if self.passes < 1:
             yield "passes", f"must be >= 1, got {self.passes}"
-        if self.micro_batch_size < 1:
-            yield "micro_batch_size", f"must be >= 1, got {self.micro_batch_size}"
 
 
 @dataclass
