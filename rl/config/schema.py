@@ -55,12 +55,15 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    task: Literal["arith", "jsonl", "parquet", "hf_disk", "word_problems"] = "arith"
+    # arith: rl/data/arith.py; word_problems: rl/data/word_problems.py; cups / cups_moved / modsum / parity: state
+    # tracking (rl/data/track.py); the rest read files
+    task: Literal["arith", "jsonl", "parquet", "hf_disk", "word_problems", "cups", "modsum", "parity"] = "arith"
     train_path: Optional[str] = None    # jsonl / parquet file, or a `datasets.save_to_disk` dir
     test_path: Optional[str] = None
     train_split: str = "train"          # split names (arith: train|val|test; hf_disk: DatasetDict keys)
     test_split: str = "test"
-    difficulty: list[int] = field(default_factory=lambda: [1, 2, 3])   # arith levels to mix (1..4)
+    # arith levels to mix (1..4); state-tracking tasks: the chain lengths to mix (1..64)
+    difficulty: list[int] = field(default_factory=lambda: [1, 2, 3])
     num_train: int = 20000              # arith: problems generated for the train split
     seed: int = 0
     # arith: fraction of solutions that give the bare answer instead of the worked steps (pretraining / SFT text
@@ -81,11 +84,12 @@ class DataConfig:
     def validate(self):
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             yield "max_prompt_tokens", f"must be >= 1 or null, got {self.max_prompt_tokens}"
-        if not self.difficulty or any(not 1 <= d <= 4 for d in self.difficulty):
-            yield "difficulty", f"expected a non-empty list of levels in 1..4, got {self.difficulty}"
+        top, what = (4, "levels") if self.task in ("arith", "word_problems") else (64, "chain lengths")
+        if not self.difficulty or any(not 1 <= d <= top for d in self.difficulty):
+            yield "difficulty", f"expected a non-empty list of {what} in 1..{top}, got {self.difficulty}"
         if not 0.0 <= self.direct_answer_frac <= 1.0:
             yield "direct_answer_frac", f"expected a fraction in [0, 1], got {self.direct_answer_frac}"
-        if self.task not in ("arith", "word_problems") and not self.train_path:
+        if self.task in ("jsonl", "parquet", "hf_disk") and not self.train_path:
             yield "train_path", f"required when task is {self.task!r}"
 
 
@@ -106,6 +110,9 @@ class PretrainConfig:
         default_factory=lambda: [(0.75, 1), (0.97, 2), (1.0, 3)])
     schedule: Literal["boundaries", "mixture"] = "boundaries"
     mixture_probs: list[float] = field(default_factory=lambda: [0.75, 0.22, 0.03])  # P(K=1), P(K=2), ...
+    # probability that a step trains the exact recurrence alone (backpropagation through time) instead of K
+    # passes: the K -> infinity limit, for tasks whose answer needs the state carried over many tokens
+    exact_prob: float = 0.0
     jitter: float = 0.02                  # uniform noise on carried states, training only
     prefix_mixin: float = 0.0             # probability of a plain prefix per document and pass
     loss_on: Literal["all", "response"] = "all"   # response: SFT loss mask on the solution tokens only
@@ -126,6 +133,8 @@ class PretrainConfig:
             yield "pass_schedule", "every K must be >= 1"
         if any(p < 0 for p in self.mixture_probs) or abs(sum(self.mixture_probs) - 1) > 1e-6:
             yield "mixture_probs", f"must be >= 0 and sum to 1, got {self.mixture_probs}"
+        if not 0 <= self.exact_prob <= 1:
+            yield "exact_prob", f"is a probability, got {self.exact_prob}"
         if not 0 <= self.prefix_mixin <= 1:
             yield "prefix_mixin", f"is a probability, got {self.prefix_mixin}"
 

@@ -180,7 +180,8 @@ def load_task_split(data: Any, split: str, n: int | None = None, tokenizer=None)
     """Rows for `split` ('train', 'val' or 'test') of a `data` config section (rl.config.DataConfig), each with
     its `prompt` text (`messages` rendered by `render_prompts` with `tokenizer` per `data.chat_template`).
 
-    arith / word_problems: generated (`n` problems; train defaults to `data.num_train`), with split names
+    arith, word_problems and the state-tracking tasks (rl/data/track.py: cups, modsum, parity; `data.difficulty`
+    = chain lengths): generated (`n` problems; train defaults to `data.num_train`), with split names
     `data.train_split` / `data.test_split` mapping onto the task's own splits. Files: `train_path` for train,
     `test_path` for the others; `n` keeps the first n rows.
     """
@@ -201,6 +202,13 @@ def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
         from rl.data import arith
         return arith.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty),
                               direct_answer_frac=data.direct_answer_frac)
+    from rl.data import track
+    if data.task in track.TASKS:
+        if n is None:
+            if split != "train":
+                raise DataError(f"data: say how many {split} problems to generate (n)")
+            n = data.num_train
+        return track.generate(data.task, name, n, seed=data.seed, lengths=tuple(data.difficulty))
     path = data.train_path if split == "train" else data.test_path
     if not path:
         raise DataError(f"data.{'train' if split == 'train' else 'test'}_path: required for task {data.task!r}")
