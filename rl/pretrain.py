@@ -69,7 +69,32 @@ def multipass_loss(model, input_ids, attention_mask, loss_mask, num_passes: int,
     return total, losses
 
 
+def exact_loss(model, input_ids, attention_mask, loss_mask, feedback_on: str = "all"
+               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`L_exact` (and [L_exact]): the loss of the exact recurrence, backpropagated through time — the
+    K -> infinity limit of the multi-pass objective.
+
+    The recurrence runs token by token with a KV cache (`model.recurrent_forward`) from the first fed-back
+    position on, so it costs about one pass of FLOPs (sequential in the sequence length; on CPU ~2.5x a parallel
+    pass), where K passes cost K. With `feedback_on: response` that is the answer only: exactly the computation
+    `soft` decoding does, at any answer length, where K passes are exact on the first K-1 answer tokens only.
+    No plain pass is added: steps of the ordinary schedule (`exact_prob` < 1) train that one. Rows must be
+    right-padded (`collate` does): padding then never reaches a real position."""
+    fb = model.feedback_mask(input_ids, attention_mask)
+    if feedback_on == "response":
+        fb = fb & loss_mask.bool()
+    loss = masked_ce(model, model.recurrent_forward(input_ids, feedback_mask=fb), input_ids, loss_mask)
+    return loss, [loss]
+
+
 # -------------------------------------------------------------------------------------------- schedule
+
+
+def exact_step(step: int, pcfg) -> bool:
+    """Whether optimizer step `step` trains the exact recurrence (`exact_loss`) instead of K passes: drawn with
+    probability `pretrain.exact_prob` from a stream seeded by (seed, step), like the mixture's K."""
+    return pcfg.exact_prob > 0 and random.Random(f"fbrl-exact:{pcfg.seed}:{step}").random() < pcfg.exact_prob
+
 
 
 def passes_for_step(step: int, total_steps: int, pcfg) -> int:
@@ -178,14 +203,18 @@ def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int):
 
 
 @torch.no_grad()
-def validation_losses(model, batches, num_passes: int, feedback_on: str = "all") -> list[float]:
-    """Per-pass validation loss (token-weighted over all batches) with K passes, no jitter, no mixin."""
+def validation_losses(model, batches, num_passes: int, feedback_on: str = "all", exact: bool = False
+                      ) -> list[float]:
+    """Per-pass validation loss (token-weighted over all batches) with K passes, no jitter, no mixin; with
+    `exact`, the exact recurrence's loss is appended (the loss `soft` decoding sees)."""
     was_training = model.training
     model.eval()
-    sums, count = [0.0] * num_passes, 0
+    sums, count = [0.0] * (num_passes + exact), 0
     for input_ids, attention, loss_mask in batches:
         n = int(loss_mask[:, 1:].sum())
         _, losses = multipass_loss(model, input_ids, attention, loss_mask, num_passes, feedback_on=feedback_on)
+        if exact:
+            losses = losses + exact_loss(model, input_ids, attention, loss_mask, feedback_on)[1]
         sums = [s + float(l) * n for s, l in zip(sums, losses)]
         count += n
     model.train(was_training)
@@ -241,7 +270,8 @@ def train(cfg: Config, log=print) -> dict:
 
     train_rows = load_task_split(cfg.data, "train")
     val_n = p.val_batches * p.batch_size
-    val_rows = load_task_split(cfg.data, "val" if cfg.data.task == "arith" else "test", n=val_n)
+    file_task = cfg.data.task in ("jsonl", "parquet", "hf_disk")   # generated tasks have their own val split
+    val_rows = load_task_split(cfg.data, "test" if file_task else "val", n=val_n)
     train_enc = encode_rows(train_rows, tokenizer, p.seq_len, p.loss_on)
     val_enc = encode_rows(val_rows, tokenizer, p.seq_len, p.loss_on)
     val_batches = [collate(val_enc[i:i + p.batch_size], pad_id) for i in range(0, len(val_enc), p.batch_size)]
@@ -259,16 +289,21 @@ def train(cfg: Config, log=print) -> dict:
         f"{p.steps} steps x {p.batch_size}, max K={max_passes(p)}, threads={p.threads}")
 
     history, k_counts, tokens = [], {}, 0
-    val = validation_losses(model, val_batches, k_eval, p.feedback_on)
+    with_exact = p.exact_prob > 0
+    val = validation_losses(model, val_batches, k_eval, p.feedback_on, with_exact)
     history.append({"step": 0, "val": val})
-    log(f"step 0 val " + " ".join(f"pass{i + 1}={v:.4f}" for i, v in enumerate(val)))
+    log(f"step 0 val " + _val_line(val, k_eval))
     t_loop = time.time()
     for step in range(p.steps):
-        k = passes_for_step(step, p.steps, p)
+        exact = exact_step(step, p)
+        k = "exact" if exact else passes_for_step(step, p.steps, p)
         k_counts[k] = k_counts.get(k, 0) + 1
         input_ids, attention, loss_mask = collate(sampler.next(p.batch_size), pad_id)
-        loss, losses = multipass_loss(model, input_ids, attention, loss_mask, k, p.jitter, p.prefix_mixin, gen,
-                                      p.feedback_on)
+        if exact:
+            loss, losses = exact_loss(model, input_ids, attention, loss_mask, p.feedback_on)
+        else:
+            loss, losses = multipass_loss(model, input_ids, attention, loss_mask, k, p.jitter, p.prefix_mixin,
+                                          gen, p.feedback_on)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip) if p.grad_clip > 0 \
@@ -283,10 +318,10 @@ def train(cfg: Config, log=print) -> dict:
                 + f" lr={sched.get_last_lr()[0]:.2e} gnorm={float(grad_norm):.2f} tok/s={tokens / el:.0f}"
                 + f" elapsed={el:.0f}s cpu={time.process_time() - cpu_start:.0f}s")
         if (step + 1) % p.eval_every == 0 or step + 1 == p.steps:
-            val = validation_losses(model, val_batches, k_eval, p.feedback_on)
+            val = validation_losses(model, val_batches, k_eval, p.feedback_on, with_exact)
             history.append({"step": step + 1, "val": val, "elapsed_s": round(time.time() - t_start, 1),
                             "cpu_s": round(time.process_time() - cpu_start, 1)})
-            log(f"step {step + 1} val " + " ".join(f"pass{i + 1}={v:.4f}" for i, v in enumerate(val)))
+            log(f"step {step + 1} val " + _val_line(val, k_eval))
             if step + 1 < p.steps:
                 save_checkpoint(model, tokenizer, p.out_dir,
                                 _extra_files(cfg, history, k_counts, t_start, cpu_start, False))
@@ -295,15 +330,22 @@ def train(cfg: Config, log=print) -> dict:
     return summary
 
 
+def _val_line(val: list[float], k_eval: int) -> str:
+    return " ".join(f"pass{i + 1}={v:.4f}" if i < k_eval else f"exact={v:.4f}" for i, v in enumerate(val))
+
+
 def _summary(cfg, history, k_counts, t_start, cpu_start, finished: bool) -> dict:
-    val = history[-1]["val"]
+    k_eval = max(3, max_passes(cfg.pretrain))
+    val, exact = history[-1]["val"][:k_eval], history[-1]["val"][k_eval:]
     # cpu_time_s (all threads of this process) tells a run on a shared machine from a slow one: with one
     # thread on an idle core, wall time ~= cpu time.
     return {"finished": finished, "steps_done": history[-1]["step"], "wall_time_s": round(time.time() - t_start, 1),
             "cpu_time_s": round(time.process_time() - cpu_start, 1), "threads": cfg.pretrain.threads,
             "git_commit": git_commit(), "final_val_loss_per_pass": val,
+            "final_val_loss_exact": exact[0] if exact else None,
             "pass2_below_pass1": len(val) > 1 and val[1] < val[0],
-            "steps_per_k": {str(k): v for k, v in sorted(k_counts.items())}, "val_history": history}
+            "steps_per_k": {str(k): v for k, v in sorted(k_counts.items(), key=lambda kv: str(kv[0]))},
+            "val_history": history}
 
 
 def _extra_files(cfg, history, k_counts, t_start, cpu_start, finished: bool) -> dict[str, str]:
@@ -331,6 +373,8 @@ def run(args) -> int:
     print(f"pass-2 < pass-1 (feedback helps, the paper's health signal): "
           f"{'yes' if summary['pass2_below_pass1'] else 'NO'} "
           f"({val[1] - val[0]:+.4f})" if len(val) > 1 else "")
+    if summary["final_val_loss_exact"] is not None:
+        print(f"exact recurrence (what soft decoding sees): {summary['final_val_loss_exact']:.4f}")
     print(f"checkpoint: {cfg.pretrain.out_dir}  wall time: {summary['wall_time_s']:.0f}s  "
           f"cpu time: {summary['cpu_time_s']:.0f}s ({cfg.pretrain.threads} threads)")
     return 0

@@ -61,6 +61,37 @@ def test_objective_is_l1_plus_mean_of_later_passes():
     assert losses[1] != losses[0]  # pass 2 really differs (feedback on)
 
 
+def test_exact_loss_is_the_limit_of_enough_passes():
+    """With feedback on the response only, pass k is exact on the first k-1 response positions, so K = R + 1
+    passes (R = longest response) give the exact recurrence: same L_exact, same gradient. fp32, and the two
+    differ only in summation order (token-by-token KV cache vs one parallel pass): 1e-5 absolute on losses of
+    order 1 and on gradients of order 1e-1 leaves two orders of magnitude over the ~1e-7 seen."""
+    model, tok = tiny_model()
+    ids, am, lm = toy_batch(tok, n=8)   # prompts and answers of different lengths: right padding matters
+    assert len(set(am.sum(1).tolist())) > 1
+    R = int(lm.sum(1).max())
+    lex, parts = P.exact_loss(model, ids, am, lm, "response")
+    _, losses = P.multipass_loss(model, ids, am, lm, R + 1, feedback_on="response")
+    assert parts == [lex]
+    assert torch.allclose(lex, losses[-1], atol=1e-5), (lex, losses[-1])
+    assert (lex - losses[1]).abs() > 1e-4   # two passes are not the recurrence: the comparison can fail
+    params = [p for n, p in model.named_parameters() if "layers.0.self_attn.q_proj" in n or "fusion.w_u" in n]
+    g_exact = torch.autograd.grad(lex, params)
+    g_pass = torch.autograd.grad(losses[-1], params)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g_exact, g_pass))
+    assert all(a.abs().sum() > 0 for a in g_exact)   # the fusion weights learn through time
+
+
+def test_exact_steps_are_drawn_per_step_with_a_seed():
+    p = load_config(None, ["pretrain.exact_prob=0.3"]).pretrain
+    draws = [P.exact_step(s, p) for s in range(2000)]
+    assert 0.26 < sum(draws) / len(draws) < 0.34
+    assert draws[:300] == [P.exact_step(s, p) for s in range(300)]
+    assert not any(P.exact_step(s, load_config(None, []).pretrain) for s in range(300))   # default: never
+    with pytest.raises(Exception, match="exact_prob"):
+        load_config(None, ["pretrain.exact_prob=1.5"])
+
+
 def test_gradient_flows_through_every_pass():
     """L_2's gradient must reach pass 1's computation: it differs from the gradient with pass 1 detached."""
     model, tok = tiny_model()
