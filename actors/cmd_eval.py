@@ -2,6 +2,8 @@
 
     fbrl eval --checkpoint checkpoints/tiny-arith --task arith --split test --n 500 \
               --decode-mode standard soft fused --samples 4 --json eval.json
+    fbrl eval --checkpoint FBT --decode-mode soft --baseline STANDARD_CKPT --task cups \
+              --difficulty 4 8 12 --by-difficulty          # two checkpoints, paired, by chain length
 
 The engine is the pure-torch reference engine (`rollout.torch_engine.TorchEngine`); completions are scored with
 the math reward (`rewards.math.MathReward`, math-verify; strict on the arithmetic task, as in training) when it
@@ -20,19 +22,22 @@ import yaml
 from rl.config import DataConfig, EvalConfig, config_from_dict
 
 _EVAL = EvalConfig()
+# tasks whose problems are generated (difficulty levels apply, the checkpoint's training levels are the default)
+GENERATED_TASKS = ("arith", "word_problems", "cups", "modsum", "parity")
 
 
 def add_arguments(p) -> None:
     p.add_argument("--checkpoint", required=True, help="FBT checkpoint directory (save_pretrained + tokenizer)")
-    p.add_argument("--task", default="arith", choices=["arith", "word_problems", "jsonl"],
-                   help="arith: the synthetic task; word_problems: templated chat word problems; jsonl: rows with "
-                        "prompt (or messages) and answer from --data-path")
+    p.add_argument("--task", default="arith", choices=["arith", "jsonl", *GENERATED_TASKS[1:]],
+                   help="arith: the synthetic arithmetic; word_problems: templated chat word problems; cups / "
+                        "modsum / parity: state tracking (rl/data/track.py); jsonl: rows with prompt (or messages) "
+                        "and answer from --data-path")
     p.add_argument("--chat-template", default="auto", choices=["auto", "on", "off"],
                    help="render chat rows (messages) with the tokenizer's chat template (off: base models)")
     p.add_argument("--data-path", default=None, help="JSONL file of the jsonl task")
     p.add_argument("--split", default=_EVAL.split, help="arith split: train | val | test")
     p.add_argument("--difficulty", type=int, nargs="+", default=None,
-                   help="arith levels (default: the checkpoint's training levels, else 1 2 3)")
+                   help="arith levels / state-tracking chain lengths (default: the checkpoint's training ones)")
     p.add_argument("--n", type=int, default=_EVAL.n, help="number of problems")
     p.add_argument("--decode-mode", nargs="+", default=list(_EVAL.decode_modes),
                    choices=["standard", "soft", "fused"], help="one or more decode modes (paired test if several)")
@@ -43,8 +48,16 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, default=_EVAL.batch_size, help="prompts per engine call")
     p.add_argument("--seed", type=int, default=_EVAL.seed)
     p.add_argument("--threads", type=int, default=2, help="torch threads")
-    p.add_argument("--scorer", default="auto", choices=["auto", "math", "plain"],
-                   help="auto: the math reward if importable, else the plain numeric comparison")
+    p.add_argument("--scorer", default="auto", choices=["auto", "math", "plain", "task"],
+                   help="auto: a state-tracking task's own literal scorer; else the math reward if importable, "
+                        "else the plain numeric comparison")
+    p.add_argument("--baseline", default=None, metavar="CKPT",
+                   help="a second checkpoint evaluated on the same problems (e.g. a standard model of the same "
+                        "size and compute), paired with every --decode-mode of --checkpoint")
+    p.add_argument("--baseline-mode", default="standard", choices=["standard", "soft", "fused"],
+                   help="decode mode of --baseline")
+    p.add_argument("--by-difficulty", action="store_true",
+                   help="evaluate each --difficulty level separately (--n problems each): a table by level")
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
 
 
@@ -54,6 +67,8 @@ def _data_config(args) -> DataConfig:
     data = {}
     if saved.is_file():
         data = dict((yaml.safe_load(saved.read_text()) or {}).get("data") or {})
+    if data.get("task") != args.task:
+        data.pop("difficulty", None)  # levels of another task mean nothing here
     data["task"] = args.task
     data["chat_template"] = args.chat_template
     if args.task == "jsonl":
@@ -62,13 +77,21 @@ def _data_config(args) -> DataConfig:
         data["test_path"] = args.data_path
     if args.difficulty:
         data["difficulty"] = args.difficulty
-    if data["task"] not in ("arith", "word_problems") and not data.get("train_path"):
+    if data["task"] not in GENERATED_TASKS and not data.get("train_path"):
         data["train_path"] = args.data_path  # the schema wants one for file tasks; eval never reads it
     return config_from_dict({"data": data}).data
 
 
-def _scorer(choice: str, strict: bool = False):
-    """The correctness check: the math reward (strict on the arithmetic task: a literal answer, as in training)."""
+def _scorer(choice: str, task: str):
+    """The correctness check: a state-tracking task's own literal scorer, else the math reward (strict on the
+    arithmetic task: a literal answer, as in training)."""
+    from rl.data import track
+    if choice == "task" or (choice == "auto" and task in track.TASKS):
+        if task not in track.TASKS:
+            raise SystemExit(f"fbrl eval: --scorer task: {task!r} has no scorer of its own "
+                             f"(state-tracking tasks: {', '.join(track.TASKS)})")
+        return track.score
+    strict = task == "arith"
     if choice in ("auto", "math"):
         try:
             from rewards.math import MathReward
@@ -81,44 +104,78 @@ def _scorer(choice: str, strict: bool = False):
 
 
 def run(args) -> int:
+    import dataclasses
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import rl  # noqa: F401  (registers the FBT model classes)
     from rl.batch import SamplingParams
     from rl.data.loaders import load_task_split
-    from rl.evaluate import evaluate, format_table
+    from rl.evaluate import evaluate, format_levels, format_table, paired_tests
     from rl.model import as_standard_lm
     from rollout.torch_engine import TorchEngine
 
     torch.set_num_threads(args.threads)
     data = _data_config(args)
-    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
-    # arith / word_problems: train / val / test are the task's own hash-disjoint splits; jsonl: the one file given
-    rows = load_task_split(data, args.split if args.split in ("train", "val") else "test", n=args.n,
-                           tokenizer=tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
-    if not hasattr(model, "fusion"):  # a stock checkpoint (e.g. before `fbrl convert`): standard decoding only
-        if set(args.decode_mode) != {"standard"}:
-            raise SystemExit(f"fbrl eval: {args.checkpoint} is not an FBT checkpoint (model_type "
-                             f"{model.config.model_type!r}); it decodes only with --decode-mode standard")
-        model = as_standard_lm(model)
-    score_fn = _scorer(args.scorer, strict=args.task == "arith")
+    if args.by_difficulty and args.task not in GENERATED_TASKS:
+        raise SystemExit(f"fbrl eval: --by-difficulty needs a generated task ({', '.join(GENERATED_TASKS)})")
+    levels = [[d] for d in data.difficulty] if args.by_difficulty else [list(data.difficulty)]
+    models = [("", args.checkpoint, args.decode_mode)]
+    if args.baseline:
+        models.append(("baseline:", args.baseline, [args.baseline_mode]))
+    engines = []
+    for prefix, path, modes in models:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        if not hasattr(model, "fusion"):  # a stock checkpoint (e.g. before `fbrl convert`): standard decoding only
+            if set(modes) != {"standard"}:
+                raise SystemExit(f"fbrl eval: {path} is not an FBT checkpoint (model_type "
+                                 f"{model.config.model_type!r}); it decodes only with --decode-mode standard")
+            model = as_standard_lm(model)
+        engines.append((prefix, TorchEngine(model), AutoTokenizer.from_pretrained(path), modes))
+    score_fn = _scorer(args.scorer, args.task)
+    results = {}
     try:
-        result = evaluate(TorchEngine(model), SamplingParams, tokenizer, rows, args.decode_mode,
-                          samples=args.samples, temperature=args.temperature, max_tokens=args.max_tokens,
-                          seed=args.seed, score_fn=score_fn, batch_size=args.batch_size, log=print)
+        for level in levels:
+            # generated tasks: train / val / test are the task's own hash-disjoint splits; jsonl: the one file
+            rows = load_task_split(dataclasses.replace(data, difficulty=level),
+                                   args.split if args.split in ("train", "val") else "test", n=args.n,
+                                   tokenizer=engines[0][2])
+            if args.by_difficulty:
+                print(f"-- difficulty {level[0]}")
+            result = None
+            for prefix, engine, tokenizer, modes in engines:
+                res = evaluate(engine, SamplingParams, tokenizer, rows, modes, samples=args.samples,
+                               temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
+                               score_fn=score_fn, batch_size=args.batch_size,
+                               log=lambda line, prefix=prefix: print(prefix + line))
+                if result is None:
+                    result = res
+                    continue
+                # the baseline's modes join the table under `baseline:<mode>`, paired with every mode above
+                for mode in modes:
+                    for mine in list(args.decode_mode):
+                        result["paired"] += paired_tests(result["per_problem"][mine], res["per_problem"][mode],
+                                                         mine, prefix + mode)
+                    result["modes"][prefix + mode] = res["modes"][mode]
+                    result["per_problem"][prefix + mode] = res["per_problem"][mode]
+            result["meta"].update(checkpoint=str(args.checkpoint), baseline=args.baseline, task=args.task,
+                                  split=args.split, difficulty=level if args.task in GENERATED_TASKS else None)
+            print(format_table(result))
+            results[str(level[0]) if args.by_difficulty else "all"] = result
     finally:
         if hasattr(score_fn, "close"):
             score_fn.close()
-    result["meta"].update(checkpoint=str(args.checkpoint), task=args.task, split=args.split,
-                          difficulty=list(data.difficulty) if args.task != "jsonl" else None)
-    print(format_table(result))
+    out_json = results["all"] if not args.by_difficulty else {
+        "meta": {"checkpoint": str(args.checkpoint), "baseline": args.baseline, "task": args.task,
+                 "split": args.split, "n_per_level": args.n}, "levels": results}
+    if args.by_difficulty:
+        print(format_levels(results))
     if args.json_out:
         out = Path(args.json_out)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(result, indent=1))
+        tmp.write_text(json.dumps(out_json, indent=1))
         os.replace(tmp, out)
         print(f"wrote {out}")
     return 0

@@ -11,7 +11,9 @@ finish_reasons=...) -> list[float]` so `rewards.math.MathReward` drops in; `plai
 fallback (last `\\boxed{}` compared numerically with the gold answer; a truncated response scores 0).
 
 JSON layout: `{"meta": {...}, "modes": {mode: {"accuracy": {"greedy", "sampled"}, "pass_at_k": {"1", ...},
-"mean_length": {"greedy", "sampled"}, "truncation_rate": {"greedy", "sampled"}, ...}}, "paired": [...]}`.
+"mean_length": {"greedy", "sampled"}, "truncation_rate": {"greedy", "sampled"}, ...}}, "paired": [...],
+"per_problem": {mode: {"greedy": [0/1 per problem], "sampled": [0/1, first sample]}}}` — the per-problem
+outcomes let two checkpoints evaluated on the same rows be paired too (`paired_tests`).
 """
 from __future__ import annotations
 
@@ -128,27 +130,41 @@ def evaluate(engine, make_params: Callable[..., Any], tokenizer, rows: list[dict
             "truncation_rate": {"greedy": mean([s[2] for s in g]), "sampled": mean([s[2] for s in flat])},
             "wall_s": round(time.time() - t0, 1),
         }
-        per_mode[mode] = {"greedy": [s[0] for s in g]}
+        per_mode[mode] = {"greedy": [int(s[0]) for s in g]}
         if sampled:
-            per_mode[mode]["sampled"] = [grp[0][0] for grp in sampled]
+            per_mode[mode]["sampled"] = [int(grp[0][0]) for grp in sampled]
         if log:
             acc = result["modes"][mode]["accuracy"]
             log(f"{mode}: greedy {acc['greedy']:.3f} sampled {_f(acc['sampled'])} "
                 f"({result['modes'][mode]['wall_s']}s)")
+    result["per_problem"] = per_mode
     modes = list(modes)
     for i, a in enumerate(modes):
         for b in modes[i + 1:]:
-            for which in [w for w in ("greedy", "sampled") if w in per_mode[a]]:
-                xa, xb = per_mode[a][which], per_mode[b][which]
-                a_only = sum(p and not q for p, q in zip(xa, xb))
-                b_only = sum(q and not p for p, q in zip(xa, xb))
-                result["paired"].append({"a": a, "b": b, "which": which, "a_only": a_only, "b_only": b_only,
-                                         "p_value": mcnemar_exact(a_only, b_only)})
+            result["paired"] += paired_tests(per_mode[a], per_mode[b], a, b)
     return result
 
 
 def _f(x, spec: str = ".3f") -> str:
     return "-" if x is None else format(x, spec)
+
+
+def paired_tests(a: dict, b: dict, name_a: str, name_b: str) -> list[dict]:
+    """McNemar's exact test of two evaluations of the same problems, greedy and (when both sampled) first sample.
+
+    `a` / `b` are `result["per_problem"][mode]` ({"greedy": [0/1 per problem], "sampled": [...]}), from one
+    checkpoint's modes or from two checkpoints evaluated on the same rows (`fbrl eval --baseline`)."""
+    out = []
+    for which in [w for w in ("greedy", "sampled") if w in a and w in b]:
+        xa, xb = a[which], b[which]
+        if len(xa) != len(xb):
+            raise ValueError(f"paired test {name_a} vs {name_b}: {len(xa)} and {len(xb)} problems; "
+                             f"a paired test needs the same problems")
+        a_only = sum(p and not q for p, q in zip(xa, xb))
+        b_only = sum(q and not p for p, q in zip(xa, xb))
+        out.append({"a": name_a, "b": name_b, "which": which, "a_only": a_only, "b_only": b_only,
+                    "p_value": mcnemar_exact(a_only, b_only)})
+    return out
 
 
 def format_table(result: dict) -> str:
@@ -169,4 +185,25 @@ def format_table(result: dict) -> str:
         for p in result["paired"]:
             lines.append(f"  {p['a']} vs {p['b']} ({p['which']}): a_only={p['a_only']} b_only={p['b_only']} "
                          f"p={p['p_value']:.4g}")
+    return "\n".join(lines)
+
+
+def format_levels(results: dict[str, dict], which: str = "greedy") -> str:
+    """One line per difficulty level: accuracy per mode (and baseline mode), then each paired test's
+    difference in points and McNemar p (`fbrl eval --by-difficulty`)."""
+    if not results:
+        return ""
+    first = next(iter(results.values()))
+    modes = list(first["modes"])
+    pairs = [(p["a"], p["b"]) for p in first["paired"] if p["which"] == which]
+    head = "| level | n | " + " | ".join(modes + [f"{a} − {b} (points, p)" for a, b in pairs]) + " |"
+    lines = [f"{which} accuracy by level", head, "|" + "---|" * (2 + len(modes) + len(pairs))]
+    for level, res in results.items():
+        accs = [f"{res['modes'][m]['accuracy'][which]:.3f}" for m in modes]
+        diffs = []
+        for p in res["paired"]:
+            if p["which"] == which:
+                d = 100 * (res["modes"][p["a"]]["accuracy"][which] - res["modes"][p["b"]]["accuracy"][which])
+                diffs.append(f"{d:+.1f}, p={p['p_value']:.2g}")
+        lines.append(f"| {level} | {res['meta']['n']} | " + " | ".join(accs + diffs) + " |")
     return "\n".join(lines)

@@ -93,3 +93,48 @@ def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys):
         assert {"accuracy", "pass_at_k", "mean_length", "truncation_rate"} <= set(m)
         assert 0 <= m["accuracy"]["greedy"] <= 1 and set(m["pass_at_k"]) == {"1", "2"}
     assert len(res["paired"]) == 6  # 3 pairs x (greedy, sampled)
+
+
+def test_paired_tests_across_checkpoints_and_level_table():
+    from rl.evaluate import format_levels, paired_tests
+    a = {"greedy": [1, 1, 1, 1, 1, 1, 0, 0], "sampled": [1, 0, 1, 0, 1, 0, 1, 0]}
+    b = {"greedy": [0, 0, 0, 0, 0, 1, 0, 1], "sampled": [1, 0, 1, 0, 1, 0, 1, 0]}
+    greedy, sampled = paired_tests(a, b, "soft", "baseline:standard")
+    # 5 problems only a solves, 1 only b: p = 2 * (C(6,0) + C(6,1)) / 2^6
+    assert (greedy["a_only"], greedy["b_only"]) == (5, 1) and greedy["p_value"] == pytest.approx(14 / 64)
+    assert (sampled["a_only"], sampled["b_only"], sampled["p_value"]) == (0, 0, 1.0)
+    with pytest.raises(ValueError, match="same problems"):
+        paired_tests(a, {"greedy": [1], "sampled": [1]}, "soft", "other")
+    res = {"meta": {"n": 8}, "modes": {"soft": {"accuracy": {"greedy": 0.75}},
+                                        "baseline:standard": {"accuracy": {"greedy": 0.25}}},
+           "paired": [greedy, sampled]}
+    table = format_levels({"8": res})
+    assert "| 8 | 8 | 0.750 | 0.250 | +50.0, p=0.22 |" in table, table
+
+
+def test_fbrl_eval_baseline_by_difficulty_on_a_state_tracking_task(tmp_path, capsys):
+    """Two tiny checkpoints on the same cups problems, per chain length: one JSON entry per level, the baseline's
+    mode under `baseline:standard`, paired with each mode of the first checkpoint on the same rows."""
+    from actors.cli import main
+    from rl import pretrain as P
+    from rl.config import load_config
+
+    for name, seed in (("fbt", 0), ("std", 1)):
+        cfg = load_config(None, ["model.path=null", f"pretrain.seed={seed}", "model.init={backbone: llama, "
+                                 "hidden_size: 64, num_layers: 1, num_heads: 1, num_kv_heads: 1, intermediate_size: 64}"])
+        model, tok = P.load_model_and_tokenizer(cfg)
+        P.save_checkpoint(model, tok, tmp_path / name)
+    out_json = tmp_path / "eval.json"
+    assert main(["eval", "--checkpoint", str(tmp_path / "fbt"), "--baseline", str(tmp_path / "std"),
+                 "--task", "cups", "--difficulty", "6", "7", "--by-difficulty", "--n", "6", "--decode-mode", "soft",
+                 "standard", "--samples", "1", "--max-tokens", "12", "--threads", "1", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "greedy accuracy by level" in out and "| 6 | 6 |" in out and "| 7 | 6 |" in out, out
+    res = json.loads(out_json.read_text())
+    assert set(res["levels"]) == {"6", "7"} and res["meta"]["baseline"] == str(tmp_path / "std")
+    level = res["levels"]["7"]
+    assert set(level["modes"]) == {"soft", "standard", "baseline:standard"}
+    assert level["meta"]["difficulty"] == [7] and level["meta"]["scorer"] == "score"   # the task's own scorer
+    pairs = {(p["a"], p["b"]) for p in level["paired"]}
+    assert pairs == {("soft", "standard"), ("soft", "baseline:standard"), ("standard", "baseline:standard")}
+    assert len(level["per_problem"]["baseline:standard"]["greedy"]) == 6
