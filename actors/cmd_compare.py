@@ -12,13 +12,17 @@ import json
 import random
 from pathlib import Path
 
-TASKS = ("arith", "random")
+TASKS = ("arith", "cups", "modsum", "parity", "random")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="FBT checkpoint directory (save_pretrained + tokenizer)")
     p.add_argument("--task", choices=TASKS, default="arith",
-                   help="prompt source: arith (test split, needs the checkpoint's tokenizer) or random token ids")
+                   help="prompt source: a generated task's test split (arith, or the state-tracking cups / modsum / "
+                        "parity; needs the checkpoint's tokenizer) or random token ids")
+    p.add_argument("--difficulty", type=int, nargs="+", default=None,
+                   help="arith levels / state-tracking chain lengths (default: the checkpoint's training ones, "
+                        "else arith 1 2 3 / chain 8)")
     p.add_argument("--n-samples", type=int, default=16, help="rollouts (one per prompt)")
     p.add_argument("--max-passes", type=int, default=6, help="compare kpass for K = 1..M")
     p.add_argument("--decode-mode", choices=("soft", "fused"), default="soft")
@@ -31,19 +35,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def task_prompts(task: str, n: int, tokenizer=None, vocab_size: int | None = None, bos_id: int | None = None,
-                 seed: int = 0) -> list[list[int]]:
-    """n prompts as token ids: arith test-split prompts through the tokenizer, or random ids (BOS first)."""
-    if task == "arith":
+                 seed: int = 0, difficulty: list[int] | None = None) -> list[list[int]]:
+    """n prompts as token ids: a generated task's test-split prompts through the tokenizer, or random ids (BOS
+    first). `difficulty`: arith levels or state-tracking chain lengths (None: arith 1 2 3, chains of 8)."""
+    if task != "random":
         if tokenizer is None:
-            raise ValueError("--task arith needs a tokenizer in the checkpoint directory (or use --task random)")
-        from rl.data import arith
-        return [tokenizer(row["prompt"])["input_ids"] for row in arith.generate("test", n, seed=seed)]
+            raise ValueError(f"--task {task} needs a tokenizer in the checkpoint directory (or use --task random)")
+        if task == "arith":
+            from rl.data import arith
+            rows = arith.generate("test", n, seed=seed, difficulties=tuple(difficulty or (1, 2, 3)))
+        elif task in TASKS:
+            from rl.data import track
+            rows = track.generate(task, "test", n, seed=seed, lengths=tuple(difficulty or (8,)))
+        else:
+            raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
+        return [tokenizer(row["prompt"])["input_ids"] for row in rows]
     if task == "random":
         rng = random.Random(seed)
         lo = 3 if vocab_size > 8 else 0  # keep clear of the special ids (pad/bos/eos) of small vocabularies
         return [([bos_id] if bos_id is not None else []) + [rng.randrange(lo, vocab_size)
                                                              for _ in range(rng.randint(6, 16))] for _ in range(n)]
     raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
+
+
+def _trained_difficulty(checkpoint: str, task: str) -> list[int] | None:
+    """The levels / chain lengths the checkpoint was trained on, when it was trained on `task`."""
+    import yaml
+    saved = Path(checkpoint) / "pretrain_config.yaml"
+    data = (yaml.safe_load(saved.read_text()) or {}).get("data") or {} if saved.is_file() else {}
+    return list(data["difficulty"]) if data.get("task") == task and data.get("difficulty") else None
 
 
 def generate_rollouts(model, prompts: list[list[int]], decode_mode: str, temperature: float, max_tokens: int,
@@ -78,7 +98,8 @@ def run(args) -> int:
         tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
     cfg = model.config
     try:
-        prompts = task_prompts(args.task, args.n_samples, tokenizer, cfg.vocab_size, cfg.bos_token_id, args.seed)
+        prompts = task_prompts(args.task, args.n_samples, tokenizer, cfg.vocab_size, cfg.bos_token_id, args.seed,
+                               args.difficulty or _trained_difficulty(args.checkpoint, args.task))
     except ValueError as e:
         raise SystemExit(f"compare-likelihood: {e}") from None
     samples = generate_rollouts(model, prompts, args.decode_mode, args.temperature, args.max_tokens, args.seed,
@@ -88,7 +109,8 @@ def run(args) -> int:
     pad = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
     report = compare_samples(model, samples, pad_id=pad, decode_mode=args.decode_mode, max_passes=args.max_passes,
                              temperature=args.temperature, micro_batch_size=args.micro_batch_size)
-    report.update(checkpoint=str(args.checkpoint), task=args.task)
+    report.update(checkpoint=str(args.checkpoint), task=args.task,
+                  difficulty=args.difficulty or _trained_difficulty(args.checkpoint, args.task))
     print(format_report(report))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,8 @@ For a batch of rollouts (with recorded states) and K = 1..M passes plus replay, 
 - `k_rel_l2` / `v_rel_l2`: per layer, ||K_est - K_exact|| / ||K_exact|| over the cache entries of the response
   tokens (the prompt's entries are identical for every estimator, so they would only dilute the figure); the
   exact cache is the one a parallel pass over the recurrence's own inputs builds;
-- `time_per_token_ms`: wall time of the estimator (forward, no grad) per response token.
+- `time_per_token_ms`: wall time of the estimator (forward, no grad) per response token;
+- `abs_logp_diff_by_position`: mean |Δ log p| at each response index j (where along a chain the error sits).
 
 Everything is computed per micro-batch of rows and pooled, so memory stays bounded by the micro-batch.
 """
@@ -35,10 +36,18 @@ class _Pool:
         self.dk = [0.0] * n_layers
         self.dv = [0.0] * n_layers
         self.seconds = 0.0
+        self.pos_abs: list[float] = []   # per response index j: sum of |Δ log p| and token count
+        self.pos_n: list[float] = []
 
     def add(self, lp_est, lp_ex, logp_est, logp_ex, mask, kv_est, kv_ex, kv_mask):
         d = (lp_est - lp_ex).abs() * mask
         self.abs += float(d.sum())
+        for j, (a, c) in enumerate(zip(d.sum(0).tolist(), mask.sum(0).tolist())):
+            if j == len(self.pos_abs):
+                self.pos_abs.append(0.0)
+                self.pos_n.append(0.0)
+            self.pos_abs[j] += a
+            self.pos_n[j] += c
         self.max_abs = max(self.max_abs, float(d.max()))
         kl = (logp_ex.exp() * (logp_ex - logp_est)).sum(-1)
         self.kl += float((kl * mask).sum())
@@ -56,7 +65,9 @@ class _Pool:
         return {"mean_abs_logp_diff": self.abs / n, "max_abs_logp_diff": self.max_abs, "kl": self.kl / n,
                 "top1_agreement": self.agree / n, "k_rel_l2": k_rel, "v_rel_l2": v_rel,
                 "k_rel_l2_mean": sum(k_rel) / len(k_rel), "v_rel_l2_mean": sum(v_rel) / len(v_rel),
-                "time_per_token_ms": 1000.0 * self.seconds / n}
+                "time_per_token_ms": 1000.0 * self.seconds / n,
+                # the error grows along the response when the state the recurrence carries matters
+                "abs_logp_diff_by_position": [a / c if c else None for a, c in zip(self.pos_abs, self.pos_n)]}
 
 
 def _timed(fn):
