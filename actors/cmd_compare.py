@@ -12,7 +12,7 @@ import json
 import random
 from pathlib import Path
 
-TASKS = ("arith", "cups", "modsum", "parity", "random")
+TASKS = ("arith", "cups", "cups_moved", "modsum", "parity", "random")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

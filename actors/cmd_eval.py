@@ -23,7 +23,7 @@ from rl.config import DataConfig, EvalConfig, config_from_dict
 
 _EVAL = EvalConfig()
 # tasks whose problems are generated (difficulty levels apply, the checkpoint's training levels are the default)
-GENERATED_TASKS = ("arith", "word_problems", "cups", "modsum", "parity")
+GENERATED_TASKS = ("arith", "word_problems", "cups", "cups_moved", "modsum", "parity")
 
 
 def add_arguments(p) -> None:

@@ -162,6 +162,25 @@ def load_model_and_tokenizer(cfg: Config):
     return model, tokenizer
 
 
+@torch.no_grad()
+def identity_fusion_(model) -> None:
+    """Make the fused input the token embedding itself, whatever the fed-back state: W_U = 0, W_T = I
+    (linear_addition) or W_C = [0, I] (concat_projection). Then `F(h, e) = RMS(RMS(e)) * rms(e) = e` up to the
+    RMS epsilons, every decode mode equals standard decoding, and the gradient with respect to W_U is not zero,
+    so training can grow the latent channel. gate_product has no such setting (the token only gates the state)."""
+    f, d = model.fusion, model.config.hidden_size
+    eye = torch.eye(d, dtype=next(f.parameters()).dtype)
+    if f.mode == "linear_addition":
+        f.w_u.weight.zero_()
+        f.w_t.weight.copy_(eye)
+    elif f.mode == "concat_projection":
+        f.w_c.weight.zero_()
+        f.w_c.weight[:, d:].copy_(eye)
+    else:
+        raise ValueError(f"pretrain.fusion_init=identity: fusion {f.mode!r} has no identity setting "
+                         f"(use linear_addition or concat_projection)")
+
+
 def fresh_config(init, fusion_mode: str, tokenizer):
     """FBT config for a model built from scratch with the tokenizer's vocabulary and special ids."""
     base_cls = fbt_model.FBT_CLASSES[init.backbone][0]
@@ -265,6 +284,8 @@ def train(cfg: Config, log=print) -> dict:
     torch.manual_seed(p.seed)
     t_start, cpu_start = time.time(), time.process_time()
     model, tokenizer = load_model_and_tokenizer(cfg)
+    if p.fusion_init == "identity":
+        identity_fusion_(model)
     model.train()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 

@@ -176,3 +176,32 @@ def test_short_run_pass2_below_pass1(tmp_path, capsys):
     assert val[1] < 0.5 * val[0], val
     assert summary["steps_per_k"] == {"1": 40, "2": 140, "3": 20}
     assert [h["step"] for h in summary["val_history"]] == [0, 200]
+
+
+@pytest.mark.parametrize("fusion", ["linear_addition", "concat_projection"])
+def test_identity_fusion_starts_as_the_standard_model(fusion):
+    """After identity_fusion_, soft decoding's exact recurrence gives the standard forward's log-probs up to the
+    RMS epsilons (embedding RMS ~0.02 at init, so eps=1e-6 against a mean square of ~4e-4: 9e-4 measured on
+    this batch; tolerance 1e-2, ten times that), and the gradient reaches W_U (training can grow the channel)."""
+    cfg = load_config(None, ["model.path=null", f"model.fusion_mode={fusion}", "model.init={backbone: llama, "
+                             "hidden_size: 64, num_layers: 2, num_heads: 1, num_kv_heads: 1, intermediate_size: 128}"])
+    model, tok = P.load_model_and_tokenizer(cfg)
+    ids, am, lm = toy_batch(tok, n=6)
+    fb = model.feedback_mask(ids, am) & lm.bool()
+    before = model.recurrent_forward(ids, feedback_mask=fb)
+    plain = model.multipass_forward(ids, 1, attention_mask=am).last_hidden
+    assert (before - plain).abs().max() > 1e-2   # random fusion: feedback changes the states
+    P.identity_fusion_(model)
+    lp = lambda h: torch.log_softmax(model.logits_from_hidden(h), -1)
+    soft = model.recurrent_forward(ids, feedback_mask=fb)
+    assert torch.allclose(lp(soft)[am.bool()], lp(plain)[am.bool()], atol=1e-2)
+    loss, _ = P.exact_loss(model, ids, am, lm, "response")
+    loss.backward()
+    w = model.fusion.w_u.weight if fusion == "linear_addition" else model.fusion.w_c.weight
+    assert w.grad.abs().sum() > 0
+
+
+def test_identity_fusion_refuses_gate_product():
+    model, _ = tiny_model()
+    with pytest.raises(ValueError, match="no identity setting"):
+        P.identity_fusion_(model)

@@ -57,7 +57,8 @@ class ModelConfig:
 class DataConfig:
     # arith: rl/data/arith.py; word_problems: rl/data/word_problems.py; cups / cups_moved / modsum / parity: state
     # tracking (rl/data/track.py); the rest read files
-    task: Literal["arith", "jsonl", "parquet", "hf_disk", "word_problems", "cups", "modsum", "parity"] = "arith"
+    task: Literal["arith", "jsonl", "parquet", "hf_disk", "word_problems", "cups", "cups_moved", "modsum",
+                  "parity"] = "arith"
     train_path: Optional[str] = None    # jsonl / parquet file, or a `datasets.save_to_disk` dir
     test_path: Optional[str] = None
     train_split: str = "train"          # split names (arith: train|val|test; hf_disk: DatasetDict keys)
@@ -110,6 +111,10 @@ class PretrainConfig:
         default_factory=lambda: [(0.75, 1), (0.97, 2), (1.0, 3)])
     schedule: Literal["boundaries", "mixture"] = "boundaries"
     mixture_probs: list[float] = field(default_factory=lambda: [0.75, 0.22, 0.03])  # P(K=1), P(K=2), ...
+    # keep: the fusion weights as loaded; identity: set them so that the fused input is the token embedding
+    # (linear_addition W_U = 0, W_T = I; concat_projection W_C = [0, I]) before training, so a model trained
+    # without feedback starts as its standard self and training grows the latent channel from there
+    fusion_init: Literal["keep", "identity"] = "keep"
     # probability that a step trains the exact recurrence alone (backpropagation through time) instead of K
     # passes: the K -> infinity limit, for tasks whose answer needs the state carried over many tokens
     exact_prob: float = 0.0

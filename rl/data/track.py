@@ -31,7 +31,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-__all__ = ["TASKS", "SPLITS", "MAX_CHAIN", "split_of", "problem_hash", "make_problem", "generate",
+__all__ = ["TASKS", "SPLITS", "MAX_CHAIN", "split_of", "problem_hash", "make_problem", "generate", "echo",
            "extract_answer", "score", "reward"]
 
 SPLITS = {"test": range(0, 10), "val": range(10, 20), "train": range(20, 100)}   # hash buckets out of 100
@@ -44,6 +44,9 @@ class Task:
     starts: tuple[int, ...]                        # initial states drawn uniformly (one value: fixed start)
     update: Callable[[int, str], int]              # state, symbol -> next state
     prompt: Callable[[int, str], str]              # start, stream -> prompt text
+    # what the response writes after each echoed symbol, from (state before, symbol): a lossy view of the state,
+    # so every step's text depends on the state without writing it down (None: the bare echo)
+    mark: Callable[[int, str], str] | None = None
 
 
 def _swap(cup: int, sym: str) -> int:
@@ -55,6 +58,8 @@ TASKS: dict[str, Task] = {
     "cups": Task("1234", (1, 2, 3, 4, 5), _swap, lambda s, w: f"Q: cup {s}, swaps {w}\nA:"),
     "modsum": Task("0123456789", (0,), lambda s, c: (s + int(c)) % 10, lambda s, w: f"Q: sum mod 10 of {w}\nA:"),
     "parity": Task("01", (0,), lambda s, c: s ^ int(c), lambda s, w: f"Q: parity of {w}\nA:"),
+    "cups_moved": Task("1234", (1, 2, 3, 4, 5), _swap, lambda s, w: f"Q: cup {s}, swaps {w}, moved?\nA:",
+                       lambda cup, sym: "+" if _swap(cup, sym) != cup else "-"),
 }
 
 
@@ -88,8 +93,20 @@ def make_problem(task: str, rng: random.Random, length: int) -> dict:
     stream = "".join(rng.choice(t.symbols) for _ in range(length))
     answer = str(solve(task, start, stream))
     return {"id": problem_hash(task, start, stream)[:16], "task": task, "start": start, "stream": stream,
-            "prompt": t.prompt(start, stream), "solution": f" {stream}={answer}", "answer": answer,
-            "difficulty": length}
+            "prompt": t.prompt(start, stream), "solution": f" {echo(task, start, stream)}={answer}",
+            "answer": answer, "difficulty": length}
+
+
+def echo(task: str, start: int, stream: str) -> str:
+    """The response before `=`: the stream read back, each symbol followed by its mark if the task has one."""
+    t = _task(task)
+    if t.mark is None:
+        return stream
+    out, state = [], start
+    for sym in stream:
+        out.append(sym + t.mark(state, sym))
+        state = t.update(state, sym)
+    return "".join(out)
 
 
 def generate(task: str, split: str, n: int, seed: int = 0, lengths: Sequence[int] = (4, 8),
