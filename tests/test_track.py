@@ -21,11 +21,16 @@ def test_answers_match_an_independent_simulation(task):
     rows = track.generate(task, "train", 300, seed=3, lengths=(1, 5, 17))
     for r in rows:
         s = r["stream"]
-        expect = {"cups": lambda: simulate_cups(r["start"], s), "modsum": lambda: sum(map(int, s)) % 10,
-                  "parity": lambda: s.count("1") % 2}[task]()
+        expect = {"cups": lambda: simulate_cups(r["start"], s), "cups_moved": lambda: simulate_cups(r["start"], s),
+                  "modsum": lambda: sum(map(int, s)) % 10, "parity": lambda: s.count("1") % 2}[task]()
         assert r["answer"] == str(expect), r
         assert len(s) == r["difficulty"] and set(s) <= set(track.TASKS[task].symbols)
-        assert r["solution"] == f" {s}={expect}" and r["prompt"].endswith("\nA:") and s in r["prompt"]
+        read_back = s
+        if task == "cups_moved":   # each swap marked by whether the ball's cup changed, by simulation
+            marks = ["+" if simulate_cups(r["start"], s[:i]) != simulate_cups(r["start"], s[:i + 1]) else "-"
+                     for i in range(len(s))]
+            read_back = "".join(c + m for c, m in zip(s, marks))
+        assert r["solution"] == f" {read_back}={expect}" and r["prompt"].endswith("\nA:") and s in r["prompt"]
         assert track.score([r["prompt"]], [r["solution"]], [r["answer"]]) == [1.0]
     assert {r["difficulty"] for r in rows} == {1, 5, 17}
 
