@@ -144,7 +144,8 @@ def test_shipped_cups_checkpoints_are_small_reproducible_and_lean_on_the_latent_
         assert (ckpt / "README.md").is_file()
     latent = load_config(str(root / "configs/latent.yaml"), [])
     assert latent.model.path == "checkpoints/tiny-cups" and latent.data.task == "cups"
-    assert [f.fn for f in latent.reward.fns] == ["rl.data.track:reward"] and latent.reward.accuracy == "rl.data.track:reward"
+    assert [f.fn for f in latent.reward.fns] == ["rl.data.track:reward"]
+    assert latent.reward.accuracy == "rl.data.track:reward"
 
     cfg = load_config(None, [f"model.path={root / 'checkpoints/tiny-cups'}"])
     model, tok = P.load_model_and_tokenizer(cfg)
