@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rl import decode_modes
 from rl import model as fbt_model
 from rl.config import Config, load_config
 
@@ -237,6 +238,7 @@ def train(cfg: Config, log=print) -> dict:
     t_start, cpu_start = time.time(), time.process_time()
     model, tokenizer = load_model_and_tokenizer(cfg)
     model.train()
+    decode_modes.record(model.config, decode_modes.modes_of_pretraining(p))  # saved in every checkpoint's config
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     train_rows = load_task_split(cfg.data, "train")
