@@ -7,7 +7,8 @@ Layout of RUN_DIR:
     checkpoints/latest          name of the newest complete checkpoint
     policy/                     the policy as a save_pretrained directory (config, weights, tokenizer), replaced at
                                 every checkpoint and at the end: load it with AutoModelForCausalLM, decode with vLLM
-    plots/*.png                 reward, accuracy and latent-channel curves, written at the end
+    plots/summary.png, *.png    every panel of rl/plots.py in one figure, and each panel alone; redrawn
+                                during the run (after eval steps, else every 30 s or so) and at the end
 A checkpoint is written under a temporary name and renamed into place, then `latest` is replaced: a crash at
 any point leaves the previous checkpoint and pointer intact.
 """
@@ -122,32 +123,10 @@ class RunDir:
         return final
 
     # ---- plots -----------------------------------------------------------------------------------------
-    def plot(self) -> list[Path]:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        rows = self.read_metrics()
-        out_dir = self.path / "plots"
-        out_dir.mkdir(exist_ok=True)
-        written = []
-        for key, label in (("reward_mean", "train reward"), ("accuracy", "train accuracy"),
-                           ("eval_accuracy", "held-out greedy accuracy")):
-            pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-            if not pts:
-                continue
-            fig, ax = plt.subplots(figsize=(5, 3.2))
-            ax.plot(*zip(*pts), marker="o" if key == "eval_accuracy" else None)
-            ax.set_xlabel("step")
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3)
-            fig.tight_layout()
-            fig.savefig(out_dir / f"{key}.png", dpi=100)
-            plt.close(fig)
-            written.append(out_dir / f"{key}.png")
-        from rl.latent_metrics import plot_latent
-        if plot_latent(rows, out_dir / "latent.png"):
-            written.append(out_dir / "latent.png")
-        return written
+    def plot(self, title: str | None = None) -> list[Path]:
+        """Draw plots/summary.png and one PNG per panel from metrics.jsonl (rl/plots.py); returns the paths."""
+        from rl.plots import render
+        return render(self.read_metrics(), self.path / "plots", title)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
