@@ -227,7 +227,8 @@ def test_summary_names_existing_paths_and_counts(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- decode modes
 
-@pytest.mark.parametrize("name,modes", [("tiny-arith", ["standard", "soft"]), ("tiny-arith-mixed", ["standard", "soft"]),
+@pytest.mark.parametrize("name,modes", [("tiny-arith", ["standard", "soft"]),
+                                        ("tiny-arith-mixed", ["standard", "soft"]),
                                         ("tiny-arith-fused", ["standard", "soft", "fused"])])
 def test_committed_checkpoints_modes_come_from_their_pretraining(name, modes, tmp_path):
     """The committed checkpoints predate the record (their config.json is left as trained): their modes are read
@@ -266,3 +267,19 @@ def test_verbose_flag_reaches_config_and_workers():
     assert not quiet.logging.verbose and loud.logging.verbose
     assert console.QUIET_ENV.items() <= runtime_env(quiet)["env_vars"].items()  # Ray workers quieted too
     assert "VLLM_LOGGING_LEVEL" not in runtime_env(loud)["env_vars"]
+
+
+@pytest.mark.parametrize("init,modes", [("random", ["standard"]), ("identity", ["standard", "soft", "fused"])])
+def test_convert_records_the_modes_it_serves(init, modes, tmp_path, capsys):
+    """Random fusion weights are untrained (standard only); the identity init decodes like the backbone in every
+    mode (tests/test_identity.py), so no mode is warned about."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+                     ).save_pretrained(tmp_path / "src")
+    assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--init", init]) == 0
+    assert decode_modes.trained_decode_modes(tmp_path / "out") == modes
+    warned = decode_modes.mode_warning(tmp_path / "out", "fused", "--decode-mode")
+    assert (warned is None) == (init == "identity")
