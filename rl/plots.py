@@ -70,6 +70,7 @@ class Panel:
     ylim: tuple[float, float] | None = None
     shares: tuple[str, ...] = ()  # axes ("left", "right") holding non-negative shares: drawn from 0
     smooth: bool = False      # raw values faint, a rolling mean on top
+    legend_top: bool = False  # many series on two axes: the legend above the data (headroom), not over it
 
     def has_data(self) -> bool:
         return any(s.xs for s in self.series)
@@ -147,7 +148,7 @@ def build_panels(rows: list[dict]) -> list[Panel]:
 
     latent = [k for k in keys if k.startswith("learner/latent/")]  # rl/latent_metrics.py
     p = Panel("latent", "Latent channel", "weight norm (Frobenius)", right_label="share / log-prob shift",
-              shares=("left", "right"))
+              shares=("left", "right"), legend_top=True)
     p.series += [_series(train, k, _LABELS.get(k, k.split("/")[-1]), right=not k.split("/")[-1].startswith("w_"),
                          style="-" if k.split("/")[-1].startswith("w_") else "--") for k in latent]
     panels.append(p)
@@ -226,7 +227,7 @@ def _draw(ax, panel: Panel, skipped: list[int], max_step: int) -> None:
         values = [y for s in lines if s.right == (side == "right") for y in s.ys]
         if side in panel.shares and axis is not None and values and min(values) >= 0:
             top = max(values)  # from 0, and a flat 0 sits at the bottom instead of mid-panel
-            axis.set_ylim(0, 1.15 * top if top > 0 else 1.0)
+            axis.set_ylim(0, (1.7 if panel.legend_top else 1.15) * top if top > 0 else 1.0)
     ax.set_xlim(-0.5 if any(0 in s.xs for s in panel.series) else 0.5, max_step + 0.5)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3, lw=0.5)
@@ -235,7 +236,8 @@ def _draw(ax, panel: Panel, skipped: list[int], max_step: int) -> None:
         handles.append(Patch(color="0.88", label="update skipped"))
     if handles:
         ax.legend(handles=handles, labels=[h.get_label() for h in handles], fontsize=7, framealpha=0.85,
-                  loc="upper center" if panel.stacked else "best", ncol=3 if panel.stacked else 1)
+                  loc="upper center" if panel.stacked or panel.legend_top else "best",
+                  ncol=3 if panel.stacked else 2 if panel.legend_top else 1)
 
 
 def _figure(panels: list[Panel], rows: list[dict], ncols: int, title: str | None, dpi: int):
