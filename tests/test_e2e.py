@@ -5,7 +5,7 @@
   metrics.jsonl, the checkpoint and the plots; the replay run's console output as a user sees it (fbrl's own
   lines at least half of all, one line per step, no terminal codes in a file, a summary naming existing paths).
 - the demo learns: 10 steps of the default job (`make demo`'s config, shortened) raise held-out greedy accuracy
-  by at least 10 points.
+  by at least 10 points; its console output has the shape of the README's quick-start sample, line for line.
 - resume: a run stopped after step 2 and resumed draws the same prompts at steps 3–4 as an uninterrupted run,
   and (same weights, optimizer state and RNGs) gets the same rewards. In-process workers with the torch engine:
   the loop, run directory and learner checkpoint are the same code as on Ray, at a fraction of the start-up.
@@ -59,6 +59,31 @@ def check_console(out: str, steps: int) -> None:
     assert {"policy", "metrics", "plots"} <= set(summary), own
     for label, path in summary.items():
         assert (ROOT / path).exists(), (label, path)
+
+
+README_DEMO = re.compile(r"<!-- make demo output -->\n```text\n(.*?)```", re.S)
+
+
+def shape(line: str) -> str:
+    """A console line with what changes between runs abstracted: paths, numbers, the optional parts of a step
+    line (time outside the four phases, reward failures, a skipped update) and run-length wording."""
+    line = re.sub(r"(?<!\S)(/|runs/|configs/)\S*", "PATH", line)
+    line = re.sub(r"\d+(\.\d+)?(e[-+]\d+)?", "N", line)
+    line = re.sub(r" eval/ckpt N| \| reward failures: .*?(?= \||$)| \| skipped: no usable signal", "", line)
+    return re.sub(r" +", " ", line.replace("N min N s", "N s"))
+
+
+def check_readme_output(out: str) -> None:
+    """The README's quick start shows what the demo prints: every line fbrl prints has a line of the same shape
+    there, and every step line there has one of the same shape here."""
+    (sample,) = README_DEMO.findall((ROOT / "README.md").read_text())
+    shown = {shape(line) for line in sample.splitlines() if line.strip() and line.strip() != "..."}
+    printed = [line for line in out.splitlines() if OWN_LINE.match(line)]
+    missing = [line for line in printed if shape(line) not in shown]
+    assert not missing, "README's demo output lacks lines like:\n" + "\n".join(missing)
+    steps_printed = {shape(line) for line in printed if line.startswith("step ")}
+    stale = [s for s in shown if s.startswith("step ") and s not in steps_printed]
+    assert not stale, f"README shows step lines the job no longer prints: {stale}"
 
 
 def metrics_of(run_dir: Path) -> list[dict]:
@@ -118,9 +143,11 @@ def test_default_job_learns_to_work_the_steps(tmp_path):
     greedy accuracy. Its checkpoint answers bare in greedy decoding (0.342 on 500 problems) and RL moves it to
     the worked steps: +37 points by step 10 in `make demo` (docs/BENCHMARKS.md); the bar here is +10 on 200."""
     run_dir = tmp_path / "demo"
-    fbrl_train("configs/tiny.yaml", "train.steps=10", "train.eval_every=10", "train.eval_n=200",
-               "train.checkpoint_every=0", "logging.progress=false", "logging.wandb_mode=disabled",
-               f"train.run_dir={run_dir}")
+    out = fbrl_train("configs/tiny.yaml", "train.steps=10", "train.eval_every=10", "train.eval_n=200",
+                     "train.checkpoint_every=0", "logging.progress=false", "logging.wandb_mode=disabled",
+                     f"train.run_dir={run_dir}")
+    check_console(out, 10)
+    check_readme_output(out)
     rows = metrics_of(run_dir)
     evals = {r["step"]: r["eval_accuracy"] for r in rows if "eval_accuracy" in r}
     assert set(evals) == {0, 10}
