@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 DESCRIPTION = """\
@@ -80,6 +81,10 @@ def build_parser(wanted: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     wanted = argv[0] if argv and argv[0] in COMMANDS else None
+    if wanted not in (None, "train"):  # train quiets per its config (logging.verbose, --verbose)
+        from actors.console import QUIET_ENV
+        for key, value in QUIET_ENV.items():  # before the command's module imports the libraries
+            os.environ.setdefault(key, value)
     parser = build_parser(wanted)
     if not argv:
         parser.print_help()
