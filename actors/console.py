@@ -103,12 +103,13 @@ def quiet_third_party(verbose: bool) -> None:
 
 
 def drop_vllm_noise() -> None:
-    """Filter `VLLM_NOISE` out of vLLM's log handlers (vLLM's loggers do not propagate, so the filter sits on the
-    handlers). A no-op until vLLM is imported; call it where an engine is built."""
+    """Filter `VLLM_NOISE` out of what reaches the console: the handlers of vLLM's logger (vLLM's loggers do not
+    propagate when vLLM configures them) and of the root logger, and Python's last-resort handler (used when nobody
+    configured any). Call it after `import vllm`, before an engine is built (actors/rollout.py)."""
     if "vllm" not in sys.modules:
         return
-    for handler in logging.getLogger("vllm").handlers:
-        if not any(isinstance(f, _DropKnownNoise) for f in handler.filters):
+    for handler in [*logging.getLogger("vllm").handlers, *logging.getLogger().handlers, logging.lastResort]:
+        if handler is not None and not any(isinstance(f, _DropKnownNoise) for f in handler.filters):
             handler.addFilter(_DropKnownNoise())
 
 

@@ -283,3 +283,18 @@ def test_convert_records_the_modes_it_serves(init, modes, tmp_path, capsys):
     assert decode_modes.trained_decode_modes(tmp_path / "out") == modes
     warned = decode_modes.mode_warning(tmp_path / "out", "fused", "--decode-mode")
     assert (warned is None) == (init == "identity")
+
+
+def test_vllm_noise_is_dropped_where_it_would_print(caplog):
+    """After `import vllm` (actors/rollout.py does it before building an engine), the known-harmless warnings no
+    longer reach a handler; other warnings do."""
+    import logging
+
+    import vllm  # noqa: F401
+    console.drop_vllm_noise()
+    logger = logging.getLogger("vllm.renderers.base")
+    with caplog.at_level(logging.WARNING):
+        console.drop_vllm_noise()  # caplog's handler is installed now
+        logger.warning("Chat template warmup failed")
+        logger.warning("KV cache too small: 3 sequences fit")
+    assert [r.getMessage() for r in caplog.records] == ["KV cache too small: 3 sequences fit"]
