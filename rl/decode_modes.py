@@ -65,12 +65,18 @@ def record(model_config, modes) -> None:
     setattr(model_config, CONFIG_KEY, sorted(set(modes) & set(MODES), key=MODES.index))
 
 
-def record_rl_mode(model_config, checkpoint: str | Path, mode: str) -> None:
-    """RL trains the rollout's decode mode: the policy's record is the starting checkpoint's plus that one (left
-    unknown when the starting checkpoint's modes are)."""
+def rl_modes(checkpoint: str | Path, mode: str) -> list[str] | None:
+    """RL trains the rollout's decode mode: the policy's modes are the starting checkpoint's plus that one (None,
+    unknown, when the starting checkpoint's modes are)."""
     base = trained_decode_modes(checkpoint)
-    if base is not None:
-        record(model_config, [*base, mode])
+    return None if base is None else sorted({*base, mode}, key=MODES.index)
+
+
+def record_rl_mode(model_config, checkpoint: str | Path, mode: str) -> None:
+    """`rl_modes` on a transformers config (the learner's, before its checkpoints are saved)."""
+    modes = rl_modes(checkpoint, mode)
+    if modes is not None:
+        record(model_config, modes)
 
 
 def mode_warning(checkpoint: str | Path, wanted, what: str) -> str | None:

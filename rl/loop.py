@@ -17,6 +17,7 @@ from rl import algos
 from rl.batch import SamplingParams
 from rl.config import Config
 from rl.data.loaders import PromptSampler, encode_prompt, load_task_split, reward_columns
+from rl.decode_modes import rl_modes
 from rl.run import RunDir
 from rl.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
 
@@ -151,7 +152,8 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
         if (step == cfg.train.steps or (cfg.train.checkpoint_every > 0 and step % cfg.train.checkpoint_every == 0)) \
                 and os.path.isfile(_weights_file(run)):  # (a learner stand-in in tests may export no file)
             # RUN_DIR/policy/: the newest synced weights (the last _sync exported them) as a save_pretrained dir
-            run.export_policy(_weights_file(run), cfg.model.path, cfg.model.tokenizer)
+            run.export_policy(_weights_file(run), cfg.model.path, cfg.model.tokenizer,
+                              rl_modes(cfg.model.path, cfg.rollout.decode_mode))
         metrics["time_step_s"] = time.perf_counter() - t_step
         run.log_metrics(metrics)
         history.append(metrics)

@@ -99,11 +99,12 @@ class RunDir:
         return state
 
     # ---- the policy, for the user to take away -------------------------------------------------------------
-    def export_policy(self, weights_file: str | Path, model_dir: str | Path, tokenizer_dir: str | Path | None = None
-                      ) -> Path:
+    def export_policy(self, weights_file: str | Path, model_dir: str | Path, tokenizer_dir: str | Path | None = None,
+                      decode_modes: list[str] | None = None) -> Path:
         """`RUN_DIR/policy/`: the weights file the learner exported (one safetensors file, named as
-        save_pretrained names them) as `model.safetensors`, beside the starting checkpoint's config, generation
-        config and tokenizer. Built in a temporary directory, then swapped in (the old one removed after)."""
+        save_pretrained names them) as `model.safetensors`, beside the starting checkpoint's config (with
+        `fbt_decode_modes` set to `decode_modes` when given: rl/decode_modes.py), generation config and tokenizer.
+        Built in a temporary directory, then swapped in (the old one removed after)."""
         final, tmp, old = self.path / "policy", self.path / f".policy.tmp-{os.getpid()}", self.path / ".policy.old"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -115,6 +116,10 @@ class RunDir:
             for name in names:
                 if (Path(src) / name).is_file():
                     shutil.copy2(Path(src) / name, tmp / name)
+        if decode_modes is not None and (tmp / "config.json").is_file():
+            from rl.decode_modes import CONFIG_KEY
+            config = json.loads((tmp / "config.json").read_text())
+            (tmp / "config.json").write_text(json.dumps({**config, CONFIG_KEY: decode_modes}, indent=2) + "\n")
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():
             os.replace(final, old)

@@ -298,3 +298,15 @@ def test_vllm_noise_is_dropped_where_it_would_print(caplog):
         logger.warning("Chat template warmup failed")
         logger.warning("KV cache too small: 3 sequences fit")
     assert [r.getMessage() for r in caplog.records] == ["KV cache too small: 3 sequences fit"]
+
+
+def test_exported_policy_records_its_modes(tmp_path):
+    """RUN_DIR/policy (the policy to take away) carries the record: the starting checkpoint's modes plus RL's."""
+    ckpt = ROOT / "checkpoints" / "tiny-arith"
+    run = RunDir(str(tmp_path / "run"))
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"stand-in")  # copied, never read here
+    out = run.export_policy(weights, ckpt, None, decode_modes.rl_modes(ckpt, "fused"))
+    assert json.loads((out / "config.json").read_text())["fbt_decode_modes"] == ["standard", "soft", "fused"]
+    assert decode_modes.mode_warning(out, "fused", "x") is None
+    assert "fbt_decode_modes" not in json.loads((ckpt / "config.json").read_text())  # the source is untouched
