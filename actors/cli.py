@@ -1,34 +1,97 @@
-"""`fbrl` — the command line. Each subcommand lives in its own module exposing `add_arguments(parser)` and
-`run(args) -> int`; modules are imported only when their command runs (so `fbrl pretrain` never starts Ray)."""
+"""`fbrl` — the command line.
+
+Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`; a module is
+imported only when its command runs or shows its help (so `fbrl pretrain` never starts Ray). The text users read
+— one line per command in `fbrl --help`, and a description with examples in `fbrl COMMAND --help` — lives in
+`COMMANDS` below. `fbrl` with no arguments prints the help.
+"""
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
+DESCRIPTION = """\
+fbrl: online reinforcement-learning post-training (GRPO family) for full-bandwidth transformers,
+decoder LMs that feed the previous token's top-layer state back into the next input."""
+EPILOG = """\
+`fbrl COMMAND --help` shows a command's description, examples and options.
+First run: `make demo` (= fbrl train configs/tiny.yaml: the embedded RL job, about 3 minutes on 2 CPU cores)."""
+
 COMMANDS = {
-    "train": ("actors.launch", "GRPO-style RL job (local Ray when no cluster address is given)"),
-    "pretrain": ("rl.pretrain", "multi-pass pretraining / SFT of an FBT checkpoint"),
-    "eval": ("actors.cmd_eval", "accuracy / pass@k per decode mode"),
-    "compare-likelihood": ("actors.cmd_compare", "likelihood estimators vs the exact recurrence"),
-    "convert": ("actors.cmd_convert", "stock Hugging Face Llama/Qwen2 checkpoint -> FBT checkpoint"),
+    "train": ("actors.launch", "run an RL job (local Ray unless ray.address names a cluster)", """\
+Run an online RL job: a vLLM rollout fleet decoding with latent feedback, DeepSpeed learners, rule-based or your
+own reward functions (docs/REWARDS.md), the likelihood estimator of your choice, on Ray. Without ray.address a
+private local Ray is started (loopback only, dashboard off). Without CONFIG the embedded default runs
+(configs/tiny.yaml: the tiny checkpoint on synthetic arithmetic).
+
+The console shows one line per step and a summary at the end; everything else is in RUN_DIR: config.yaml,
+metrics.jsonl (one JSON object per step), checkpoints/, plots/summary.png, wandb/.
+
+examples:
+  fbrl train configs/tiny.yaml train.steps=10 run_dir=runs/try
+  fbrl train configs/tiny.yaml --print-config        # every setting, defaults included, as YAML
+  fbrl train --resume runs/try train.steps=20        # continue from the run's latest checkpoint
+  ray job submit --address ADDR -- fbrl train configs/gpu_1b.yaml   (docs/CLUSTER.md)"""),
+    "pretrain": ("rl.pretrain", "multi-pass pretraining / SFT that makes an FBT checkpoint", """\
+Multi-pass pretraining or supervised fine-tuning of an FBT checkpoint: pass 1 is the ordinary forward, pass k
+feeds pass k-1's top-layer states back in, and the loss is L_1 + mean(L_2..L_K). Which decode modes the
+result serves depends on the objective (docs/PRETRAINING.md); the checkpoint records them (fbt_decode_modes).
+
+examples:
+  fbrl pretrain configs/tiny_pretrain.yaml pretrain.out_dir=runs/my-tiny
+  fbrl pretrain configs/tiny_sft_fused.yaml pretrain.steps=100"""),
+    "eval": ("actors.cmd_eval", "accuracy and pass@k of a checkpoint, per decode mode", """\
+Accuracy (greedy and sampled) and pass@k of a checkpoint in one or more decode modes, with the paired McNemar test
+between modes, on the arithmetic task or a JSONL file. Warns when a mode is not one the checkpoint was trained for.
+
+examples:
+  fbrl eval --checkpoint checkpoints/tiny-arith-fused --decode-mode standard soft fused --samples 4
+  fbrl eval --checkpoint runs/try/checkpoints/step_000010/learner/model --n 200 --json eval.json"""),
+    "compare-likelihood": ("actors.cmd_compare", "likelihood estimators against the exact recurrence", """\
+The log-prob, KL, top-1 and KV-cache error of each likelihood estimator (K-pass for K = 1..M, replay, standard)
+against the exact recurrence, on fresh rollouts of a checkpoint, with time per token.
+
+examples:
+  fbrl compare-likelihood --checkpoint checkpoints/tiny-arith --max-passes 6 --plot cmp.png
+  fbrl compare-likelihood --checkpoint checkpoints/tiny-arith-fused --decode-mode fused --json cmp.json"""),
+    "convert": ("actors.cmd_convert", "a stock Hugging Face Llama/Qwen2 checkpoint -> an FBT checkpoint", """\
+Copy a stock Llama or Qwen2 checkpoint (safetensors) into an FBT checkpoint with new fusion weights. The result
+decodes like the original in standard mode and needs multi-pass training (fbrl pretrain) before feedback helps.
+
+example:
+  fbrl convert path/to/SmolLM2-135M-Instruct runs/smollm-fbt --fusion-mode gate_product"""),
 }
+
+
+def build_parser(wanted: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `wanted`'s module is imported for its options (None: the command list only)."""
+    parser = argparse.ArgumentParser(prog="fbrl", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text, description) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=description,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        if name == wanted:
+            importlib.import_module(module).add_arguments(p)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="fbrl", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = argv[0] if argv and argv[0] in COMMANDS else None
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
-        if name == wanted:  # import only the module of the command that runs
-            importlib.import_module(module).add_arguments(p)
+    if wanted not in (None, "train"):  # train quiets per its config (logging.verbose, --verbose)
+        from actors.console import QUIET_ENV
+        for key, value in QUIET_ENV.items():  # before the command's module imports the libraries
+            os.environ.setdefault(key, value)
+    parser = build_parser(wanted)
     if not argv:
-        argv = ["train"]  # `fbrl` alone runs the embedded default job
-        sub.choices["train"].set_defaults()
-        importlib.import_module(COMMANDS["train"][0]).add_arguments(sub.choices["train"])
+        parser.print_help()
+        return 0
     args, rest = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.error("choose a COMMAND")
     # argparse stops collecting `overrides` at the first flag; key=value words after a flag land in `rest`.
     stray = [w for w in rest if "=" not in w or w.startswith("-")]
     if stray or (rest and not hasattr(args, "overrides")):

@@ -1,9 +1,10 @@
 """`fbrl compare-likelihood`: the likelihood estimators against the exact recurrence on fresh rollouts.
 
 Generates N rollouts with the torch engine (recording the states the engine fed back), then reports, for
-K = 1..M passes and for replay, the log-prob error, KL, top-1 agreement and KV-cache error against the exact
-recurrence, and time per token (rl/likelihood_compare.py). Optional JSON (keys `passes`, `replay`, ...) and a plot
-of error against passes with replay as a horizontal line.
+K = 1..M passes, for replay and for standard (no feedback: what a learner blind to the latent channel would
+compute), the log-prob error, KL, top-1 agreement and KV-cache error against the exact recurrence, and time per
+token (rl/likelihood_compare.py). Optional JSON (keys `passes`, `replay`, `standard`, ...) and a plot of error
+against passes with replay and standard as horizontal lines.
 """
 from __future__ import annotations
 
@@ -25,11 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "else arith 1 2 3 / chain 8)")
     p.add_argument("--n-samples", type=int, default=16, help="rollouts (one per prompt)")
     p.add_argument("--max-passes", type=int, default=6, help="compare kpass for K = 1..M")
-    p.add_argument("--decode-mode", choices=("soft", "fused"), default="soft")
+    p.add_argument("--decode-mode", choices=("soft", "fused"), default="soft",
+                   help="how the rollouts are decoded (standard has no latent channel to compare)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--max-tokens", type=int, default=32, help="response length cap")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward in the comparison")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the sampling")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
     p.add_argument("--plot", dest="plot_out", default=None, metavar="OUT.png", help="error-vs-passes figure")
 
@@ -89,6 +91,10 @@ def run(args) -> int:
     if args.n_samples < 1 or args.max_passes < 1:
         raise SystemExit("compare-likelihood: --n-samples and --max-passes must be >= 1")
     torch.manual_seed(args.seed)
+    from rl.decode_modes import mode_warning
+    warning = mode_warning(args.checkpoint, args.decode_mode, "--decode-mode")
+    if warning:
+        print(warning)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
     if not hasattr(model, "multipass_forward"):
         raise SystemExit(f"compare-likelihood: {args.checkpoint} is not an FBT checkpoint "

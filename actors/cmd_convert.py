@@ -22,13 +22,14 @@ def add_arguments(p) -> None:
                    help="default: gate_product with --init random, linear_addition with --init identity")
     p.add_argument("--init", default="random", choices=FUSION_INITS,
                    help="identity: start exactly at the backbone (W_U = 0, W_T = I)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the new fusion weights (--init random)")
 
 
 def run(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+    from rl.decode_modes import MODES, record
     from rl.model import convert_to_fbt
     src = Path(args.src)
     if not (src / "config.json").exists():
@@ -41,6 +42,9 @@ def run(args) -> int:
         raise SystemExit(f"fbrl convert: {e}") from None
     if (src / "generation_config.json").is_file():
         fbt.generation_config = GenerationConfig.from_pretrained(src)
+    # random fusion weights are untrained: only the backbone's own mode is served; the identity init decodes
+    # exactly like the backbone in every mode (W_U = 0: nothing is fed back yet)
+    record(fbt.config, MODES if args.init == "identity" else ["standard"])
     fbt.save_pretrained(args.out)
     try:
         AutoTokenizer.from_pretrained(src).save_pretrained(args.out)

@@ -9,7 +9,8 @@ The engine is the pure-torch reference engine (`rollout.torch_engine.TorchEngine
 the math reward (`rewards.math.MathReward`, math-verify; strict on the arithmetic task, as in training) when it
 is importable, else with `rl.evaluate.plain_numeric_score`. For the arithmetic task the difficulty levels default
 to the ones the checkpoint was trained on (its `pretrain_config.yaml`), so the test split matches the training
-distribution.
+distribution. A decode mode the checkpoint was not trained for (rl/decode_modes.py) is warned about before the
+evaluation and under the table, and the warning is kept in the JSON's `meta`.
 """
 from __future__ import annotations
 
@@ -44,9 +45,9 @@ def add_arguments(p) -> None:
     p.add_argument("--samples", type=int, default=_EVAL.samples,
                    help="sampled completions per problem (pass@k); 0: greedy only")
     p.add_argument("--temperature", type=float, default=_EVAL.temperature, help="sampling temperature")
-    p.add_argument("--max-tokens", type=int, default=_EVAL.max_tokens)
+    p.add_argument("--max-tokens", type=int, default=_EVAL.max_tokens, help="response length cap (tokens)")
     p.add_argument("--batch-size", type=int, default=_EVAL.batch_size, help="prompts per engine call")
-    p.add_argument("--seed", type=int, default=_EVAL.seed)
+    p.add_argument("--seed", type=int, default=_EVAL.seed, help="seed of the sampled completions")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--scorer", default="auto", choices=["auto", "math", "plain", "task"],
                    help="auto: a state-tracking task's own literal scorer; else the math reward if importable, "
@@ -112,11 +113,15 @@ def run(args) -> int:
     import rl  # noqa: F401  (registers the FBT model classes)
     from rl.batch import SamplingParams
     from rl.data.loaders import load_task_split
+    from rl.decode_modes import mode_warning
     from rl.evaluate import evaluate, format_levels, format_table, paired_tests
     from rl.model import as_standard_lm
     from rollout.torch_engine import TorchEngine
 
     torch.set_num_threads(args.threads)
+    warning = mode_warning(args.checkpoint, args.decode_mode, "--decode-mode")
+    if warning:
+        print(warning)  # before the minutes of evaluation, and again under the table
     data = _data_config(args)
     if args.by_difficulty and args.task not in GENERATED_TASKS:
         raise SystemExit(f"fbrl eval: --by-difficulty needs a generated task ({', '.join(GENERATED_TASKS)})")
@@ -171,6 +176,9 @@ def run(args) -> int:
                  "split": args.split, "n_per_level": args.n}, "levels": results}
     if args.by_difficulty:
         print(format_levels(results))
+    if warning:
+        print(warning)
+        out_json["meta"]["warning"] = warning
     if args.json_out:
         out = Path(args.json_out)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,9 @@ config.yaml (or the CONFIG given), plus overrides of fields that do not change t
 end the job after the current step, which is checkpointed, with nothing left running (a second signal ends it at
 once); exit code 128 + the signal. A stop rule, a spent restart bound, or a run that trained nothing: exit code 3.
 The end of every run prints what trained, what was skipped and every fault (rl/faults.py, docs/RELIABILITY.md).
+`--print-config` prints the resolved config (defaults included) and exits. What the console shows — one line per
+step, a progress bar on a terminal, a summary, third-party output quieted unless `--verbose` — is
+actors/console.py; the plots (written during the run) are rl/plots.py.
 """
 from __future__ import annotations
 
@@ -25,11 +28,16 @@ DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml
 def add_arguments(p) -> None:
     p.add_argument("config", nargs="?", default=None, help="YAML config (default: the embedded tiny job; with "
                                                           "--resume: the run's own config.yaml)")
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=4")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=4 (run_dir=PATH is "
+                                                "short for train.run_dir=PATH)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start a new run in a run_dir that holds an old one "
                                                             "(its files are deleted)")
-    p.add_argument("--no-ray", action="store_true", help="in-process workers instead of Ray actors")
+    p.add_argument("--no-ray", action="store_true", help="in-process workers instead of Ray actors (debugging)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the fully resolved config (every default included) as YAML and exit")
+    p.add_argument("--verbose", action="store_true",
+                   help="show vLLM / Ray workers / DeepSpeed / wandb / transformers output (logging.verbose=true)")
 
 
 def _environment(cfg) -> None:
@@ -41,12 +49,10 @@ def _environment(cfg) -> None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local, loopback-only Ray
 
 
-def prepare(args):
-    """(cfg, config path, run dir, tokenizer) with every input checked; raises a ValueError naming the first bad
-    one. Starts nothing (no Ray, no engine)."""
-    from actors.preflight import check_job
-    from rl.config import ConfigError, load_config
-    from rl.config.secrets import REDACTED
+def load_train_config(args):
+    """(config path, Config, the --resume run dir or None) from the command line: CONFIG (or the embedded default,
+    or the resumed run's own config.yaml), overrides, flags. Creates nothing."""
+    from rl.config import load_config
     from rl.run import RunDir
 
     config_path = args.config
@@ -57,10 +63,24 @@ def prepare(args):
         config_path = str(Path(args.resume) / "config.yaml") if args.resume else str(DEFAULT_CONFIG)
     # `run_dir=PATH` is the documented shorthand for `train.run_dir=PATH`
     overrides = [f"train.{o}" if o.startswith("run_dir=") else o for o in args.overrides]
+    run_dir = None
     if args.resume:
         run_dir = RunDir.existing(args.resume)  # before anything else: a missing run is not created
         overrides += [f"train.resume={args.resume}", f"train.run_dir={args.resume}"]
-    cfg = load_config(config_path, overrides)
+    if getattr(args, "verbose", False):
+        overrides.append("logging.verbose=true")
+    return config_path, load_config(config_path, overrides), run_dir
+
+
+def prepare(args):
+    """(cfg, config path, run dir, tokenizer) with every input checked; raises a ValueError naming the first bad
+    one. Starts nothing (no Ray, no engine)."""
+    from actors.preflight import check_job
+    from rl.config import ConfigError
+    from rl.config.secrets import REDACTED
+    from rl.run import RunDir
+
+    config_path, cfg, run_dir = load_train_config(args)
     if args.resume:
         run_dir.check_resume_config(cfg)  # refuse a changed experiment, naming the field
         hidden = _redacted_keys(cfg.to_dict(), REDACTED)
@@ -81,31 +101,65 @@ def _redacted_keys(data, marker: str, prefix: str = "") -> list[str]:
     return [prefix] if data == marker else []
 
 
-def run(args) -> int:
-    from rl.faults import EXIT_BAD_INPUT, EXIT_STOPPED, FaultLog, RunStopped, run_summary
-    from rl.loop import train
+def _workers_line(cfg, use_ray: bool) -> str:
+    r, learner = cfg.rollout, cfg.learner
+    where = "in-process workers" if not use_ray else (f"Ray at {cfg.ray.address}" if cfg.ray.address
+                                                      else "local Ray")
+    engines = f"{r.num_engines} {r.engine} engine{'s' if r.num_engines > 1 else ''} ({r.decode_mode} decoding)"
+    n = learner.num_workers if use_ray else 1  # in-process: one rank (actors/local.py)
+    learners = f"{n} DeepSpeed learner{'s' if n > 1 else ''} (ZeRO-{learner.zero_stage})"
+    return (f"starting {where}: {engines}, {learners}, {cfg.likelihood.estimator} estimator, rewards "
+            f"{', '.join(f.name or f.fn for f in cfg.reward.fns)}")
 
+
+def run(args) -> int:
+    from rl.config import ConfigError
+    from rl.faults import EXIT_BAD_INPUT, EXIT_STOPPED, FaultLog, RunStopped
+
+    if args.print_config:
+        try:
+            print(load_train_config(args)[1].to_yaml(), end="")
+        except ConfigError as e:
+            print(f"fbrl train: error: {e}", file=sys.stderr, flush=True)
+            return EXIT_BAD_INPUT
+        return 0
     t_start = time.perf_counter()
     try:
         cfg, config_path, run_dir, tokenizer = prepare(args)
     except (ValueError, OSError) as e:  # config, data, reward, checkpoint and run-dir problems: one clear line
         print(f"fbrl train: error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    from actors import console
+    console.plain_text_streams()
+    console.quiet_third_party(cfg.logging.verbose)
     _environment(cfg)
-    print(f"fbrl train: config {config_path}, run dir {run_dir.path}", flush=True)
+    from rl.decode_modes import mode_warning
+    from rl.loop import train
+    from rl.plots import LivePlots
+    print(f"fbrl train: {config_path} -> {run_dir.path}", flush=True)
+    for wanted, key in ((cfg.rollout.decode_mode, "rollout.decode_mode"),
+                        (cfg.train.eval_decode_modes, "train.eval_decode_modes")):
+        warning = mode_warning(cfg.model.path, wanted, key)
+        if warning:
+            print(warning, flush=True)
 
     from actors.placement import build_workers, init_ray
     faults = FaultLog(print)
     stop = StopSignals()
     steps, stopped, wandb_run, bar = {}, None, None, None  # step -> its metrics (a step run again: the last)
+    plots, rewards, worker_logs = None, None, None
     try:
         stop.install()
         if not args.no_ray:
             init_ray(cfg)
             stop.install()  # ray.init installs its own SIGTERM handler (kill Ray, exit 1): ours goes back on top
+        print(_workers_line(cfg, not args.no_ray), flush=True)
+        t_workers = time.perf_counter()
         rollout, learner, rewards = build_workers(cfg, use_ray=not args.no_ray, faults=faults)
+        print(f"workers ready in {time.perf_counter() - t_workers:.0f} s", flush=True)
+        worker_logs = _worker_logs_dir(args.no_ray)
         wandb_run = _wandb(cfg, run_dir)
-        bar = _progress(cfg)
+        bar = console.progress_bar(cfg.train.steps, cfg.logging.progress)
 
         def on_step(metrics):
             steps[metrics["step"]] = metrics
@@ -113,9 +167,14 @@ def run(args) -> int:
                 wandb_run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))},
                               step=metrics["step"])
             if bar is not None:
-                bar.update(1)
+                bar.n = metrics["step"]
+                bar.refresh()
+            plots.update(metrics)
 
-        faults.log = log = bar.write if bar is not None else print
+        log = (lambda line: bar.write(line, file=sys.stdout)) if bar is not None else (
+            lambda line: print(line, flush=True))
+        faults.log = log
+        plots = LivePlots(run_dir, title=_plot_title(cfg, run_dir), log=log)
         stop.graceful = True
         train(cfg, tokenizer, rollout, learner, rewards, run_dir, log=log, progress=on_step, faults=faults,
               stop_requested=stop.reason)
@@ -128,25 +187,25 @@ def run(args) -> int:
         stop.graceful, stop.shutting_down = False, True
         if bar is not None:
             bar.close()
+        written = plots.close() if plots is not None else run_dir.plot()
+        if rewards is not None:
+            try:  # a reward's close() (its client, its pool) runs; a dead reward worker has nothing left to close
+                rewards.close()
+            except Exception as e:
+                print(f"closing the rewards failed: {type(e).__name__}: {e}", flush=True)
+        wandb_dir = None
         if wandb_run is not None:
+            wandb_dir = getattr(wandb_run, "dir", None)
             wandb_run.finish()
         _shutdown(args.no_ray)
         stop.uninstall()
-    plots = run_dir.plot()
-    evals = [r for r in run_dir.read_metrics() if r.get("eval_accuracy") is not None]
-    print(f"\nfinished in {time.perf_counter() - t_start:.0f}s")
-    if len(evals) >= 2:
-        first, last = evals[0], evals[-1]
-        print(f"held-out greedy accuracy: step {first['step']} {first['eval_accuracy']:.3f} -> "
-              f"step {last['step']} {last['eval_accuracy']:.3f} "
-              f"({100 * (last['eval_accuracy'] - first['eval_accuracy']):+.1f} points)")
+    wandb_dir = str(Path(wandb_dir).parent) if wandb_dir else None  # the run's folder, not its files/
     history = [steps[k] for k in sorted(steps)]
-    lines, trained = run_summary(history, faults)
-    for line in lines:
+    trained = sum(1 for m in history if not m.get("skipped"))
+    print()
+    for line in console.summary_lines(run_dir, cfg, time.perf_counter() - t_start, written, wandb_dir,
+                                              worker_logs if not cfg.logging.verbose else None):
         print(line)
-    print(f"metrics: {run_dir.path / 'metrics.jsonl'}")
-    for p in plots:
-        print(f"plot:    {p}")
     if stopped is not None:
         code = stop.exit_code or stopped.exit_code
         print(f"fbrl train: stopped: {stopped}", file=sys.stderr, flush=True)
@@ -202,22 +261,33 @@ class StopSignals:
         return f"{self.received} received" if self.received else None
 
 
+def _plot_title(cfg, run_dir) -> str:
+    return (f"{run_dir.path.name}: {Path(cfg.model.path or 'model').name}, {cfg.data.task}, "
+            f"{cfg.rollout.decode_mode} decoding, {cfg.likelihood.estimator} estimator, "
+            f"{cfg.train.prompts_per_step}x{cfg.rollout.n_samples_per_prompt} samples per step")
+
+
 def _wandb(cfg, run_dir):
     if cfg.logging.wandb_mode == "disabled":
         return None
     import wandb
 
     from rl.config.secrets import redacted
+    settings = None if cfg.logging.verbose else wandb.Settings(silent=True)  # its 30-line summary: metrics.jsonl
     return wandb.init(project=cfg.logging.wandb_project, entity=cfg.logging.wandb_entity,
                       mode=cfg.logging.wandb_mode, dir=str(run_dir.path), config=redacted(cfg.to_dict()),
-                      resume="allow" if cfg.train.resume else None, name=run_dir.path.name)
+                      resume="allow" if cfg.train.resume else None, name=run_dir.path.name, settings=settings)
 
 
-def _progress(cfg):
-    if not cfg.logging.progress:
+def _worker_logs_dir(no_ray: bool) -> str | None:
+    """Ray's log directory on this node (where the quieted workers' output goes), if Ray runs here."""
+    if no_ray:
         return None
-    from tqdm import tqdm
-    return tqdm(total=cfg.train.steps, desc="steps", unit="step", file=sys.stderr, dynamic_ncols=True)
+    try:
+        import ray
+        return ray._private.worker._global_node.get_logs_dir_path() if ray.is_initialized() else None
+    except Exception:  # a private API: the summary line is optional
+        return None
 
 
 def _shutdown(no_ray: bool) -> None:

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from rl.batch import collate
+from rl.decode_modes import record_rl_mode
 from rl.latent_metrics import latent_metrics
 from rl.faults import injected
 from rl.learner import PolicyUpdater
@@ -247,6 +248,7 @@ class LearnerRank:
             deepspeed.init_distributed(dist_backend=dist_backend(lcfg), auto_mpi_discovery=False)
 
         self.policy = load_policy(cfg.model.path)
+        record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
         self.pad_id = pad_id_of(self.policy)
         routed = _Routed(self.policy)
         self.engine, *_ = deepspeed.initialize(model=routed, model_parameters=routed.parameters(),

@@ -17,6 +17,7 @@ from actors.learner import (LearnerRank, compute_latent_metrics, copy_tokenizer_
 from actors.learner_group import merge_rank_metrics
 from actors.reward_workers import RewardHost
 from actors.rollout import EngineHost, chunk_params, merge_chunks, split_prompts
+from rl.decode_modes import record_rl_mode
 from rl.learner import PolicyUpdater, TorchBackend
 from rl.workers import tensor_checksums
 
@@ -52,6 +53,7 @@ class TorchLearner:
         lcfg = cfg.learner
         self.cfg = cfg
         self.policy = load_policy(cfg.model.path)
+        record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
         self.backend = TorchBackend(self.policy, lcfg.lr, lcfg.weight_decay, tuple(lcfg.adam_betas), lcfg.grad_clip)
         ref = None
         if cfg.algo.kl_coef > 0:

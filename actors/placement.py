@@ -16,7 +16,8 @@ Local Ray (`ray.address: null`): `ray.init` with auth off (`RAY_AUTH_MODE=disabl
 off unless `ray.dashboard` (then bound to 127.0.0.1), and as many logical CPUs as the machine has or the job
 needs, whichever is larger (logical CPUs are a scheduling count; a 2-core laptop still runs 1 engine + 2 ranks).
 Every worker process gets `runtime_env` variables: WANDB_MODE, VLLM_ENABLE_V1_MULTIPROCESSING=0, tokenizers
-single-threaded, DS_ACCELERATOR=cpu when no role has a GPU, and VLLM_CPU_KVCACHE_SPACE.
+single-threaded, DS_ACCELERATOR=cpu when no role has a GPU, VLLM_CPU_KVCACHE_SPACE, and unless `logging.verbose`
+the quieting switches of actors/console.py (whose output then stays in Ray's log files: `log_to_driver` off).
 """
 from __future__ import annotations
 
@@ -40,6 +41,9 @@ def runtime_env(cfg) -> dict:
     }
     if not uses_gpu(cfg):
         env["DS_ACCELERATOR"] = "cpu"
+    if not cfg.logging.verbose:
+        from actors.console import QUIET_ENV
+        env.update(QUIET_ENV)
     env.update({k: v for k, v in os.environ.items() if k in PASS_THROUGH_ENV or k.startswith("FBRL_INJECT_")})
     return {"env_vars": env}
 
@@ -55,12 +59,14 @@ def init_ray(cfg) -> None:
     if ray.is_initialized():
         return
     if cfg.ray.address:
-        ray.init(address=cfg.ray.address, runtime_env=runtime_env(cfg))
+        ray.init(address=cfg.ray.address, runtime_env=runtime_env(cfg), log_to_driver=cfg.logging.verbose)
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local and loopback-only: no token to manage
+    # Quiet unless logging.verbose: the workers' output stays in Ray's log files instead of interleaving with the
+    # step lines (actors/console.py; the launcher's summary names the directory).
     kwargs = {"num_cpus": cfg.ray.num_cpus or max(os.cpu_count() or 1, required_cpus(cfg)),
               "include_dashboard": bool(cfg.ray.dashboard), "runtime_env": runtime_env(cfg),
-              "log_to_driver": True}
+              "log_to_driver": cfg.logging.verbose, "logging_level": "INFO" if cfg.logging.verbose else "WARNING"}
     if cfg.ray.dashboard:
         kwargs["dashboard_host"] = "127.0.0.1"
     ray.init(**kwargs)

@@ -93,7 +93,7 @@ class RewardHost:
         correct = None
         if self.accuracy_name is not None:
             correct = [s >= CORRECT_AT for s in result.per_reward[self.accuracy_name]]
-        return Scores([float(r) for r in result.rewards], correct, dict(result.metrics))
+        return Scores([float(r) for r in result.rewards], correct, dict(result.metrics), list(result.errors))
 
     def close(self) -> None:
         self.reward_set.close()

@@ -49,6 +49,11 @@ def make_engine(cfg, index: int = 0):
 
         import rl  # noqa: F401  (AutoConfig must know the FBT configs)
         from rollout.vllm_engine import VLLMEngine
+        if not cfg.logging.verbose:  # the warnings every fbrl engine triggers, dropped before the engine is built
+            import vllm  # noqa: F401  (configures vLLM's logging, whose handlers get the filter)
+
+            from actors.console import drop_vllm_noise
+            drop_vllm_noise()
         v = r.vllm
         if v.tensor_parallel_size != 1:
             raise ValueError(f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size}: the rollout actor runs "

@@ -1,4 +1,4 @@
-"""Faults a job survives, counted; the rules that stop a job rather than let it run on silently; its summary.
+"""Faults a job survives, counted; the rules that stop a job rather than let it run on silently.
 
 Owns:
 - `FaultLog`: one counter per kind of fault or recovery, reported as `faults/<kind>` in every step's metrics,
@@ -10,7 +10,7 @@ Owns:
   learner rank died and the group was rebuilt at its initial weights: the loop restores the last checkpoint and
   runs the lost steps again) and `RunStopped` (a clear stop: the reason, whether `--resume` continues, and the
   process exit code).
-- `run_summary`: the end-of-run lines (steps trained and skipped, reward errors and timeouts, recoveries).
+The end-of-run summary that reports them is actors/console.py `summary_lines`.
 """
 from __future__ import annotations
 
@@ -114,26 +114,6 @@ def is_nonfinite(learner_metrics: dict) -> bool:
         return True
     norm = learner_metrics.get("grad_norm")
     return norm is not None and not math.isfinite(norm)
-
-
-def run_summary(history: list[dict], faults: FaultLog) -> tuple[list[str], int]:
-    """(lines, trained steps) for the end of a run: what trained, what was skipped and why, every fault."""
-    trained = sum(1 for m in history if not m.get("skipped"))
-    nonfinite = sum(1 for m in history if m.get("skipped_nonfinite"))
-    skipped = len(history) - trained
-    errors = timeouts = 0.0
-    for m in history:
-        for key, value in m.items():
-            if key.startswith("reward/") and key.endswith("/errors"):
-                errors += value
-            elif key.startswith("reward/") and key.endswith("/timeouts"):
-                timeouts += value
-    lines = [f"steps: {len(history)} run, {trained} trained, {skipped} skipped "
-             f"({skipped - nonfinite} without reward signal, {nonfinite} with non-finite loss or gradients)",
-             f"reward rows failed: {errors:.0f} errors, {timeouts:.0f} timeouts"]
-    recoveries = {k: v for k, v in sorted(faults.counts.items()) if k != "nonfinite_steps"}
-    lines.append("faults: " + (", ".join(f"{k}={v}" for k, v in recoveries.items()) if recoveries else "none"))
-    return lines, trained
 
 
 def injected(name: str) -> set[int]:

@@ -1,6 +1,8 @@
 """Compare the likelihood estimators against the exact recurrence (`fbrl compare-likelihood`).
 
-For a batch of rollouts (with recorded states) and K = 1..M passes plus replay, pooled over response tokens:
+For a batch of rollouts (with recorded states) and K = 1..M passes, replay and standard (the model read as a
+standard transformer: no feedback anywhere, the error a feedback-blind learner would make), pooled over response
+tokens:
 
 - `mean_abs_logp_diff` (and `max_abs_logp_diff`): |log p_est(y) - log p_exact(y)| at the sampled tokens;
 - `kl`: KL(exact ‖ estimate) over the full vocabulary, per token;
@@ -87,14 +89,15 @@ def _kv_mask(batch: LearnerBatch) -> torch.Tensor:
 def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", max_passes: int = 6,
                        temperature: float = 1.0, micro_batch_size: int | None = 8) -> dict:
     """Every estimator against `exact` on one batch (needs `batch.states` for replay). Returns the report dict:
-    `passes` (one record per K = 1..max_passes, each with `k`), `replay`, `exact` (its time per token) and
-    `engine` (the engine's own log-probs against exact)."""
+    `passes` (one record per K = 1..max_passes, each with `k`), `replay`, `standard`, `exact` (its time per token)
+    and `engine` (the engine's own log-probs against exact)."""
     if max_passes < 1:
         raise ValueError(f"max_passes must be >= 1, got {max_passes}")
     model.eval()
     n_layers = model.config.num_hidden_layers
     pools = {k: _Pool(n_layers) for k in range(1, max_passes + 1)}
     pools["replay"] = _Pool(n_layers)
+    pools["standard"] = _Pool(n_layers)
     exact_seconds, engine_abs, engine_max = 0.0, 0.0, 0.0
     ref_k, ref_v = [0.0] * n_layers, [0.0] * n_layers
     dev = next(model.parameters()).device
@@ -131,6 +134,7 @@ def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", ma
         for k in range(1, max_passes + 1):
             prev = score(k, "kpass", k, prev)  # kpass K's final states feed kpass K+1's final pass
         score("replay", "replay", 1, None)
+        score("standard", "standard", 1, None)
     n_tok = float(batch.response_mask.sum())
     return {
         "decode_mode": decode_mode, "temperature": temperature, "n_samples": len(batch), "n_tokens": int(n_tok),
@@ -139,6 +143,7 @@ def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", ma
         "engine": {"mean_abs_logp_diff": engine_abs / max(n_tok, 1.0), "max_abs_logp_diff": engine_max},
         "passes": [{"k": k, **pools[k].record(ref_k, ref_v)} for k in range(1, max_passes + 1)],
         "replay": pools["replay"].record(ref_k, ref_v),
+        "standard": pools["standard"].record(ref_k, ref_v),
     }
 
 
@@ -148,7 +153,7 @@ def compare_samples(model, samples: list[Sample], pad_id: int = 0, **kwargs) -> 
 
 
 def format_report(report: dict) -> str:
-    """A plain-text table: one line per K, then replay and exact."""
+    """A plain-text table: one line per K, then replay, standard and exact."""
     head = f"{'estimator':>10} {'|dlogp|':>10} {'KL':>10} {'top1':>7} {'K relL2':>9} {'V relL2':>9} {'ms/tok':>8}"
     rows = [f"compare-likelihood: {report['n_samples']} samples, {report['n_tokens']} response tokens, "
             f"decode_mode={report['decode_mode']}, T={report['temperature']}", head]
@@ -159,6 +164,8 @@ def format_report(report: dict) -> str:
 
     rows += [line(f"K={r['k']}", r) for r in report["passes"]]
     rows.append(line("replay", report["replay"]))
+    if "standard" in report:  # reports written before the row existed lack it
+        rows.append(line("standard", report["standard"]))
     rows.append(f"{'exact':>10} {'':>10} {'':>10} {'':>7} {'':>9} {'':>9} {report['exact']['time_per_token_ms']:8.3f}")
     rows.append(f"engine log-probs vs exact: mean |dlogp| {report['engine']['mean_abs_logp_diff']:.3e}, "
                 f"max {report['engine']['max_abs_logp_diff']:.3e}")
@@ -166,8 +173,9 @@ def format_report(report: dict) -> str:
 
 
 def plot_report(report: dict, path: str) -> None:
-    """Error against passes with replay as a horizontal line (the paper's Figure 8 layout): left mean |Δ log p|
-    and KL, right mean K / V relative L2. Log scale; exact zeros are drawn at a floor of 1e-10."""
+    """Error against passes with replay (dashed) and standard (dotted) as horizontal lines (the paper's Figure 8
+    layout): left mean |Δ log p| and KL, right mean K / V relative L2. Log scale; exact zeros are drawn at a floor
+    of 1e-10."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -181,6 +189,8 @@ def plot_report(report: dict, path: str) -> None:
         for key, label, color in series:
             ax.plot(ks, [max(r[key], floor) for r in report["passes"]], "o-", color=color, label=f"K-pass {label}")
             ax.axhline(max(report["replay"][key], floor), color=color, ls="--", label=f"replay {label}")
+            if "standard" in report:
+                ax.axhline(max(report["standard"][key], floor), color=color, ls=":", label=f"standard {label}")
         ax.set_yscale("log")
         ax.set_xlabel("passes K")
         ax.set_xticks(ks)

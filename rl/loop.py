@@ -25,6 +25,7 @@ from rl.batch import SamplingParams
 from rl.config import Config
 from rl.data.loaders import PromptSampler, encode_prompt, load_task_split, reward_columns
 from rl.data.prompts import PromptFitter, prompt_token_limit
+from rl.decode_modes import rl_modes
 from rl.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, is_nonfinite
 from rl.run import RunDir
 from rl.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
@@ -121,8 +122,9 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
         acc = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version, fitter.encode)
         run.log_metrics({"step": 0, **{f"eval_accuracy_{m}": a for m, a in acc.items()},
                          "eval_accuracy": acc.get(cfg.train.eval_decode_modes[0])})
-        log(f"step 0 | held-out greedy accuracy {_fmt(acc)}")
+        log(f"{_step(0, cfg.train.steps)} | eval {_fmt(acc)} (held-out greedy, {len(eval_rows)} problems)")
 
+    reported = set()  # (reward, kind of failure) already printed with its message (_report_failures)
     while step < cfg.train.steps:
         step += 1
         t_step = time.perf_counter()
@@ -144,6 +146,7 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
         scored = rewards.score([r["prompt"] for r in sample_rows], completions, [r["answer"] for r in sample_rows],
                                [s.finish_reason for s in samples], reward_columns(sample_rows))
         time_reward = time.perf_counter() - t0
+        _report_failures(scored.failures, reported, log)
         reward = torch.tensor(scored.rewards, dtype=torch.float32)
         lengths = torch.tensor([s.response_len for s in samples], dtype=torch.float32)
         reward_metrics = dict(scored.metrics)
@@ -202,7 +205,8 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
         if (step == cfg.train.steps or (cfg.train.checkpoint_every > 0 and step % cfg.train.checkpoint_every == 0)) \
                 and os.path.isfile(_weights_file(run)):  # (a learner stand-in in tests may export no file)
             # RUN_DIR/policy/: the newest synced weights (the last _sync exported them) as a save_pretrained dir
-            run.export_policy(_weights_file(run), cfg.model.path, cfg.model.tokenizer)
+            run.export_policy(_weights_file(run), cfg.model.path, cfg.model.tokenizer,
+                              rl_modes(cfg.model.path, cfg.rollout.decode_mode))
         metrics["time_step_s"] = time.perf_counter() - t_step
         try:  # the stop rules see this step's faults; a stop still logs the step and checkpoints it
             job.guard.check(step, nonfinite if learner_metrics else None, reward_metrics, len(samples))
@@ -213,7 +217,7 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
         run.log_metrics(metrics)
         history.append(metrics)
         job.step = step
-        log(_console_line(metrics))
+        log(_console_line(metrics, cfg.train.steps))
         if progress is not None:
             progress(metrics)
         if stop:
@@ -247,21 +251,52 @@ def _sync(learner: LearnerWorkers, rollout: RolloutWorkers, run: RunDir, version
     return version
 
 
+def _report_failures(failures: list[str], reported: set, log) -> None:
+    """Print a reward's failure the first time it fails that way ("reward 'judge' raised ...", "... timed out");
+    after that the step line counts them (`reward failures: judge 8`) and metrics.jsonl has every count."""
+    for line in failures:
+        name, _, rest = line.partition("' ")  # "reward 'judge", "raised RuntimeError: ..."
+        kind = (name, rest.split(" ", 1)[0])
+        if kind not in reported:
+            reported.add(kind)
+            log(f"{line} (printed once; the step lines count repeats)")
+
+
 def _fmt(acc: dict) -> str:
-    return " ".join(f"{m}={a:.3f}" for m, a in acc.items())
+    return " ".join(f"{m} {a:.3f}" for m, a in acc.items())
 
 
-def _console_line(m: dict) -> str:
-    mismatch = m["logprob_mismatch_abs_mean"]
+def _step(step: int, steps: int) -> str:
+    return f"step {step:>{len(str(steps))}}/{steps}"
+
+
+def _console_line(m: dict, steps: int) -> str:
+    """One line per step: what was learned (reward, accuracy), what was sampled (length, truncated share), how
+    far the learner's log-probs are from the engine's, the KL to the reference when it is on, where the time
+    went, the eval when there was one, and what went wrong (failed rewards, a skipped update)."""
     acc = "-" if m["accuracy"] is None else f"{m['accuracy']:.3f}"
-    parts = [f"step {m['step']}", f"reward {m['reward_mean']:.3f}", f"acc {acc}",
-             f"len {m['response_len_mean']:.1f}",
-             f"mismatch {mismatch:.2e}" if mismatch is not None else "mismatch -",
-             f"rollout {m['time_rollout_s']:.1f}s learner {m['time_learner_s']:.1f}s sync {m['time_sync_s']:.2f}s"]
-    if m.get("eval_accuracy") is not None:
-        parts.append(f"eval {m['eval_accuracy']:.3f}")
-    if m["skipped_nonfinite"]:
-        parts.append("(loss or gradients not finite: optimizer step skipped)")
+    mismatch = m["logprob_mismatch_abs_mean"]
+    parts = [_step(m["step"], steps), f"reward {m['reward_mean']:.3f} acc {acc}",
+             f"len {m['response_len_mean']:.1f} trunc {m['truncation_rate']:.2f}",
+             "mismatch -" if mismatch is None else f"mismatch {mismatch:.1e}"]
+    if m.get("learner/kl_loss") is not None:
+        parts.append(f"kl {m['learner/kl_loss']:.2e}")
+    phases = {p: m[f"time_{p}_s"] for p in ("rollout", "reward", "learner", "sync")}
+    other = m["time_step_s"] - sum(phases.values())  # eval and checkpoint
+    parts.append(f"{m['time_step_s']:.1f}s: " + " ".join(f"{p} {t:.2f}" if t < 0.1 else f"{p} {t:.1f}"
+                                                        for p, t in phases.items())
+                 + (f" eval/ckpt {other:.1f}" if other >= 0.1 else ""))
+    evals = {k[len("eval_accuracy_"):]: v for k, v in m.items() if k.startswith("eval_accuracy_") and v is not None}
+    if evals:
+        parts.append(f"eval {_fmt(evals)}")
+    failed: dict[str, float] = {}  # samples each reward scored 0 because it raised or timed out
+    for k, v in m.items():
+        if k.startswith("reward/rewards/") and k.endswith(("/errors", "/timeouts")) and v:
+            failed[k.split("/")[2]] = failed.get(k.split("/")[2], 0) + v
+    if failed:  # the first failure of each kind was printed with its message (`_report_failures`)
+        parts.append("reward failures: " + ", ".join(f"{name} {int(n)}" for name, n in failed.items()))
+    if m.get("skipped_nonfinite"):
+        parts.append("skipped: loss or gradients not finite")
     elif m["skipped"]:
-        parts.append("(no usable signal: optimizer step skipped)")
+        parts.append("skipped: no usable signal")
     return " | ".join(parts)

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rl import decode_modes
 from rl import model as fbt_model
 from rl.config import Config, load_config
 
@@ -287,6 +288,7 @@ def train(cfg: Config, log=print) -> dict:
     if p.fusion_init == "identity":
         identity_fusion_(model)
     model.train()
+    decode_modes.record(model.config, decode_modes.modes_of_pretraining(p))  # saved in every checkpoint's config
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     train_rows = load_task_split(cfg.data, "train")

@@ -7,7 +7,8 @@ Layout of RUN_DIR:
     checkpoints/latest          name of the newest complete checkpoint
     policy/                     the policy as a save_pretrained directory (config, weights, tokenizer), replaced at
                                 every checkpoint and at the end: load it with AutoModelForCausalLM, decode with vLLM
-    plots/*.png                 reward, accuracy and latent-channel curves, written at the end
+    plots/summary.png, *.png    every panel of rl/plots.py in one figure, and each panel alone; redrawn
+                                during the run (after eval steps, else every 30 s or so) and at the end
 A checkpoint is written under a temporary name and renamed into place, then `latest` is replaced: a crash at
 any point leaves the previous checkpoint and pointer intact.
 
@@ -152,11 +153,12 @@ class RunDir:
         return state
 
     # ---- the policy, for the user to take away -------------------------------------------------------------
-    def export_policy(self, weights_file: str | Path, model_dir: str | Path, tokenizer_dir: str | Path | None = None
-                      ) -> Path:
+    def export_policy(self, weights_file: str | Path, model_dir: str | Path, tokenizer_dir: str | Path | None = None,
+                      decode_modes: list[str] | None = None) -> Path:
         """`RUN_DIR/policy/`: the weights file the learner exported (one safetensors file, named as
-        save_pretrained names them) as `model.safetensors`, beside the starting checkpoint's config, generation
-        config and tokenizer. Built in a temporary directory, then swapped in (the old one removed after)."""
+        save_pretrained names them) as `model.safetensors`, beside the starting checkpoint's config (with
+        `fbt_decode_modes` set to `decode_modes` when given: rl/decode_modes.py), generation config and tokenizer.
+        Built in a temporary directory, then swapped in (the old one removed after)."""
         final, tmp, old = self.path / "policy", self.path / f".policy.tmp-{os.getpid()}", self.path / ".policy.old"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -168,6 +170,10 @@ class RunDir:
             for name in names:
                 if (Path(src) / name).is_file():
                     shutil.copy2(Path(src) / name, tmp / name)
+        if decode_modes is not None and (tmp / "config.json").is_file():
+            from rl.decode_modes import CONFIG_KEY
+            config = json.loads((tmp / "config.json").read_text())
+            (tmp / "config.json").write_text(json.dumps({**config, CONFIG_KEY: decode_modes}, indent=2) + "\n")
         shutil.rmtree(old, ignore_errors=True)
         if final.exists():
             os.replace(final, old)
@@ -176,32 +182,10 @@ class RunDir:
         return final
 
     # ---- plots -----------------------------------------------------------------------------------------
-    def plot(self) -> list[Path]:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        rows = self.read_metrics()
-        out_dir = self.path / "plots"
-        out_dir.mkdir(exist_ok=True)
-        written = []
-        for key, label in (("reward_mean", "train reward"), ("accuracy", "train accuracy"),
-                           ("eval_accuracy", "held-out greedy accuracy")):
-            pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-            if not pts:
-                continue
-            fig, ax = plt.subplots(figsize=(5, 3.2))
-            ax.plot(*zip(*pts), marker="o" if key == "eval_accuracy" else None)
-            ax.set_xlabel("step")
-            ax.set_ylabel(label)
-            ax.grid(alpha=0.3)
-            fig.tight_layout()
-            fig.savefig(out_dir / f"{key}.png", dpi=100)
-            plt.close(fig)
-            written.append(out_dir / f"{key}.png")
-        from rl.latent_metrics import plot_latent
-        if plot_latent(rows, out_dir / "latent.png"):
-            written.append(out_dir / "latent.png")
-        return written
+    def plot(self, title: str | None = None) -> list[Path]:
+        """Draw plots/summary.png and one PNG per panel from metrics.jsonl (rl/plots.py); returns the paths."""
+        from rl.plots import render
+        return render(self.read_metrics(), self.path / "plots", title)
 
 
 def yaml_dump(data: dict) -> str:

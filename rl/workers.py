@@ -9,7 +9,7 @@ Faults: rollout and reward workers replace a dead actor and redo its call themse
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from rl.batch import Sample
@@ -36,10 +36,13 @@ class Scores:
     completion is right by the task's correctness check (`reward.accuracy`), which is separate from the reward —
     a format bonus or a penalty never makes an answer right — or None when accuracy is turned off. `metrics`:
     every reward term on its own (`rewards/<name>/mean`, errors, timeouts, counts) and the weighted total.
+    `failures`: one line per reward call that failed (raised, timed out, returned a wrong shape), naming it and
+    saying why; the loop prints each kind once (the reward may run in another process, whose log nobody reads).
     """
     rewards: list[float]
     correct: list[bool] | None
     metrics: dict[str, float]
+    failures: list[str] = field(default_factory=list)
 
 
 class RewardWorkers(Protocol):

@@ -2,9 +2,10 @@
 
 - replay and kpass: local Ray, a vLLM CPU rollout engine decoding with latent feedback, 2 DeepSpeed ZeRO-2
   learner workers, the math-verify reward in its process pool, wandb offline — 2 steps each, asserted on
-  metrics.jsonl, the checkpoint and the plots.
+  metrics.jsonl, the checkpoint and the plots; the replay run's console output as a user sees it (fbrl's own
+  lines at least half of all, one line per step, no terminal codes in a file, a summary naming existing paths).
 - the demo learns: 10 steps of the default job (`make demo`'s config, shortened) raise held-out greedy accuracy
-  by at least 10 points.
+  by at least 10 points; its console output has the shape of the README's quick-start sample, line for line.
 - resume: a run stopped after step 2 and resumed draws the same prompts at steps 3–4 as an uninterrupted run,
   and (same weights, optimizer state and RNGs) gets the same rewards. In-process workers with the torch engine:
   the loop, run directory and learner checkpoint are the same code as on Ray, at a fraction of the start-up.
@@ -12,6 +13,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,12 +29,61 @@ SMALL = ["train.steps=2", "train.prompts_per_step=8", "rollout.n_samples_per_pro
 
 
 def fbrl_train(*args, timeout=900):
+    """stdout and stderr of `fbrl train ARGS`, interleaved as a user's terminal (or log file) would get them."""
     env = dict(os.environ, WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run([sys.executable, "-m", "actors.cli", "train", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"fbrl train failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"fbrl train failed:\n{proc.stdout[-10000:]}"
     return proc.stdout
+
+
+# The lines fbrl itself prints (rl/loop.py, actors/launch.py, actors/console.py); anything else is a library's.
+OWN_LINE = re.compile(r"^(fbrl train: |starting |workers ready |step +\d+/\d+ \| |done: |held-out greedy accuracy "
+                      r"|accuracy on training |reward failures|faults: |warning: |resumed |(policy|metrics|plots|wandb"
+                      r"|logs): +)")
+
+
+def check_console(out: str, steps: int) -> None:
+    """fbrl's own lines are at least half of all lines, each step is one line, no terminal codes in a file, and
+    the summary names paths that exist."""
+    lines = [line for line in out.splitlines() if line.strip()]
+    own = [line for line in lines if OWN_LINE.match(line)]
+    assert len(own) >= len(lines) / 2, "\n".join(["library lines outnumber fbrl's:"] +
+                                                  [line for line in lines if line not in own][:40])
+    for s in range(1, steps + 1):
+        assert len([line for line in lines if re.match(rf"step +{s}/{steps} \| reward ", line)]) == 1, (s, out)
+    assert "\x1b" not in out and "\r" not in out, "terminal codes or a progress bar in captured output"
+    summary = {m.group(1): m.group(2) for m in (re.match(r"^(policy|metrics|plots|wandb|logs): +(\S+)", line)
+                                                for line in own) if m}
+    assert {"policy", "metrics", "plots"} <= set(summary), own
+    for label, path in summary.items():
+        assert (ROOT / path).exists(), (label, path)
+
+
+README_DEMO = re.compile(r"<!-- make demo output -->\n```text\n(.*?)```", re.S)
+
+
+def shape(line: str) -> str:
+    """A console line with what changes between runs abstracted: paths, numbers, the optional parts of a step
+    line (time outside the four phases, reward failures, a skipped update) and run-length wording."""
+    line = re.sub(r"(?<!\S)(/|runs/|configs/)\S*", "PATH", line)
+    line = re.sub(r"\d+(\.\d+)?(e[-+]\d+)?", "N", line)
+    line = re.sub(r" eval/ckpt N| \| reward failures: .*?(?= \||$)| \| skipped: no usable signal", "", line)
+    return re.sub(r" +", " ", line.replace("N min N s", "N s"))
+
+
+def check_readme_output(out: str) -> None:
+    """The README's quick start shows what the demo prints: every line fbrl prints has a line of the same shape
+    there, and every step line there has one of the same shape here."""
+    (sample,) = README_DEMO.findall((ROOT / "README.md").read_text())
+    shown = {shape(line) for line in sample.splitlines() if line.strip() and line.strip() != "..."}
+    printed = [line for line in out.splitlines() if OWN_LINE.match(line)]
+    missing = [line for line in printed if shape(line) not in shown]
+    assert not missing, "README's demo output lacks lines like:\n" + "\n".join(missing)
+    steps_printed = {shape(line) for line in printed if line.startswith("step ")}
+    stale = [s for s in shown if s.startswith("step ") and s not in steps_printed]
+    assert not stale, f"README shows step lines the job no longer prints: {stale}"
 
 
 def metrics_of(run_dir: Path) -> list[dict]:
@@ -60,7 +111,10 @@ def check_train_rows(rows):
 
 def test_two_steps_real_stack_replay(tmp_path):
     run_dir = tmp_path / "replay"
-    out = fbrl_train("configs/tiny.yaml", f"model.path={CKPT}", *SMALL, f"train.run_dir={run_dir}")
+    # progress on (the default): with output to a pipe, not a terminal, the bar must stay off
+    out = fbrl_train("configs/tiny.yaml", f"model.path={CKPT}", *SMALL, f"train.run_dir={run_dir}",
+                     "logging.progress=true")
+    check_console(out, 2)
     trained = check_train_rows(metrics_of(run_dir))
     # Replay recomputes the engine's own computation (vLLM, fp32, same weights): agreement to float rounding
     # (seen: 3e-8). Step 2 runs after a weight sync, so a weight the engine failed to reload shows up here
@@ -68,9 +122,10 @@ def test_two_steps_real_stack_replay(tmp_path):
     assert max(r["logprob_mismatch_abs_mean"] for r in trained) < 1e-5
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
     assert (run_dir / "checkpoints" / "step_000002" / "learner").exists()
-    assert (run_dir / "plots" / "reward_mean.png").exists()
+    assert {p.name for p in (run_dir / "plots").glob("*.png")} >= {"summary.png", "reward.png", "eval_accuracy.png",
+                                                                   "loss.png", "mismatch.png", "step_time.png"}
     assert list(run_dir.glob("wandb/offline-run-*")), "wandb offline run missing"
-    assert "held-out greedy accuracy" in out and "metrics:" in out
+    assert "held-out greedy accuracy (soft, 32 problems): " in out
 
 
 def test_two_steps_real_stack_kpass(tmp_path):
@@ -88,9 +143,11 @@ def test_default_job_learns_to_work_the_steps(tmp_path):
     greedy accuracy. Its checkpoint answers bare in greedy decoding (0.342 on 500 problems) and RL moves it to
     the worked steps: +37 points by step 10 in `make demo` (docs/BENCHMARKS.md); the bar here is +10 on 200."""
     run_dir = tmp_path / "demo"
-    fbrl_train("configs/tiny.yaml", "train.steps=10", "train.eval_every=10", "train.eval_n=200",
-               "train.checkpoint_every=0", "logging.progress=false", "logging.wandb_mode=disabled",
-               f"train.run_dir={run_dir}")
+    out = fbrl_train("configs/tiny.yaml", "train.steps=10", "train.eval_every=10", "train.eval_n=200",
+                     "train.checkpoint_every=0", "logging.progress=false", "logging.wandb_mode=disabled",
+                     f"train.run_dir={run_dir}")
+    check_console(out, 10)
+    check_readme_output(out)
     rows = metrics_of(run_dir)
     evals = {r["step"]: r["eval_accuracy"] for r in rows if "eval_accuracy" in r}
     assert set(evals) == {0, 10}

@@ -93,6 +93,9 @@ def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys):
         assert {"accuracy", "pass_at_k", "mean_length", "truncation_rate"} <= set(m)
         assert 0 <= m["accuracy"]["greedy"] <= 1 and set(m["pass_at_k"]) == {"1", "2"}
     assert len(res["paired"]) == 6  # 3 pairs x (greedy, sampled)
+    # tiny-arith was trained with feedback on the response only (standard, soft): fused is warned about, twice
+    warning = f"warning: {CKPT} was trained for decode modes standard, soft, not fused (--decode-mode)"
+    assert out.count(warning) == 2 and res["meta"]["warning"].startswith(warning)
 
 
 def test_paired_tests_across_checkpoints_and_level_table():

@@ -476,7 +476,7 @@ def test_reward_failing_on_every_row_stops_the_job(tmp_path):
     assert p.wait(900) == 3, output(tmp_path, "first")[-3000:]
     out = output(tmp_path, "first")
     assert "reward 'broken' failed" in out and "steps 1-3" in out and "the reward service is down" in out
-    assert "reward rows failed: 96 errors" in out and "3 run, 0 trained" in out
+    assert "broken: 96 errors" in out and "done: 3 steps in" in out and "(0 trained, 3 skipped" in out
     assert steps_logged(run_dir) == 3
     no_processes_left(mark)
 
@@ -492,5 +492,5 @@ def test_a_run_that_trains_nothing_exits_nonzero(tmp_path):
     p = start_train(args, tmp_path, mark, "first")
     assert p.wait(900) == 3, output(tmp_path, "first")[-3000:]
     out = output(tmp_path, "first")
-    assert "the run trained nothing: all 2 steps were skipped" in out and "2 run, 0 trained, 2 skipped" in out
+    assert "the run trained nothing: all 2 steps were skipped" in out and "(0 trained, 2 skipped" in out
     no_processes_left(mark)

@@ -233,10 +233,11 @@ def test_kv_helper_replay_cache_equals_exact(model, rollouts):
 
 
 def check_report(rep):
-    """JSON keys; errors non-increasing from K=1 to K=3 and replay at or below K=3 (and exact)."""
-    assert {"passes", "replay", "exact", "engine"} <= rep.keys()
+    """JSON keys; errors non-increasing from K=1 to K=3 and replay at or below K=3 (and exact); standard (no
+    feedback) is a row of its own, far from exact on a model whose feedback matters."""
+    assert {"passes", "replay", "standard", "exact", "engine"} <= rep.keys()
     assert [r["k"] for r in rep["passes"]] == [1, 2, 3]
-    for r in rep["passes"] + [rep["replay"]]:
+    for r in rep["passes"] + [rep["replay"], rep["standard"]]:
         assert {"mean_abs_logp_diff", "kl", "top1_agreement", "k_rel_l2", "v_rel_l2",
                 "time_per_token_ms"} <= r.keys()
         assert len(r["k_rel_l2"]) == len(r["v_rel_l2"]) == rep["n_layers"]
@@ -245,6 +246,9 @@ def check_report(rep):
         assert k1[key] >= k2[key] >= k3[key] >= rep["replay"][key] - 1e-7, key
     assert rep["replay"]["mean_abs_logp_diff"] <= TOL and rep["replay"]["top1_agreement"] == 1.0
     assert rep["engine"]["max_abs_logp_diff"] <= TOL
+    assert rep["standard"]["mean_abs_logp_diff"] > 100 * TOL
+    if rep["decode_mode"] == "soft":  # one plain pass: K=1 feeds nothing back in soft mode, exactly like standard
+        assert abs(rep["standard"]["mean_abs_logp_diff"] - k1["mean_abs_logp_diff"]) <= TOL
 
 
 def test_compare_estimators(model, rollouts):
@@ -253,7 +257,9 @@ def test_compare_estimators(model, rollouts):
     mode, batch = rollouts
     rep = compare_estimators(model, batch, mode, max_passes=3, micro_batch_size=3)
     check_report(rep)
-    assert rep["n_tokens"] == int(batch.response_mask.sum()) and "replay" in format_report(rep)
+    table = format_report(rep)
+    assert rep["n_tokens"] == int(batch.response_mask.sum()) and "replay" in table
+    assert any(line.split()[0] == "standard" for line in table.splitlines()[2:])
 
 
 TINY_CKPT = pathlib.Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith"

@@ -164,6 +164,8 @@ def run_copy_task(tmp_path, steps, capsys):
     summary = json.loads((tmp_path / "ckpt" / "training_summary.json").read_text())
     assert (tmp_path / "ckpt" / "model.safetensors").is_file()
     assert (tmp_path / "ckpt" / "tokenizer.json").is_file()
+    # K=1 and K>=2 steps with feedback at every position (feedback_on: all, the default): standard and fused
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["fbt_decode_modes"] == ["standard", "fused"]
     assert not list(tmp_path.glob("ckpt.*"))  # no tmp / old dirs left behind
     return out, summary
 

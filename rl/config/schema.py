@@ -391,7 +391,8 @@ class LoggingConfig:
     wandb_entity: Optional[str] = None
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
     log_every: int = 1
-    progress: bool = True
+    progress: bool = True                 # a progress bar on stderr when it is a terminal
+    verbose: bool = False                 # vLLM / Ray workers / DeepSpeed / wandb / transformers output on the console
 
 
 @dataclass
