@@ -53,9 +53,12 @@ def test_grpo_by_hand():
     s5 = math.sqrt(1.0 / 3.0)
     expected = [0.5 / s5, 1.0, -0.5 / s5, -1.0, -0.5 / s5, 0.0, 0.5 / s5, 0.0]
     close(A.grpo_advantages(R, IDS, eps=0.0), expected)
-    adv = A.grpo_advantages(R, IDS, eps=1e-6)
-    close(adv, [0.5 / (s5 + 1e-6), 1 / (1 + 1e-6), -0.5 / (s5 + 1e-6), -1 / (1 + 1e-6),
-                -0.5 / (s5 + 1e-6), 0.0, 0.5 / (s5 + 1e-6), 0.0])
+    # eps is added to the std (not a floor, not dropped): at eps = 1e-6 the three differ by ~1e-6, inside the
+    # tolerance, so eps = 0.5, where added gives 0.5/(std+0.5), clamped 0.5/max(std, 0.5), absent 0.5/std
+    adv = A.grpo_advantages(R, IDS, eps=0.5)
+    close(adv, [0.5 / (s5 + 0.5), 1 / 1.5, -0.5 / (s5 + 0.5), -1 / 1.5, -0.5 / (s5 + 0.5), 0.0, 0.5 / (s5 + 0.5),
+                0.0])
+    close(A.compute_advantages(R, IDS, "grpo", eps=0.5), adv)  # the loop's entry passes eps through
     mean, std, n, equal = A.group_stats(R, IDS)
     close(std, [s5, 1.0, s5, 1.0, s5, 1.0, s5, 0.0])
     assert equal.tolist() == [False] * 7 + [True]
