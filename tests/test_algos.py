@@ -135,6 +135,10 @@ def test_overlong_penalty_by_hand():
     close(A.overlong_penalty(lengths, 20, 4, factor=0.5), [0, 0, -0.125, -0.25, -0.5, -0.5])
     with pytest.raises(ValueError):
         A.overlong_penalty(lengths, 20, 0)
+    with pytest.raises(ValueError):
+        A.overlong_penalty(lengths, 20, 21)
+    # the whole response as the buffer (buffer == max_length) is allowed: a linear ramp from length 0
+    close(A.overlong_penalty(lengths, 20, 20), [-0.5, -0.8, -0.85, -0.9, -1.0, -1.0])
 
 
 # ---- policy losses ------------------------------------------------------------------------------------------
@@ -185,6 +189,18 @@ def test_ppo_dual_clip_by_hand():
     close(met["pg_clipfrac_dual"], 1 / 3)
     with pytest.raises(ValueError):
         A.PolicyLossConfig(clip_ratio_c=1.0)
+
+
+@pytest.mark.parametrize("kw", [dict(eps_low=-0.1), dict(eps_high=-0.1), dict(eps_low=1.0), dict(kl_coef=-0.1),
+                                dict(clip_ratio_c=0.5), dict(is_mode="clip"), dict(is_level="batch")])
+def test_policy_loss_config_refuses_out_of_range_values(kw):
+    with pytest.raises(ValueError):
+        A.PolicyLossConfig(**kw)
+
+
+def test_policy_loss_config_accepts_the_edges_of_its_ranges():
+    A.PolicyLossConfig(eps_low=0.0, eps_high=0.0)   # no clipping at all is a valid (if odd) choice
+    A.PolicyLossConfig(eps_low=0.999, clip_ratio_c=1.001, kl_coef=0.0)
 
 
 def test_reinforce_by_hand():
