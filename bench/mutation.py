@@ -3,6 +3,7 @@
     python bench/mutation.py                      # every target below, every mutant (~1 h on 2 busy cores)
     python bench/mutation.py --max-per-target 60  # a fixed random sample per target (docs/TESTING.md's run)
     python bench/mutation.py --target algos.losses --list   # the mutants, without running them
+    python bench/mutation.py --only algos.losses:17         # one mutant (after a fix: is it killed now?)
 
 Not part of CI. Each mutant is one AST edit of one target file (an operator swapped, a comparison made strict or
 loose, a number nudged, a boolean or a sign flipped, `and`/`or` exchanged, a `not` dropped); strings (regexes,
@@ -200,22 +201,30 @@ def main(argv=None) -> int:
     ap.add_argument("--max-per-target", type=int, default=0, help="a seeded random sample per target (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout-s", type=float, default=120.0)
+    ap.add_argument("--only", action="append", metavar="TARGET:INDEX",
+                    help="run just these mutants (the index printed by --list / stored in --json)")
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
     ap.add_argument("--json", help="write the per-mutant results here")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)
-    targets = args.target or list(TARGETS)
+    only = {}
+    for spec in args.only or []:
+        t, _, i = spec.rpartition(":")
+        only.setdefault(t, set()).add(int(i))
+    targets = args.target or (list(only) if only else list(TARGETS))
     plan = []
     for t in targets:
         ms = list_mutants(t)
-        if args.max_per_target and len(ms) > args.max_per_target:
+        if t in only:
+            ms = [m for m in ms if m.index in only[t]]
+        elif args.max_per_target and len(ms) > args.max_per_target:
             ms = sorted(random.Random(f"{args.seed}:{t}").sample(ms, args.max_per_target), key=lambda m: m.index)
         plan.append((t, ms))
     if args.list:
         for t, ms in plan:
             for m in ms:
-                print(f"{t}:{m.line}  {m.edit}")
+                print(f"{t}:{m.index}  line {m.line}  {m.edit}")
         return 0
     import pytest  # noqa: F401  (imported once here; every child inherits them)
     import torch  # noqa: F401
@@ -239,7 +248,7 @@ def main(argv=None) -> int:
     print("\nsurvivors:")
     for r in results:
         if r["outcome"] == "survived":
-            print(f"  {TARGETS[r['target']][0]}:{r['line']}  {r['edit']}")
+            print(f"  {TARGETS[r['target']][0]}:{r['line']}  {r['edit']}  (--only {r['target']}:{r['index']})")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
