@@ -409,6 +409,27 @@ def test_tis_and_masking_by_hand():
     close(met["is/masked_frac"], 0.5)
 
 
+def test_mismatch_on_padded_rows_and_extreme_ratios():
+    # row 0 has one real token: padding must add nothing to its sequence log ratio (whatever the fill value)
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    learner = torch.tensor([[-1.0, -5.0], [-1.0, -2.0]], dtype=D)
+    engine = torch.tensor([[-1.5, -1.0], [-1.0, -2.5]], dtype=D)
+    close(A.sequence_log_ratio(learner - engine, mask), [0.5, 0.5])
+    w, _ = A.rollout_correction(learner, engine, mask, "truncate", "sequence", cap=10.0)
+    close(w, [[math.exp(0.5), 0.0], [math.exp(0.5)] * 2])
+    # the ESS stays finite when sequence weights overflow float64 unshifted (log ratio 900 per sequence)
+    big = A.mismatch_metrics(torch.full((2, 30), 30.0, dtype=D) * torch.tensor([[1.0], [0.9]], dtype=D),
+                             torch.zeros(2, 30, dtype=D), torch.ones(2, 30))
+    close(big["mismatch/seq_ess"], 0.5)  # one sequence's weight is e^90 times the other's: ESS/N = 1/2
+
+
+def test_mask_mode_keeps_ratios_on_its_bounds():
+    # ratios exactly 0.5 and 2.0 (the default bounds, inclusive) are kept; just outside, dropped
+    old = torch.log(torch.tensor([[0.5, 2.0, 0.4999, 2.0001]], dtype=D))
+    _, keep = A.rollout_correction(old, torch.zeros(1, 4, dtype=D), torch.ones(1, 4), "mask", "token")
+    assert keep.tolist() == [[True, True, False, False]]
+
+
 # ---- registries, config, imports, docs ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("getter,valid", [
