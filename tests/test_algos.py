@@ -417,6 +417,11 @@ def test_mismatch_on_padded_rows_and_extreme_ratios():
     close(A.sequence_log_ratio(learner - engine, mask), [0.5, 0.5])
     w, _ = A.rollout_correction(learner, engine, mask, "truncate", "sequence", cap=10.0)
     close(w, [[math.exp(0.5), 0.0], [math.exp(0.5)] * 2])
+    # geometric: the mean log ratio over each row's own tokens (row 0: one token, so its ratio itself)
+    close(A.sequence_log_ratio(learner - engine, mask, "geometric"), [0.5, 0.25])
+    # the token metrics average over real tokens only: |0.5|, |0|, |0.5| over 3 tokens
+    met = A.mismatch_metrics(learner, engine, mask)
+    close(met["mismatch/abs_logp_diff"], 1.0 / 3)
     # the ESS stays finite when sequence weights overflow float64 unshifted (log ratio 900 per sequence)
     big = A.mismatch_metrics(torch.full((2, 30), 30.0, dtype=D) * torch.tensor([[1.0], [0.9]], dtype=D),
                              torch.zeros(2, 30, dtype=D), torch.ones(2, 30))
@@ -428,6 +433,9 @@ def test_mask_mode_keeps_ratios_on_its_bounds():
     old = torch.log(torch.tensor([[0.5, 2.0, 0.4999, 2.0001]], dtype=D))
     _, keep = A.rollout_correction(old, torch.zeros(1, 4, dtype=D), torch.ones(1, 4), "mask", "token")
     assert keep.tolist() == [[True, True, False, False]]
+    # the mismatch metric's "outside" is strict too: ratios exactly on its bounds are inside
+    met = A.mismatch_metrics(old, torch.zeros(1, 4, dtype=D), torch.ones(1, 4), bounds=(0.5, 2.0))
+    close(met["mismatch/ratio_outside_frac"], 0.5)
 
 
 # ---- registries, config, imports, docs ----------------------------------------------------------------------
