@@ -75,6 +75,13 @@ def test_extraction_rules():
     assert normalize("12\n345") == "12\n345"                  # nor are two lines
 
 
+@pytest.mark.parametrize("completion", ["The final answer is 1234567890", "\\boxed{1234567890}"])
+def test_answer_length_limit_is_inclusive(completion):
+    # an answer of exactly max_chars characters is kept, one more is refused (on both anchors)
+    assert extract_answer(completion, max_chars=10) == "1234567890"
+    assert extract_answer(completion, max_chars=9) is None
+
+
 def test_gold_normalisation():
     assert gold_text("1,22") == "1.22" and gold_text("0,111") == "0.111"
     assert gold_text("7,425,000") == "7425000" and gold_text("1,000.5") == "1000.5"
