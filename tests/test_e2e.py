@@ -84,11 +84,12 @@ def test_two_steps_real_stack_kpass(tmp_path):
     fbrl_train("configs/tiny_kpass.yaml", f"model.path={CKPT}", *SMALL, f"train.run_dir={run_dir}",
                "logging.wandb_mode=disabled")
     trained = check_train_rows(metrics_of(run_dir))
-    # K=3 reconstructs the first 3 response positions exactly and the rest approximately. Measured on this
-    # test: 1.3e-3 per token at K=3, 4e-2 at K=1 (no reconstruction). Bound 1e-2: 7.7x the K=3 figure, 4x
-    # below K=1, so a run that silently falls back to one pass fails here.
+    # K=3 reconstructs the first 3 response positions exactly and the rest approximately. Measured with this
+    # test's arguments: K=3 9.0e-4 / 1.55e-3 per token at steps 1 / 2, K=1 (likelihood.passes=1, no
+    # reconstruction) 1.9e-2 / 8.7e-3. Bound 4e-3: 2.6x the largest K=3 figure, 2.2x below the smallest K=1
+    # one, so a run that silently falls back to one pass fails on every step.
     print("kpass K=3 mismatch per step:", [r["logprob_mismatch_abs_mean"] for r in trained])
-    assert all(r["logprob_mismatch_abs_mean"] < 1e-2 for r in trained), [r["logprob_mismatch_abs_mean"]
+    assert all(r["logprob_mismatch_abs_mean"] < 4e-3 for r in trained), [r["logprob_mismatch_abs_mean"]
                                                                           for r in trained]
     assert all(r["logprob_mismatch_abs_mean"] > 1e-6 for r in trained)  # not the replay estimator
 
