@@ -90,6 +90,10 @@ def test_every_fraction_form_reads_numerator_over_denominator(text):
     assert literal_value("-" + text) == ("fraction", Fraction(-3, 4))
 
 
+def test_one_character_between_boxes_ends_the_list():
+    assert extract_answer("\\boxed{3}x\\boxed{5}") == "5" and extract_answer("\\boxed{3},\\boxed{5}") == "3, 5"
+
+
 def test_redundant_braces_in_a_box_are_dropped():
     assert extract_answer("\\boxed{{42}}") == "42" and extract_answer("\\boxed{{{7}}}") == "7"
     assert extract_answer("\\boxed{{1}{2}}") == "{1}{2}"  # not one group: kept
