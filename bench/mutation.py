@@ -1,7 +1,7 @@
 """Mutation testing of the pure modules: does the suite notice a small change to the code it claims to pin?
 
-    python bench/mutation.py                      # every target below, every mutant (~1 h on 2 busy cores)
-    python bench/mutation.py --max-per-target 60  # a fixed random sample per target (docs/TESTING.md's run)
+    python bench/mutation.py                      # every target below, all ~470 mutants (hours on 2 busy cores)
+    python bench/mutation.py --max-per-target 16  # a seeded sample per target (docs/TESTING.md's run: ~50 min)
     python bench/mutation.py --target algos.losses --list   # the mutants, without running them
     python bench/mutation.py --only algos.losses:17         # one mutant (after a fix: is it killed now?)
 
