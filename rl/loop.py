@@ -182,6 +182,8 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
 
         metrics = {
             "step": step, "policy_version": version, "skipped": int(skip), "skipped_nonfinite": int(nonfinite),
+            # the oldest version the engines stamped on this step's samples (tests check it against the counter)
+            "rollout_policy_version": min((s.policy_version for s in samples), default=None),
             "prompts_digest": hashlib.sha256("\x00".join(r["prompt"] for r in rows).encode()).hexdigest()[:16],
             "reward_mean": float(reward.mean()) if len(samples) else 0.0,
             "accuracy": None if scored.correct is None else sum(scored.correct) / max(len(scored.correct), 1),

@@ -53,9 +53,12 @@ def test_grpo_by_hand():
     s5 = math.sqrt(1.0 / 3.0)
     expected = [0.5 / s5, 1.0, -0.5 / s5, -1.0, -0.5 / s5, 0.0, 0.5 / s5, 0.0]
     close(A.grpo_advantages(R, IDS, eps=0.0), expected)
-    adv = A.grpo_advantages(R, IDS, eps=1e-6)
-    close(adv, [0.5 / (s5 + 1e-6), 1 / (1 + 1e-6), -0.5 / (s5 + 1e-6), -1 / (1 + 1e-6),
-                -0.5 / (s5 + 1e-6), 0.0, 0.5 / (s5 + 1e-6), 0.0])
+    # eps is added to the std (not a floor, not dropped): at eps = 1e-6 the three differ by ~1e-6, inside the
+    # tolerance, so eps = 0.5, where added gives 0.5/(std+0.5), clamped 0.5/max(std, 0.5), absent 0.5/std
+    adv = A.grpo_advantages(R, IDS, eps=0.5)
+    close(adv, [0.5 / (s5 + 0.5), 1 / 1.5, -0.5 / (s5 + 0.5), -1 / 1.5, -0.5 / (s5 + 0.5), 0.0, 0.5 / (s5 + 0.5),
+                0.0])
+    close(A.compute_advantages(R, IDS, "grpo", eps=0.5), adv)  # the loop's entry passes eps through
     mean, std, n, equal = A.group_stats(R, IDS)
     close(std, [s5, 1.0, s5, 1.0, s5, 1.0, s5, 0.0])
     assert equal.tolist() == [False] * 7 + [True]
@@ -132,6 +135,10 @@ def test_overlong_penalty_by_hand():
     close(A.overlong_penalty(lengths, 20, 4, factor=0.5), [0, 0, -0.125, -0.25, -0.5, -0.5])
     with pytest.raises(ValueError):
         A.overlong_penalty(lengths, 20, 0)
+    with pytest.raises(ValueError):
+        A.overlong_penalty(lengths, 20, 21)
+    # the whole response as the buffer (buffer == max_length) is allowed: a linear ramp from length 0
+    close(A.overlong_penalty(lengths, 20, 20), [-0.5, -0.8, -0.85, -0.9, -1.0, -1.0])
 
 
 # ---- policy losses ------------------------------------------------------------------------------------------
@@ -182,6 +189,18 @@ def test_ppo_dual_clip_by_hand():
     close(met["pg_clipfrac_dual"], 1 / 3)
     with pytest.raises(ValueError):
         A.PolicyLossConfig(clip_ratio_c=1.0)
+
+
+@pytest.mark.parametrize("kw", [dict(eps_low=-0.1), dict(eps_high=-0.1), dict(eps_low=1.0), dict(kl_coef=-0.1),
+                                dict(clip_ratio_c=0.5), dict(is_mode="clip"), dict(is_level="batch")])
+def test_policy_loss_config_refuses_out_of_range_values(kw):
+    with pytest.raises(ValueError):
+        A.PolicyLossConfig(**kw)
+
+
+def test_policy_loss_config_accepts_the_edges_of_its_ranges():
+    A.PolicyLossConfig(eps_low=0.0, eps_high=0.0)   # no clipping at all is a valid (if odd) choice
+    A.PolicyLossConfig(eps_low=0.999, clip_ratio_c=1.001, kl_coef=0.0)
 
 
 def test_reinforce_by_hand():
@@ -388,6 +407,35 @@ def test_tis_and_masking_by_hand():
     loss, met = A.compute_policy_loss(LEARNER, None, adv, ones, cfg, engine_logp=ENGINE)
     close(loss, -(LEARNER[0, 0] + LEARNER[1, 0]) / 4)  # masked tokens weigh 0, denominator unchanged
     close(met["is/masked_frac"], 0.5)
+
+
+def test_mismatch_on_padded_rows_and_extreme_ratios():
+    # row 0 has one real token: padding must add nothing to its sequence log ratio (whatever the fill value)
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    learner = torch.tensor([[-1.0, -5.0], [-1.0, -2.0]], dtype=D)
+    engine = torch.tensor([[-1.5, -1.0], [-1.0, -2.5]], dtype=D)
+    close(A.sequence_log_ratio(learner - engine, mask), [0.5, 0.5])
+    w, _ = A.rollout_correction(learner, engine, mask, "truncate", "sequence", cap=10.0)
+    close(w, [[math.exp(0.5), 0.0], [math.exp(0.5)] * 2])
+    # geometric: the mean log ratio over each row's own tokens (row 0: one token, so its ratio itself)
+    close(A.sequence_log_ratio(learner - engine, mask, "geometric"), [0.5, 0.25])
+    # the token metrics average over real tokens only: |0.5|, |0|, |0.5| over 3 tokens
+    met = A.mismatch_metrics(learner, engine, mask)
+    close(met["mismatch/abs_logp_diff"], 1.0 / 3)
+    # the ESS stays finite when sequence weights overflow float64 unshifted (log ratio 900 per sequence)
+    big = A.mismatch_metrics(torch.full((2, 30), 30.0, dtype=D) * torch.tensor([[1.0], [0.9]], dtype=D),
+                             torch.zeros(2, 30, dtype=D), torch.ones(2, 30))
+    close(big["mismatch/seq_ess"], 0.5)  # one sequence's weight is e^90 times the other's: ESS/N = 1/2
+
+
+def test_mask_mode_keeps_ratios_on_its_bounds():
+    # ratios exactly 0.5 and 2.0 (the default bounds, inclusive) are kept; just outside, dropped
+    old = torch.log(torch.tensor([[0.5, 2.0, 0.4999, 2.0001]], dtype=D))
+    _, keep = A.rollout_correction(old, torch.zeros(1, 4, dtype=D), torch.ones(1, 4), "mask", "token")
+    assert keep.tolist() == [[True, True, False, False]]
+    # the mismatch metric's "outside" is strict too: ratios exactly on its bounds are inside
+    met = A.mismatch_metrics(old, torch.zeros(1, 4, dtype=D), torch.ones(1, 4), bounds=(0.5, 2.0))
+    close(met["mismatch/ratio_outside_frac"], 0.5)
 
 
 # ---- registries, config, imports, docs ----------------------------------------------------------------------

@@ -75,9 +75,18 @@ def test_evaluate_on_a_scripted_engine():
     assert "standard" in table and "soft" in table and "McNemar" in table
 
 
-def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys):
+def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys, monkeypatch):
     assert (CKPT / "model.safetensors").is_file(), "the tiny checkpoint is committed under checkpoints/tiny-arith"
+    import rl.data.loaders as loaders
     from actors.cli import main
+    from rl.data.arith import split_of
+    real_load, loaded = loaders.load_task_split, []
+
+    def recording_load(data, split, *a, **kw):
+        rows = real_load(data, split, *a, **kw)
+        loaded.append((split, rows))
+        return rows
+    monkeypatch.setattr(loaders, "load_task_split", recording_load)
     out_json = tmp_path / "eval.json"
     rc = main(["eval", "--checkpoint", str(CKPT), "--task", "arith", "--split", "test", "--n", "20",
                "--decode-mode", "standard", "soft", "fused", "--samples", "2", "--scorer", "plain",
@@ -96,6 +105,15 @@ def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys):
     # tiny-arith was trained with feedback on the response only (standard, soft): fused is warned about, twice
     warning = f"warning: {CKPT} was trained for decode modes standard, soft, not fused (--decode-mode)"
     assert out.count(warning) == 2 and res["meta"]["warning"].startswith(warning)
+    # the held-out split, not the train one: the rows are the test split's (by the task's hash) ...
+    (split, rows), = loaded
+    assert split == "test" and len(rows) == 20 and {split_of(r["question"]) for r in rows} == {"test"}
+    # ... and the greedy accuracies are this checkpoint's on those 20 problems (measured: fp32 greedy decoding is
+    # deterministic on one torch build; the train split's first 20 give 0.90 / 0.85). The checkpoint never saw
+    # fused prompts, so fused decoding answers nothing.
+    assert res["modes"]["standard"]["accuracy"]["greedy"] == pytest.approx(17 / 20)
+    assert res["modes"]["soft"]["accuracy"]["greedy"] == pytest.approx(16 / 20)
+    assert res["modes"]["fused"]["accuracy"]["greedy"] == 0.0
 
 
 def test_paired_tests_across_checkpoints_and_level_table():

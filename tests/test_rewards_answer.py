@@ -9,6 +9,7 @@
 - the arithmetic task's own checker (rl/data/arith.py) and the strict reward agree on every adversarial case.
 """
 import importlib
+from fractions import Fraction
 import logging
 
 import pytest
@@ -73,6 +74,29 @@ def test_extraction_rules():
     assert normalize("x^2 100") == "x^2 100"                  # a group must start a number, not follow `^2`
     assert normalize("4 4/9") == "4 4/9"                      # a mixed number is not a digit group
     assert normalize("12\n345") == "12\n345"                  # nor are two lines
+
+
+@pytest.mark.parametrize("completion", ["The final answer is 1234567890", "\\boxed{1234567890}"])
+def test_answer_length_limit_is_inclusive(completion):
+    # an answer of exactly max_chars characters is kept, one more is refused (on both anchors)
+    assert extract_answer(completion, max_chars=10) == "1234567890"
+    assert extract_answer(completion, max_chars=9) is None
+
+
+@pytest.mark.parametrize("text", ["\\frac{3}{4}", "\\frac34", "\\frac{3}4", "\\frac3{4}", "\\dfrac{3}{4}", "3/4",
+                                  "3 / 4"])
+def test_every_fraction_form_reads_numerator_over_denominator(text):
+    assert literal_value(text) == ("fraction", Fraction(3, 4))
+    assert literal_value("-" + text) == ("fraction", Fraction(-3, 4))
+
+
+def test_one_character_between_boxes_ends_the_list():
+    assert extract_answer("\\boxed{3}x\\boxed{5}") == "5" and extract_answer("\\boxed{3},\\boxed{5}") == "3, 5"
+
+
+def test_redundant_braces_in_a_box_are_dropped():
+    assert extract_answer("\\boxed{{42}}") == "42" and extract_answer("\\boxed{{{7}}}") == "7"
+    assert extract_answer("\\boxed{{1}{2}}") == "{1}{2}"  # not one group: kept
 
 
 def test_gold_normalisation():
