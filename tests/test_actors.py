@@ -223,7 +223,8 @@ def test_ray_two_rank_zero2_update_equals_one_rank(ray_workers, tmp_path):
     cfg, _, learner, _ = ray_workers
     samples, adv = synthetic_batch()
     m = learner.update(publish([copy.copy(s) for s in samples]), adv)
-    assert m["state_plane/rows"] == len(samples)  # each row fetched once, by the rank that trains on it
+    # each row fetched by the rank that trains on it (+ rank 0's rows for the latent metrics)
+    assert m["state_plane/rows"] == sum(map(len, rows_fetched(samples, cfg)))
     ref = LocalLearner(cfg, "torch")
     ref_m = ref.update(samples, adv)
     state = load_file(learner.export_weights(str(tmp_path / "w.safetensors")))
@@ -253,6 +254,15 @@ def test_ray_fleet_generates_like_local_engines_and_syncs(ray_workers, tmp_path)
     assert rollout.weight_checksums() == learner.weight_checksums()
     with pytest.raises(Exception, match="version"):
         rollout.generate(prompts, params(), min_version=2)
+
+
+def rows_fetched(samples, cfg) -> list[set[int]]:
+    """Rows each of 2 ZeRO-2 ranks fetches: its rows of the update plan, and on rank 0 the first
+    train.latent_metrics_rows rows, which the latent metrics read."""
+    from rl.learner import rows_read
+    latent = set(range(min(cfg.train.latent_metrics_rows, len(samples))))
+    assert latent  # the default config computes latent metrics
+    return [set(rows_read(samples, cfg, 2, 0)) | latent, set(rows_read(samples, cfg, 2, 1))]
 
 
 def plasma_objects() -> int:
@@ -295,10 +305,8 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
     assert not handles & set(asked), "the driver fetched a state object"
     shares = [rows_read(samples, cfg, 2, r) for r in range(2)]
     assert sorted(shares[0] + shares[1]) == list(range(len(samples))) and all(shares)
-    # rank 0 also reads the first train.latent_metrics_rows rows for the latent metrics (ZeRO-2: rank 0 only)
-    latent = set(range(cfg.train.latent_metrics_rows))
-    assert latent and "latent/policy_shift" in m
-    fetched = [set(shares[0]) | latent, set(shares[1])]
+    assert "latent/policy_shift" in m
+    fetched = rows_fetched(samples, cfg)
     rank_bytes = [sum(samples[i].states.nbytes for i in rows) for rows in fetched]
     assert m["state_plane/rows"] == sum(map(len, fetched))  # each rank fetched its rows, nothing else ...
     assert m["state_plane/bytes"] == sum(rank_bytes)

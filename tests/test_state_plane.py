@@ -173,6 +173,13 @@ def test_a_rank_updates_with_only_its_rows_fetched(tiny_rollouts, overrides):
     away[mine[0]].states = sf.StateRef(None, away[mine[0]].response_len, 128, 0)
     with pytest.raises(ValueError, match="StateRef"):
         PolicyUpdater(policy, cfg, 0, ref).update(away, adv, TwoRankBackend(policy, lr=1e-5), rank=1)
+    # one row over two ranks: rank 1 reads nothing, and its stand-in micro-batches (row 0, another rank's, still
+    # a reference) run on zero states (mutation 'stand-in collated with its states' caught here)
+    one = [copy.copy(samples[0])]
+    one[0].states = sf.StateRef(None, one[0].response_len, one[0].states.shape[-1], 0)
+    assert rows_read(one, cfg, 2, 1) == []
+    m = PolicyUpdater(policy, cfg, 0, ref).update(one, adv[:1], TwoRankBackend(policy, lr=1e-5), rank=1)
+    assert m["optimizer_steps"] == cfg.algo.ppo_epochs * 1 and m["grad_norm"] == 0.0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
