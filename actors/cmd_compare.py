@@ -1,10 +1,11 @@
 """`fbrl compare-likelihood`: the likelihood estimators against the exact recurrence on fresh rollouts.
 
-Generates N rollouts with the torch engine (recording the states the engine fed back), then reports, for
+Generates N rollouts with the torch engine (recording, in fp32, the states the engine fed back), then reports, for
 K = 1..M passes, for replay and for standard (no feedback: what a learner blind to the latent channel would
 compute), the log-prob error, KL, top-1 agreement and KV-cache error against the exact recurrence, and time per
-token (rl/likelihood_compare.py). Optional JSON (keys `passes`, `replay`, `standard`, ...) and a plot of error
-against passes with replay and standard as horizontal lines.
+token (rl/likelihood_compare.py). Replay is reported as recorded and after storing the states in each format of
+`--state-formats` (bf16, fp8: what `rollout.record_states_dtype` costs). Optional JSON (keys `passes`, `replay`,
+`replay_formats`, `standard`, ...) and a plot of error against passes with replay and standard as horizontal lines.
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=32, help="response length cap")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward in the comparison")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the sampling")
+    p.add_argument("--state-formats", nargs="*", default=["bf16", "fp8"], choices=("fp32", "bf16", "fp8"),
+                   help="replay also after storing the recorded states in these formats (rl/states.py)")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
     p.add_argument("--plot", dest="plot_out", default=None, metavar="OUT.png", help="error-vs-passes figure")
 
@@ -114,7 +117,8 @@ def run(args) -> int:
         raise SystemExit("compare-likelihood: the engine returned no comparable samples")
     pad = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
     report = compare_samples(model, samples, pad_id=pad, decode_mode=args.decode_mode, max_passes=args.max_passes,
-                             temperature=args.temperature, micro_batch_size=args.micro_batch_size)
+                             temperature=args.temperature, micro_batch_size=args.micro_batch_size,
+                             state_formats_compared=tuple(args.state_formats))
     report.update(checkpoint=str(args.checkpoint), task=args.task,
                   difficulty=args.difficulty or _trained_difficulty(args.checkpoint, args.task))
     print(format_report(report))

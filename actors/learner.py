@@ -43,7 +43,7 @@ from rl.batch import collate
 from rl.decode_modes import record_rl_mode
 from rl.latent_metrics import latent_metrics
 from rl.faults import injected
-from rl.learner import PolicyUpdater
+from rl.learner import PolicyUpdater, rows_read
 from rl.workers import tensor_checksums
 
 log = logging.getLogger(__name__)
@@ -263,10 +263,17 @@ class LearnerRank:
         self.updates = 0  # update() calls on this rank (fault injection counts them)
 
     # -- training ---------------------------------------------------------------------------------------------
-    def update(self, samples, advantages) -> dict:
-        """This rank's share of one rollout batch. Returns the updater's metrics (token-weighted means over this
-        rank's micro-batches), the latent metrics, and `_tokens`, the response tokens this rank trained on (the
-        weight a group uses to merge ranks), from the updater's own plan."""
+    def update(self, samples, advantages, rows=None) -> dict:
+        """This rank's share of one rollout batch. `rows`: the rows whose states this rank reads, as its group
+        assigned them (`rl.learner.rows_read`; computed here when not given); their states, and those of the rows
+        the latent metrics read on this rank, are fetched first when the samples carry references
+        (actors/state_plane.py). Returns the updater's metrics (token-weighted means over this rank's
+        micro-batches), the latent metrics, `_tokens`, the response tokens this rank trained on (the weight a group
+        uses to merge ranks), and what the fetch moved (`state_plane/...`)."""
+        from actors.state_plane import fetch
+        if rows is None:
+            rows = rows_read(samples, self.cfg, self.world_size, self.rank)
+        fetched = fetch(samples, [*rows, *self._latent_rows(samples)])
         latent = self._latent_metrics(samples)  # before the update: the weights that drew the samples
         self.updates += 1
         if self.updates in injected("NONFINITE_UPDATES"):  # fault injection: a NaN loss (docs/RELIABILITY.md)
@@ -274,13 +281,21 @@ class LearnerRank:
         self.engine.train()
         metrics = self.updater.update(samples, advantages, self.backend, self.rank)
         metrics.update(latent)
+        metrics.update(fetched.metrics())
         return metrics
+
+    def _latent_rows(self, samples) -> list[int]:
+        """Rows the latent metrics read on this rank (the first `train.latent_metrics_rows`; none where this rank
+        does not compute them)."""
+        n = self.cfg.train.latent_metrics_rows
+        if n <= 0 or not hasattr(self.policy, "fusion") or (self.rank != 0 and not self.zero3):
+            return []
+        return list(range(min(n, len(samples))))
 
     def _latent_metrics(self, samples) -> dict:
         """`latent/*` metrics (rl/latent_metrics.py), reported by rank 0. Under ZeRO-3 every rank runs the same
         forwards (each module call gathers its parameters collectively) and the fusion weights are gathered."""
-        n = self.cfg.train.latent_metrics_rows
-        if n <= 0 or not hasattr(self.policy, "fusion") or (self.rank != 0 and not self.zero3):
+        if not self._latent_rows(samples):
             return {}
         with self._gathered_all(list(self.policy.fusion.parameters())):
             out = compute_latent_metrics(self.policy, self.cfg, samples)

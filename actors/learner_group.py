@@ -7,7 +7,10 @@ rank 0 reports its node IP and a free port, then all ranks build their `actors.l
 
 `update` puts the WHOLE sample list into the object store once and hands the same reference to every rank; each
 rank takes its rows from the plan `rl.learner` computes on the whole batch, so all ranks make the same number of
-backward/step calls, and gradients are summed over ranks (see actors/learner.py). Weight access (export,
+backward/step calls, and gradients are summed over ranks (see actors/learner.py). The samples carry references to
+their recorded states, not the states (actors/state_plane.py): the group assigns each rank the rows it reads
+(`rl.learner.rows_read`, from row lengths) before anything is fetched, and each rank fetches those rows' states
+only. Weight access (export,
 checksums, checkpoints) is called on every rank because under ZeRO-3 it is collective; rank 0 writes the files.
 
 A rank that dies (its process is gone) takes the group with it: the other ranks are bound to it by collectives.
@@ -19,11 +22,15 @@ from __future__ import annotations
 
 from actors.supervision import actor_class, gather, kill
 from rl.faults import LearnerRebuilt
-from rl.learner import SUMMED_METRICS
+from rl.learner import SUMMED_METRICS, rows_read
 
 # Metrics that are the same on every rank (global after the collective step) and are taken from rank 0; every
 # other metric is a token-weighted mean over this rank's micro-batches and is merged over ranks the same way.
 GLOBAL_METRICS = ("grad_norm", "optimizer_steps", "nonfinite_steps", "replay_approximate")
+# What each rank's state fetch moved (actors/state_plane.py): rows and bytes add up over ranks; the step waits for
+# the slowest fetch; `state_plane/bytes_max_rank` is the most any one rank received.
+PLANE_SUMMED = ("state_plane/rows", "state_plane/bytes")
+PLANE_MAX = ("state_plane/fetch_s",)
 
 
 def merge_rank_metrics(per_rank: list[dict]) -> dict[str, float]:
@@ -33,14 +40,20 @@ def merge_rank_metrics(per_rank: list[dict]) -> dict[str, float]:
     out = {k: v for k, v in per_rank[0].items() if k in GLOBAL_METRICS}
     keys = {k for m in per_rank for k in m if k not in GLOBAL_METRICS and k != "_tokens"}
     for k in sorted(keys):
-        if k in SUMMED_METRICS:  # each rank's loss is its share of the global loss
-            out[k] = sum(m[k] for m in per_rank if k in m)
+        values = [m[k] for m in per_rank if k in m]
+        if k in SUMMED_METRICS or k in PLANE_SUMMED:  # each rank's loss is its share of the global loss
+            out[k] = sum(values)
+            continue
+        if k in PLANE_MAX:
+            out[k] = max(values)
             continue
         pairs = [(m[k], w) for m, w in zip(per_rank, weights) if k in m and w > 0]
         if pairs:
             total = sum(w for _, w in pairs)
             out[k] = sum(v * w for v, w in pairs) / total
     out["tokens"] = sum(weights)
+    if any("state_plane/bytes" in m for m in per_rank):
+        out["state_plane/bytes_max_rank"] = max(m.get("state_plane/bytes", 0.0) for m in per_rank)
     return out
 
 
@@ -109,9 +122,15 @@ class LearnerGroup:
 
     def update(self, samples, advantages) -> dict[str, float]:
         import ray
-        # One copy in the object store; Ray resolves the references to values in each rank.
-        samples_ref, adv_ref = ray.put(list(samples)), ray.put([float(a) for a in advantages])
-        return merge_rank_metrics(self._all("update", samples_ref, adv_ref))
+        samples = list(samples)
+        world = len(self.actors)
+        rows = [rows_read(samples, self.cfg, world, r) for r in range(world)]  # before anything is fetched
+        # One copy of the (state-free) samples in the object store; Ray resolves these top-level references to
+        # values in each rank, but not the state references nested in the samples: each rank fetches its rows.
+        samples_ref, adv_ref = ray.put(samples), ray.put([float(a) for a in advantages])
+        return merge_rank_metrics(gather(lambda r: self.actors[r].call.remote("update", samples_ref, adv_ref, rows[r]),
+                                         world, lambda r, error: self._rebuild(r, "update", error),
+                                         self.PEER_ERROR_GRACE_S))
 
     def export_weights(self, path: str) -> str:
         return self._all("export_weights", path)[0]

@@ -5,7 +5,8 @@ pure-torch reference engine (`rollout.torch_engine.TorchEngine`, `rollout.engine
 engine in the process it lives in; `RolloutActor` is the same class as a Ray actor (vLLM in-process inside it:
 `VLLM_ENABLE_V1_MULTIPROCESSING=0`, the "uni" executor, so the engine starts in seconds and tensors stay in one
 process). `RolloutFleet` splits a request's prompts into contiguous chunks, one per engine, and concatenates the
-samples back in prompt order; recorded states come back as tensors inside the `Sample`s through Ray's object store.
+samples back in prompt order. Recorded states do not come back with them: the actor puts them into Ray's object store
+itself and the samples carry references (actors/state_plane.py), which the learner ranks resolve, each for its rows.
 
 Seeds: a chunk starting at prompt `c` runs with `seed + c * n`. vLLM seeds sample j of a request with `seed + j`,
 so every sample gets the seed it would get from one engine serving the whole request (the fleet's output does not
@@ -215,7 +216,22 @@ class RolloutFleet:
         self.actors = []
 
 
+class RolloutActor(EngineHost):
+    """`EngineHost` as a Ray actor: the samples it returns carry references to their states, which it put into the
+    object store itself (actors/state_plane.py), so states never pass through the driver."""
+
+    def generate(self, prompts: list[list[int]], params, min_version: int | None = None) -> list[Sample]:
+        from actors.state_plane import publish
+        return publish(super().generate(prompts, params, min_version))
+
+    def referenced_objects(self) -> int:
+        """Entries in this process's Ray reference table. As the owner of the state objects it put, it keeps an
+        entry for each while any sample, in any process, still refers to it: a leak check (tests/test_actors.py)."""
+        import ray
+        return len(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
+
+
 def rollout_actor_class():
-    """`EngineHost` as a Ray actor class (created lazily so importing this module does not need Ray); its process
+    """`RolloutActor` as a Ray actor class (created lazily so importing this module does not need Ray); its process
     exits with its node's raylet (actors/supervision.py)."""
-    return actor_class(EngineHost)
+    return actor_class(RolloutActor)

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rl import states as state_formats
 from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 from rl.model import PROMPT_MODES
+from rl.states import STATE_DTYPES, StateRef
 
 FINISH_REASONS = ("stop", "length", "aborted")
-STATE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass
@@ -25,7 +26,9 @@ class Sample:
     logprobs: list[float]  # engine log-probs under the log-prob contract (rl/logprob_contract.py)
     finish_reason: str  # stop | length | aborted
     policy_version: int
-    states: torch.Tensor | None = None  # [R, d]; row j is the state that predicted response_ids[j]
+    # [R, d] in a storage format of rl/states.py (row j is the state that predicted response_ids[j]), or a
+    # StateRef to them when they travel apart from the sample (actors/state_plane.py), or None
+    states: torch.Tensor | StateRef | None = None
     group_id: int = 0  # index of the prompt in the request (GRPO groups)
     sample_index: int = 0  # index within the group
     decode_mode: str = "soft"
@@ -79,8 +82,11 @@ class LearnerBatch:
                             pick(self.states), {k: v[rows] for k, v in self.extras.items()})
 
 
-def collate(samples: list[Sample], pad_id: int = 0, with_states: bool = False) -> LearnerBatch:
-    """Right-pad samples into a LearnerBatch (states cast to fp32 for the learner)."""
+def collate(samples: list[Sample], pad_id: int = 0, with_states: bool = False,
+            state_rows=None) -> LearnerBatch:
+    """Right-pad samples into a LearnerBatch (states decoded to fp32 for the learner). `state_rows`: only these
+    rows' states are read (they must be tensors; the other rows may still hold a `StateRef`) and the other rows'
+    stay zero: a learner rank's stand-in row for an empty micro-batch is another rank's, never fetched."""
     if not samples:
         raise ValueError("collate: no samples")
     B = len(samples)
@@ -91,28 +97,44 @@ def collate(samples: list[Sample], pad_id: int = 0, with_states: bool = False) -
     response_mask = torch.zeros(B, R)
     engine_logprobs = torch.zeros(B, R)
     states = None
+    read = set(range(B)) if state_rows is None else set(state_rows)
     if with_states:
-        missing = [i for i, s in enumerate(samples) if s.states is None]
+        missing = [i for i in sorted(read) if samples[i].states is None]
         if missing:
             raise ValueError(f"collate: samples {missing[:5]} have no recorded states (rollout.record_states "
                              f"must be on for the replay estimator)")
-        d = samples[0].states.shape[-1]
-        states = torch.zeros(B, R, d)
+        remote = [i for i in sorted(read) if isinstance(samples[i].states, StateRef)]
+        if remote:
+            raise ValueError(f"collate: samples {remote[:5]} hold a StateRef, not their states: the learner must "
+                             f"fetch the rows it reads first (actors/state_plane.py)")
+        states = torch.zeros(B, R, _state_width(samples, read))
     for b, s in enumerate(samples):
         seq = s.prompt_ids + s.response_ids
         input_ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.long)
         attention_mask[b, :len(seq)] = 1
         response_mask[b, :s.response_len] = 1
         engine_logprobs[b, :s.response_len] = torch.tensor(s.logprobs, dtype=torch.float32)
-        if states is not None:
+        if states is not None and b in read:
             if s.states.shape[0] != s.response_len:
                 raise ValueError(f"collate: sample {b} has {s.states.shape[0]} state rows for "
                                  f"{s.response_len} response tokens")
-            states[b, :s.response_len] = s.states.float()
+            states[b, :s.response_len] = state_formats.decode(s.states)
     return LearnerBatch(input_ids, attention_mask,
                         torch.tensor([s.prompt_len for s in samples]),
                         torch.tensor([s.response_len for s in samples]),
                         response_mask, engine_logprobs, states)
+
+
+def _state_width(samples: list[Sample], read: set[int]) -> int:
+    """d of the batch's states: from a row it reads, else from any row's StateRef (a rank with no rows of its own
+    still collates a stand-in row of the right width)."""
+    for i in sorted(read) or range(len(samples)):
+        st = samples[i].states
+        if isinstance(st, StateRef):
+            return st.width
+        if st is not None:
+            return state_formats.width(st)
+    raise ValueError("collate: with_states, but no sample has recorded states")
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,24 @@ def _cut(rows: list[int], lengths: list[int], resp: list[int], max_rows: int | N
     return out
 
 
+def plan_for(samples: list[Sample], cfg, world_size: int) -> UpdatePlan:
+    """The update plan of a batch under `cfg` (a function of row lengths and config only: the learner group
+    computes the same plan before anything is fetched, see `rows_read`)."""
+    lcfg = cfg.learner
+    return plan_update([s.prompt_len + s.response_len for s in samples], cfg.algo.mini_batches, world_size,
+                       lcfg.micro_batch_size, lcfg.max_tokens_per_micro_batch, [s.response_len for s in samples],
+                       lcfg.max_response_tokens_per_micro_batch)
+
+
+def rows_read(samples: list[Sample], cfg, world_size: int, rank: int) -> list[int]:
+    """Rows whose recorded states rank `rank` reads in `PolicyUpdater.update`: its rows of every mini-batch (the
+    policy's, behaviour and reference log-probs are all computed on a rank's own micro-batches; an empty
+    micro-batch's stand-in row is collated with zero states). A function of row lengths and config only, so a
+    learner group assigns rows to ranks before any state is fetched (actors/state_plane.py)."""
+    plan = plan_for(samples, cfg, world_size)
+    return sorted(r for m in range(len(plan.minibatches)) for r in plan.rank_rows(m, rank))
+
+
 def policy_loss_config(algo_cfg, max_tokens: int) -> algos.PolicyLossConfig:
     one_update = algo_cfg.ppo_epochs == 1 and algo_cfg.mini_batches == 1
     return algos.PolicyLossConfig(
@@ -159,17 +177,17 @@ class PolicyUpdater:
         return (estimator or self.estimator)(model, batch, r.decode_mode, **{**kw, **overrides})
 
     def _collate(self, samples: list[Sample], rows: list[int], advantages: torch.Tensor) -> LearnerBatch:
-        micro = collate([samples[i] for i in rows], self.pad_id, with_states=self.replay)
-        micro.extras["advantages"] = advantages[rows]
+        """A micro-batch of `rows`; an empty one (a rank short of rows) is row 0 as a stand-in, with zero states:
+        its loss is multiplied by 0, and row 0's states may be another rank's, never fetched here."""
+        micro = collate([samples[i] for i in rows or [0]], self.pad_id, with_states=self.replay,
+                        state_rows=None if rows else [])
+        micro.extras["advantages"] = advantages[rows or [0]]
         return micro
 
     def update(self, samples: list[Sample], advantages: list[float], backend: Backend,
                rank: int = 0) -> dict[str, float]:
         """`samples` / `advantages` are the whole batch (every rank gets the same list and takes its rows)."""
-        lcfg = self.cfg.learner
-        plan = plan_update([s.prompt_len + s.response_len for s in samples], self.cfg.algo.mini_batches,
-                           backend.world_size, lcfg.micro_batch_size, lcfg.max_tokens_per_micro_batch,
-                           [s.response_len for s in samples], lcfg.max_response_tokens_per_micro_batch)
+        plan = plan_for(samples, self.cfg, backend.world_size)
         adv = torch.tensor(advantages, dtype=torch.float32)
         R = max(max(s.response_len for s in samples), 1)
         extra_metrics: dict[str, float] = {}
@@ -188,7 +206,7 @@ class PolicyUpdater:
                 tokens = sum(samples[i].response_len for i in mini)
                 seqs = sum(samples[i].response_len > 0 for i in mini)
                 for rows in plan.rank_micro_batches(m, rank):
-                    micro = self._collate(samples, rows or [0], adv)
+                    micro = self._collate(samples, rows, adv)
                     for key, full in (("old_logp", old_logp), ("ref_logp", ref_logp)):
                         if full is not None:
                             micro.extras[key] = full[rows or [0], :micro.response_mask.shape[1]]
@@ -222,7 +240,7 @@ class PolicyUpdater:
             for rows in plan.rank_micro_batches(m, rank):
                 if not rows and not collective:
                     continue
-                lp = self._logprobs(model, self._collate(samples, rows or [0], adv), estimator).logprobs.cpu()
+                lp = self._logprobs(model, self._collate(samples, rows, adv), estimator).logprobs.cpu()
                 if out is None:  # the estimators' dtype: fp32, or fp64 for fp64 models
                     out = torch.zeros(len(samples), R, dtype=lp.dtype)
                 if rows:

@@ -13,18 +13,26 @@ tokens:
 - `time_per_token_ms`: wall time of the estimator (forward, no grad) per response token;
 - `abs_logp_diff_by_position`: mean |Δ log p| at each response index j (where along a chain the error sits).
 
+`replay` replays the states as recorded; `replay_formats` replays them after a round trip through each storage
+format of rl/states.py (bf16, fp8 with a per-row scale): the estimator error that storing states in that format
+costs (`rollout.record_states_dtype`).
+
 Everything is computed per micro-batch of rows and pooled, so memory stays bounded by the micro-batch.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
 
+from rl import states as state_formats
 from rl.batch import LearnerBatch, Sample, collate
 from rl.likelihood import (get_estimator, last_pass_inputs, micro_batches, response_hidden, response_log_dists,
                            run_pass)
 
+# storage formats whose replay error is reported besides the states as recorded (rl/states.py; config names)
+STORED_FORMATS = ("bf16", "fp8")
 METRICS = ("mean_abs_logp_diff", "max_abs_logp_diff", "kl", "top1_agreement", "k_rel_l2_mean", "v_rel_l2_mean",
            "time_per_token_ms")
 
@@ -87,17 +95,23 @@ def _kv_mask(batch: LearnerBatch) -> torch.Tensor:
 
 @torch.no_grad()
 def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", max_passes: int = 6,
-                       temperature: float = 1.0, micro_batch_size: int | None = 8) -> dict:
+                       temperature: float = 1.0, micro_batch_size: int | None = 8,
+                       state_formats_compared=STORED_FORMATS) -> dict:
     """Every estimator against `exact` on one batch (needs `batch.states` for replay). Returns the report dict:
-    `passes` (one record per K = 1..max_passes, each with `k`), `replay`, `standard`, `exact` (its time per token)
-    and `engine` (the engine's own log-probs against exact)."""
+    `passes` (one record per K = 1..max_passes, each with `k`), `replay`, `replay_formats` (replay after storing
+    the states in each of `state_formats_compared`, config names), `standard`, `exact` (its time per token) and
+    `engine` (the engine's own log-probs against exact)."""
     if max_passes < 1:
         raise ValueError(f"max_passes must be >= 1, got {max_passes}")
+    unknown = [f for f in state_formats_compared if f not in state_formats.CONFIG_NAMES]
+    if unknown:
+        raise ValueError(f"state formats {unknown}: expected some of {sorted(state_formats.CONFIG_NAMES)}")
     model.eval()
     n_layers = model.config.num_hidden_layers
     pools = {k: _Pool(n_layers) for k in range(1, max_passes + 1)}
     pools["replay"] = _Pool(n_layers)
     pools["standard"] = _Pool(n_layers)
+    pools.update({f"replay_{f}": _Pool(n_layers) for f in state_formats_compared})
     exact_seconds, engine_abs, engine_max = 0.0, 0.0, 0.0
     ref_k, ref_v = [0.0] * n_layers, [0.0] * n_layers
     dev = next(model.parameters()).device
@@ -120,14 +134,14 @@ def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", ma
             ref_k[i] += float(((k0 * m) ** 2).sum())
             ref_v[i] += float(((v0 * m) ** 2).sum())
 
-        def score(key, name, passes, prev):
-            carried, fmask = last_pass_inputs(model, mb, decode_mode, name, passes, prev_hidden=prev)
-            h, kv = run_pass(model, mb, carried, fmask, with_kv=True)
-            logp = response_log_dists(model, h, mb, temperature)
+        def score(key, name, passes, prev, b=mb):
+            carried, fmask = last_pass_inputs(model, b, decode_mode, name, passes, prev_hidden=prev)
+            h, kv = run_pass(model, b, carried, fmask, with_kv=True)
+            logp = response_log_dists(model, h, b, temperature)
             pools[key].add(torch.gather(logp, -1, tok)[..., 0] * mask, lp_ex, logp, logp_ex, mask, kv, kv_ex,
                            kv_mask)
             # timing through the public estimator, as the learner calls it
-            pools[key].seconds += _timed(lambda: get_estimator(name)(model, mb, decode_mode, passes, temperature))[1]
+            pools[key].seconds += _timed(lambda: get_estimator(name)(model, b, decode_mode, passes, temperature))[1]
             return h
 
         prev = None
@@ -135,6 +149,9 @@ def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", ma
             prev = score(k, "kpass", k, prev)  # kpass K's final states feed kpass K+1's final pass
         score("replay", "replay", 1, None)
         score("standard", "standard", 1, None)
+        for f in state_formats_compared:
+            stored = state_formats.encode(mb.states, state_formats.CONFIG_NAMES[f])
+            score(f"replay_{f}", "replay", 1, None, dataclasses.replace(mb, states=state_formats.decode(stored)))
     n_tok = float(batch.response_mask.sum())
     return {
         "decode_mode": decode_mode, "temperature": temperature, "n_samples": len(batch), "n_tokens": int(n_tok),
@@ -144,6 +161,7 @@ def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", ma
         "passes": [{"k": k, **pools[k].record(ref_k, ref_v)} for k in range(1, max_passes + 1)],
         "replay": pools["replay"].record(ref_k, ref_v),
         "standard": pools["standard"].record(ref_k, ref_v),
+        "replay_formats": {f: pools[f"replay_{f}"].record(ref_k, ref_v) for f in state_formats_compared},
     }
 
 
@@ -153,20 +171,21 @@ def compare_samples(model, samples: list[Sample], pad_id: int = 0, **kwargs) -> 
 
 
 def format_report(report: dict) -> str:
-    """A plain-text table: one line per K, then replay, standard and exact."""
-    head = f"{'estimator':>10} {'|dlogp|':>10} {'KL':>10} {'top1':>7} {'K relL2':>9} {'V relL2':>9} {'ms/tok':>8}"
+    """A plain-text table: one line per K, then replay (as recorded and per storage format), standard and exact."""
+    head = f"{'estimator':>11} {'|dlogp|':>10} {'KL':>10} {'top1':>7} {'K relL2':>9} {'V relL2':>9} {'ms/tok':>8}"
     rows = [f"compare-likelihood: {report['n_samples']} samples, {report['n_tokens']} response tokens, "
             f"decode_mode={report['decode_mode']}, T={report['temperature']}", head]
 
     def line(name, r):
-        return (f"{name:>10} {r['mean_abs_logp_diff']:10.3e} {r['kl']:10.3e} {r['top1_agreement']:7.2%} "
+        return (f"{name:>11} {r['mean_abs_logp_diff']:10.3e} {r['kl']:10.3e} {r['top1_agreement']:7.2%} "
                 f"{r['k_rel_l2_mean']:9.3%} {r['v_rel_l2_mean']:9.3%} {r['time_per_token_ms']:8.3f}")
 
     rows += [line(f"K={r['k']}", r) for r in report["passes"]]
     rows.append(line("replay", report["replay"]))
+    rows += [line(f"replay {f}", r) for f, r in report.get("replay_formats", {}).items()]
     if "standard" in report:  # reports written before the row existed lack it
         rows.append(line("standard", report["standard"]))
-    rows.append(f"{'exact':>10} {'':>10} {'':>10} {'':>7} {'':>9} {'':>9} {report['exact']['time_per_token_ms']:8.3f}")
+    rows.append(f"{'exact':>11} {'':>10} {'':>10} {'':>7} {'':>9} {'':>9} {report['exact']['time_per_token_ms']:8.3f}")
     rows.append(f"engine log-probs vs exact: mean |dlogp| {report['engine']['mean_abs_logp_diff']:.3e}, "
                 f"max {report['engine']['max_abs_logp_diff']:.3e}")
     return "\n".join(rows)

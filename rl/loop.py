@@ -28,6 +28,7 @@ from rl.data.prompts import PromptFitter, prompt_token_limit
 from rl.decode_modes import rl_modes
 from rl.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, is_nonfinite
 from rl.run import RunDir
+from rl.states import params_states_dtype
 from rl.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
 
 
@@ -38,7 +39,7 @@ def sampling_params(cfg: Config, eos_id: int, greedy: bool = False, decode_mode:
         top_p=1.0 if greedy else r.top_p, top_k=0 if greedy or r.top_k < 0 else r.top_k, max_tokens=r.max_tokens,
         stop_token_ids=(eos_id,), seed=seed, decode_mode=decode_mode or r.decode_mode,
         record_states=not greedy and cfg.likelihood.estimator == "replay",
-        states_dtype="bfloat16" if r.record_states_dtype == "bf16" else "float32")
+        states_dtype=params_states_dtype(r.record_states_dtype, engines_on_gpu=r.num_gpus_per_engine > 0))
 
 
 def evaluate(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorkers, version: int,

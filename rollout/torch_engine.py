@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from rl import states as state_formats
 from rl.batch import Sample
 from rl.model import rms_normalize, rms_value
 from rollout.base import RolloutEngine, SamplingParams, validate_prompts
@@ -337,7 +338,7 @@ class TorchEngine(RolloutEngine):
             samples.append(Sample(
                 prompt_ids=list(prompts[i]), response_ids=tokens[b][:R], logprobs=logprobs[b][:R],
                 finish_reason="stop" if stopped[b] else "length", policy_version=self.version,
-                states=states[b, :R].clone() if states is not None else None,
+                states=None if states is None else state_formats.encode(states[b, :R], params.states_dtype).clone(),
                 group_id=i, sample_index=k, decode_mode=params.decode_mode))
         return samples
 
@@ -415,7 +416,7 @@ class TorchEngine(RolloutEngine):
 
         out_tok = torch.zeros(B, T, dtype=torch.long, device=dev)
         out_lp = torch.zeros(B, T, dtype=torch.float32, device=dev)
-        sdtype = torch.bfloat16 if params.states_dtype == "bfloat16" else torch.float32
+        sdtype = torch.bfloat16 if params.states_dtype == "bfloat16" else torch.float32  # fp8: encoded per sample
         out_states = torch.zeros(B, T, h_prev.shape[-1], dtype=sdtype, device=dev) if params.record_states else None
         lengths = torch.full((B,), T, dtype=torch.long, device=dev)
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)

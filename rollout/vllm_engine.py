@@ -1,8 +1,9 @@
 """`VLLMEngine`: the rollout engine on vLLM, decoding FBT checkpoints with latent feedback (shared/DESIGN.md §8).
 
 Token ids in, `rl.batch.Sample`s out, like every `RolloutEngine`. The model side is `rollout.vllm_plugin` (per-request
-`h_prev` slot, soft / fused / standard per request), the worker side `rollout.vllm_worker_ext` (weights in and
-recorded states out through files, never bulk tensors through RPC).
+`h_prev` slot, soft / fused / standard per request), the worker side `rollout.vllm_worker_ext` (weights in through
+files; recorded states out as the tensor when the worker shares this process, else through a scratch file that is
+deleted as soon as it is read; never bulk tensors through RPC between processes).
 
 - Decode mode: per request. Every sample carries `SamplingParams.decode_mode` to the model in vLLM's
   `extra_args`; the constructor's `decode_mode` is only the engine-wide default written into the model config
@@ -171,6 +172,8 @@ class VLLMEngine(RolloutEngine):
             torch.set_num_threads = set_num_threads
         self.info = self._rpc("fbt_attach")
         self.hidden_size = self.info["hidden_size"]
+        # The in-process executor runs the worker here: its RPC results are our own objects, states need no file.
+        self.inline_states = self.info.get("pid") == os.getpid()
         if version:
             self._rpc("fbt_set_version", int(version))
         if num_gpu_blocks_override is None:
@@ -294,17 +297,22 @@ class VLLMEngine(RolloutEngine):
                     max_tokens=params.max_tokens, stop_token_ids=stop, ignore_eos=True,
                     seed=seed, logprobs=0, detokenize=False,
                     extra_args={"fbt": {"key": key, "mode": params.decode_mode, "record": params.record_states}}))
-        path = os.path.join(_scratch_dir(), f"fbrl_states_{os.getpid()}_{self._uid}_{call}.safetensors")
+        path = None
+        if params.record_states and not self.inline_states:
+            path = os.path.join(_scratch_dir(), f"fbrl_states_{os.getpid()}_{self._uid}_{call}.safetensors")
         try:
             outs = self.llm.generate(reqs, sps, use_tqdm=False)
-            popped = self._rpc("fbt_pop", keys, path if params.record_states else None, params.states_dtype)
+            inline = params.record_states and self.inline_states
+            popped = self._rpc("fbt_pop", keys, path, params.states_dtype, inline)
         except BaseException:
             self._rpc("fbt_clear")
             raise
-        states = None
+        states = popped.get("states")
         if popped["path"]:
-            states = load_file(popped["path"])["states"]
-            os.remove(popped["path"])
+            try:
+                states = load_file(popped["path"])["states"]
+            finally:
+                os.remove(popped["path"])  # read once: scratch files never outlive the call that wrote them
         preempted = set(popped["preempted"])
         return [self._sample(out, key, gi, si, params, prompts[gi], states, popped["index"], key in preempted)
                 for out, key, (gi, si) in zip(outs, keys, where)]

@@ -3,8 +3,9 @@
 vLLM mixes this class into its worker, so each method below is callable through `llm.collective_rpc(name, ...)`
 on every worker. RPC results travel through vLLM's serializer, which turns tensors into lists when workers are
 separate processes; so bulk data never goes through RPC here: weights come in as a path (a safetensors file or a
-save_pretrained directory, ideally under /dev/shm) and recorded states go out as a safetensors file whose path
-and index are returned.
+save_pretrained directory, ideally under /dev/shm) and recorded states go out either as the tensor itself, when
+the worker lives in the caller's process (the in-process "uni" executor: nothing is serialized, `fbt_attach` reports
+the worker's pid so the caller can tell), or else as a safetensors file whose path and index are returned.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import os
 import torch
 from safetensors.torch import load_file, save_file
 
-STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from rl import states as state_formats
 
 
 class _RotaryReloadNoise(logging.Filter):
@@ -69,7 +70,7 @@ class FBTWorkerExtension:
         return {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "version": model.fbt_version,
                 "fusion_mode": cfg.fbt_fusion_mode, "prefill_passes": model.fbt_passes,
                 "model_class": type(model).__name__,
-                "model_runner": f"{type(runner).__module__}.{type(runner).__name__}"}
+                "model_runner": f"{type(runner).__module__}.{type(runner).__name__}", "pid": os.getpid()}
 
     def fbt_load_weights(self, path: str, version: int) -> int:
         """Load checkpoint-format tensors (HF names) from a file or directory in place, tag them `version`.
@@ -106,12 +107,14 @@ class FBTWorkerExtension:
         model.fbt_version = int(version)
         return model.fbt_version
 
-    def fbt_pop(self, keys: list[str], path: str | None, states_dtype: str = "float32") -> dict:
+    def fbt_pop(self, keys: list[str], path: str | None, states_dtype: str = "float32", inline: bool = False) -> dict:
         """Hand over what the model recorded for these sample keys and forget it.
 
-        Returns {"preempted": [keys], "index": {key: [row_offset, num_rows]}, "path": path or None}; the
-        states themselves are written to `path` (safetensors, tensor "states" [sum rows, d]).
-        Only rank 0 writes the file (all tensor-parallel ranks hold the same replicated states).
+        Returns {"preempted": [keys], "index": {key: [row_offset, num_rows]}, "path": path or None, "states":
+        tensor or None}: the states [sum rows, d] in storage format `states_dtype` (rl/states.py) are returned
+        as `states` when `inline` (only when the caller shares this process: RPC would turn them into lists),
+        else written to `path` (safetensors, tensor "states"). Only rank 0 hands them over (all tensor-parallel
+        ranks hold the same replicated states).
         """
         model = self._fbt_model()
         states, preempted = model.fbt_records.pop(list(keys))
@@ -122,14 +125,15 @@ class FBTWorkerExtension:
                 index[k] = [offset, n]
                 chunks.append(states[k])
                 offset += n
-        wrote = None
-        if path is not None and chunks and self.rank == 0:
-            out = torch.cat(chunks).to(STATE_DTYPES[states_dtype]).contiguous()
-            tmp = f"{path}.tmp{os.getpid()}"
-            save_file({"states": out}, tmp)
-            os.replace(tmp, path)  # the reader never sees a half-written file
-            wrote = path
-        return {"preempted": sorted(preempted), "index": index, "path": wrote}
+        wrote, out = None, None
+        if (path is not None or inline) and chunks and self.rank == 0:
+            out = state_formats.encode(torch.cat(chunks), states_dtype).contiguous()
+            if not inline:
+                tmp = f"{path}.tmp{os.getpid()}"
+                save_file({"states": out}, tmp)
+                os.replace(tmp, path)  # the reader never sees a half-written file
+                wrote, out = path, None
+        return {"preempted": sorted(preempted), "index": index, "path": wrote, "states": out}
 
     def fbt_clear(self) -> None:
         """Drop every record and flag (after an aborted generate)."""

@@ -215,10 +215,16 @@ def ray_workers(tiny_ckpt):
 
 def test_ray_two_rank_zero2_update_equals_one_rank(ray_workers, tmp_path):
     """The key semantic: 2 ranks x their rows, gradients summed over ranks == 1 rank on the whole batch. 9 rows
-    over 2 ranks with micro-batch 3 gives rank 0 five rows and rank 1 four (2 backward calls each)."""
+    over 2 ranks with micro-batch 3 gives rank 0 five rows and rank 1 four (2 backward calls each). The states go
+    to the ranks as references (put here, as an engine actor would), each rank fetching its own rows."""
+    import copy
+
+    from actors.state_plane import publish
     cfg, _, learner, _ = ray_workers
     samples, adv = synthetic_batch()
-    m = learner.update(samples, adv)
+    m = learner.update(publish([copy.copy(s) for s in samples]), adv)
+    # each row fetched by the rank that trains on it (+ rank 0's rows for the latent metrics)
+    assert m["state_plane/rows"] == sum(map(len, rows_fetched(samples, cfg)))
     ref = LocalLearner(cfg, "torch")
     ref_m = ref.update(samples, adv)
     state = load_file(learner.export_weights(str(tmp_path / "w.safetensors")))
@@ -236,14 +242,95 @@ def test_ray_fleet_generates_like_local_engines_and_syncs(ray_workers, tmp_path)
     want = LocalRollout(cfg).generate(prompts, params(), min_version=0)
     assert [(s.group_id, s.sample_index, s.response_ids) for s in got] == \
         [(s.group_id, s.sample_index, s.response_ids) for s in want]
+    import ray
+
+    from actors.state_plane import from_carrier
     for a, b in zip(got, want):  # the actor runs torch with 1 thread, this process with more: fp32 rounding
-        assert torch.allclose(a.states, b.states, atol=1e-5) and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        states = from_carrier(ray.get(a.states.handle))  # the fleet returns references (actors/state_plane.py)
+        assert torch.allclose(states, b.states, atol=1e-5) and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     learner.update(got, [1.0, -1.0] * 4)
     path = learner.export_weights(str(tmp_path / "policy.safetensors"))
     assert rollout.load_weights(path, 1) == [1, 1]
     assert rollout.weight_checksums() == learner.weight_checksums()
     with pytest.raises(Exception, match="version"):
         rollout.generate(prompts, params(), min_version=2)
+
+
+def rows_fetched(samples, cfg) -> list[set[int]]:
+    """Rows each of 2 ZeRO-2 ranks fetches: its rows of the update plan, and on rank 0 the first
+    train.latent_metrics_rows rows, which the latent metrics read."""
+    from rl.learner import rows_read
+    latent = set(range(min(cfg.train.latent_metrics_rows, len(samples))))
+    assert latent  # the default config computes latent metrics
+    return [set(rows_read(samples, cfg, 2, 0)) | latent, set(rows_read(samples, cfg, 2, 1))]
+
+
+def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_workers, monkeypatch):
+    """Engine actors put each sample's states into the object store; the samples the driver receives carry
+    references only (no tensor anywhere), the driver never gets a state object (neither while generating nor
+    while updating), each rank fetches exactly the rows it trains on (rows and bytes per rank against
+    rl.learner.rows_read), and once the driver drops the samples the objects are gone (nothing accumulates)."""
+    import gc
+    import time
+
+    import ray
+
+    from rl.learner import rows_read
+    from rl.states import StateRef
+    cfg, rollout, learner, _ = ray_workers
+    asked, real_get = [], ray.get
+
+    def spy_get(refs, *args, **kwargs):
+        asked.extend(refs if isinstance(refs, list) else [refs])
+        return real_get(refs, *args, **kwargs)
+
+    monkeypatch.setattr(ray, "get", spy_get)
+    prompts = [[1, 5, 6, 7], [1, 8, 9], [1, 10], [1, 11, 12, 13, 14], [1, 15, 16]]
+    samples = rollout.generate(prompts, params(max_tokens=8), min_version=0)
+    assert all(isinstance(s.states, StateRef) and s.states.rows == s.response_len for s in samples)
+    assert not any(isinstance(v, torch.Tensor) for s in samples for v in vars(s).values())
+    m = learner.update(samples, [1.0, -1.0] * 5)
+    handles = {s.states.handle for s in samples}
+    assert not handles & set(asked), "the driver fetched a state object"
+    shares = [rows_read(samples, cfg, 2, r) for r in range(2)]
+    assert sorted(shares[0] + shares[1]) == list(range(len(samples))) and all(shares)
+    assert "latent/policy_shift" in m
+    fetched = rows_fetched(samples, cfg)
+    rank_bytes = [sum(samples[i].states.nbytes for i in rows) for rows in fetched]
+    assert m["state_plane/rows"] == sum(map(len, fetched))  # each rank fetched its rows, nothing else ...
+    assert m["state_plane/bytes"] == sum(rank_bytes)
+    assert m["state_plane/bytes_max_rank"] == max(rank_bytes)
+    assert m["state_plane/bytes"] == sum(4 * 128 * samples[i].response_len for rows in fetched for i in rows)  # fp32
+    # one row for two ranks: rank 1 fetches nothing and runs its stand-in micro-batch on zero states of width d
+    m = learner.update(samples[:1], [1.0])
+    assert m["state_plane/rows"] == 1 and m["state_plane/bytes_max_rank"] == samples[0].states.nbytes
+    assert not handles & set(asked)
+    monkeypatch.undo()
+    del samples, handles
+
+    def owned() -> int:  # the engine actors own the state objects: their reference tables list each live one
+        return sum(real_get([a.referenced_objects.remote() for a in rollout.actors]))
+
+    def settled(done) -> int:  # Ray frees asynchronously (reference-count messages between processes)
+        gc.collect()
+        deadline = time.monotonic() + 30
+        while not done(owned()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return owned()
+
+    gc.collect()
+    time.sleep(2)  # the first part's samples were just dropped: let their frees land before counting
+    baseline = owned()
+    # over steps, as rl.loop runs them (generate, update, drop the samples): nothing accumulates, not in the
+    # engine actor and not in the ranks (a rank that kept a fetched array would keep its object alive)
+    for step in range(3):
+        samples = rollout.generate(prompts, params(max_tokens=8, seed=step), min_version=0)
+        stored = lambda n, k=len(samples): n >= baseline + k
+        assert stored(settled(stored)), f"step {step}: the states are not in the store"  # the step's states ...
+        learner.update(samples, [1.0, -1.0] * 5)
+        del samples
+        freed = lambda n: n <= baseline
+        assert freed(settled(freed)), f"step {step}: state objects outlived their samples"  # ... and gone
 
 
 def test_reward_actor_scores_like_main_thread(ray_workers):

@@ -14,6 +14,8 @@ small share of GPU memory (`ON_GPU`) so the module's engine and the per-test one
 from __future__ import annotations
 
 import copy
+import dataclasses
+import glob
 import os
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 import rl.model  # noqa: E402,F401  (registers fbt_llama with the Auto classes)
 from rl.model import FBT_CLASSES  # noqa: E402
-from rollout.base import SamplingParams, StaleWeightsError  # noqa: E402
+from rollout.base import STATE_DTYPES, SamplingParams, StaleWeightsError  # noqa: E402
 from rollout.torch_engine import TorchEngine  # noqa: E402
 from rollout.vllm_engine import VLLMEngine  # noqa: E402
 
@@ -148,6 +150,44 @@ def test_sampled_requests_are_grouped_and_seeded(engine):
     assert [s.response_ids for s in a] == [s.response_ids for s in b]  # same seed, same samples
     assert all(len(s.logprobs) == len(s.response_ids) == s.states.shape[0] for s in a)
     assert all(lp <= 0 for s in a for lp in s.logprobs)
+
+
+def scratch_files(engine) -> list[str]:
+    from rollout.vllm_engine import _scratch_dir
+    return sorted(glob.glob(os.path.join(_scratch_dir(), f"fbrl_states_*_{engine._uid}_*")))
+
+
+def test_states_handed_over_in_process_or_through_a_file_that_never_stays(engine, monkeypatch):
+    """In-process (the uni executor) the worker hands the recorded states over as the tensor itself: no file. A
+    worker in another process writes a scratch file instead, which the engine deletes as soon as it has read it,
+    also when reading fails. Both ways give the same states, bit for bit, in every storage format."""
+    import rollout.vllm_engine as ve
+    assert engine.inline_states  # VLLM_ENABLE_V1_MULTIPROCESSING=0 + "uni": the worker runs in this process
+    prompts = make_prompts(engine.vocab_size, n=4, seed=5)
+    read, real_load = [], ve.load_file
+    monkeypatch.setattr(ve, "load_file", lambda p: read.append(os.path.exists(p)) or real_load(p))
+    for dtype in STATE_DTYPES:
+        params = dataclasses.replace(greedy("soft", max_tokens=12), states_dtype=dtype)
+        monkeypatch.setattr(engine, "inline_states", True)
+        inline = engine.generate(prompts, params)
+        assert read == [] or read[-1] is True
+        n_read = len(read)
+        monkeypatch.setattr(engine, "inline_states", False)
+        via_file = engine.generate(prompts, params)
+        assert len(read) == n_read + 1 and read[-1] is True  # a real file was read ...
+        assert scratch_files(engine) == []  # ... and is gone
+        for a, b in zip(inline, via_file):
+            assert a.states.dtype == b.states.dtype == {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                                                        "float8_rowscale": torch.uint8}[dtype]
+            assert torch.equal(a.states.view(torch.uint8), b.states.view(torch.uint8))
+    assert len(read) == len(STATE_DTYPES)  # the in-process calls read no file
+
+    def unreadable(path):
+        raise OSError(f"{path}: cannot read")
+    monkeypatch.setattr(ve, "load_file", unreadable)
+    with pytest.raises(OSError, match="cannot read"):
+        engine.generate(prompts, greedy("soft", max_tokens=12))
+    assert scratch_files(engine) == []
 
 
 def perturb(model, seed: int) -> None:

@@ -178,7 +178,9 @@ class RolloutConfig:
     top_k: int = -1                       # -1: off (vLLM's convention)
     max_tokens: int = 48
     n_samples_per_prompt: int = 8         # G
-    record_states_dtype: Literal["bf16", "fp32"] = "fp32"   # states are recorded when the estimator is replay
+    # how recorded states (replay) are stored on their way to the learner (rl/states.py): auto = bf16 when the
+    # engines have GPUs, else fp32; fp8 = e4m3 with a per-row scale (its replay error: fbrl compare-likelihood)
+    record_states_dtype: Literal["auto", "fp32", "bf16", "fp8"] = "auto"
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
     def validate(self):
