@@ -200,7 +200,9 @@ def run(args) -> int:
         _shutdown(args.no_ray)
         stop.uninstall()
     wandb_dir = str(Path(wandb_dir).parent) if wandb_dir else None  # the run's folder, not its files/
-    history = [steps[k] for k in sorted(steps)]
+    # the whole run as metrics.jsonl holds it (a resumed run's earlier steps count: a resume whose few new steps
+    # had no signal did not train "nothing"); a step run again after a restore: its last record
+    history = list({r["step"]: r for r in run_dir.read_metrics() if r.get("step", 0) > 0}.values()) if steps else []
     trained = sum(1 for m in history if not m.get("skipped"))
     print()
     for line in console.summary_lines(run_dir, cfg, time.perf_counter() - t_start, written, wandb_dir,
