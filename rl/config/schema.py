@@ -318,8 +318,6 @@ class RewardConfig:
     def validate(self):
         if not self.accuracy.strip():
             yield "accuracy", "expected 'auto', 'none', the name of a reward in fns, or a reward spec"
-
-    def validate(self):
         if not self.fns:
             yield "fns", "needs at least one reward"
         if not self.timeout_s > 0:
