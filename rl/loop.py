@@ -147,10 +147,12 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
             metrics.update({f"eval_accuracy_{m}": a for m, a in acc.items()})
         if cfg.train.checkpoint_every > 0 and (step % cfg.train.checkpoint_every == 0 or step == cfg.train.steps):
             run.save_checkpoint(step, learner, {"version": version, "sampler": sampler.state_dict()})
-        if (step == cfg.train.steps or (cfg.train.checkpoint_every > 0 and step % cfg.train.checkpoint_every == 0)) \
-                and os.path.isfile(_weights_file(run)):  # (a learner stand-in in tests may export no file)
-            # RUN_DIR/policy/: the newest synced weights (the last _sync exported them) as a save_pretrained dir
-            run.export_policy(_weights_file(run), cfg.model.path, cfg.model.tokenizer)
+        if step == cfg.train.steps or (cfg.train.checkpoint_every > 0 and step % cfg.train.checkpoint_every == 0):
+            # RUN_DIR/policy/: the current weights as a save_pretrained dir, exported here (only the file transport
+            # writes the weights file at every sync)
+            path = learner.export_weights(_weights_file(run))
+            if path and os.path.isfile(path):  # (a learner stand-in in tests may export no file)
+                run.export_policy(path, cfg.model.path, cfg.model.tokenizer)
         metrics["time_step_s"] = time.perf_counter() - t_step
         run.log_metrics(metrics)
         history.append(metrics)
@@ -161,12 +163,13 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
 
 
 def _weights_file(run: RunDir) -> str:
-    return str(run.path / "weights" / "policy.safetensors")
+    return str(run.path.absolute() / "weights" / "policy.safetensors")  # absolute: learner rank 0 writes it
 
 
 def _sync(learner: LearnerWorkers, rollout: RolloutWorkers, run: RunDir, version: int) -> None:
-    path = learner.export_weights(_weights_file(run))
-    versions = rollout.load_weights(path, version)
+    """The learner's weights onto every engine as `version`, by the workers' transport (`rollout.weight_sync`:
+    the file `_weights_file`, Ray's object store, vLLM's NCCL / IPC transfer; actors/weight_sync.py)."""
+    versions = rollout.sync_weights(learner, version, _weights_file(run))
     if any(v != version for v in versions):
         raise RuntimeError(f"weight sync: engines report versions {versions}, expected {version}")
 

@@ -146,6 +146,11 @@ class RolloutConfig:
     max_tokens: int = 48
     n_samples_per_prompt: int = 8         # G
     record_states_dtype: Literal["bf16", "fp32"] = "fp32"   # states are recorded when the estimator is replay
+    # How new weights reach the engines (actors/weight_sync.py, docs/CLUSTER.md): a file under RUN_DIR/weights,
+    # Ray's object store in buckets, vLLM's native NCCL / CUDA-IPC transfer (GPU), or native_ray (vLLM's native
+    # lifecycle with the tensors carried by Ray: the CPU check of the nccl / ipc path); auto picks from placement.
+    weight_sync: Literal["auto", "file", "ray", "nccl", "ipc", "native_ray"] = "auto"
+    weight_sync_bucket_mb: int = 256      # ray / native_ray: weights per object-store object (and per update call)
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
     def validate(self):
@@ -154,7 +159,7 @@ class RolloutConfig:
         if not TEMPERATURE_MIN <= self.temperature <= TEMPERATURE_MAX:
             yield "temperature", (f"must be in [{TEMPERATURE_MIN}, {TEMPERATURE_MAX}] for training rollouts (vLLM's "
                                   f"limits, enforced by both engines), got {self.temperature}")
-        for name in ("num_engines", "max_tokens", "n_samples_per_prompt"):
+        for name in ("num_engines", "max_tokens", "n_samples_per_prompt", "weight_sync_bucket_mb"):
             if getattr(self, name) < 1:
                 yield name, f"must be >= 1, got {getattr(self, name)}"
 
@@ -317,10 +322,24 @@ class LoggingConfig:
 
 @dataclass
 class RayConfig:
-    address: Optional[str] = None         # null: start a local Ray
+    address: Optional[str] = None         # null: a private local Ray (inside `ray job submit`: the job's cluster)
     num_cpus: Optional[int] = None
     dashboard: bool = False
     colocate: bool = False                # rollout and learner share resources
+    # Where actors go (docs/CLUSTER.md): the placement group's strategy over the engine and learner bundles, and
+    # custom node resources each role needs (`ray start --resources '{"rollout_node": 8}'` on the nodes that may
+    # host it; an amount <= what such a node advertises, e.g. {rollout_node: 1}).
+    placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
+    rollout_resources: dict[str, float] = field(default_factory=dict)
+    learner_resources: dict[str, float] = field(default_factory=dict)
+    reward_resources: dict[str, float] = field(default_factory=dict)
+
+    def validate(self):
+        for role in ("rollout", "learner", "reward"):
+            for name, amount in getattr(self, f"{role}_resources").items():
+                if amount <= 0 or name in ("CPU", "GPU", "memory"):
+                    yield f"{role}_resources", (f"expected custom resource names with amounts > 0 (CPUs and GPUs "
+                                                f"come from the role's own keys), got {name}: {amount}")
 
 
 @dataclass
