@@ -327,7 +327,7 @@ class TwoNodeCluster:
 
     SMALL = ("--object-store-memory=300000000", "--disable-usage-stats")   # a shared 24 GiB machine
 
-    def __init__(self, head_resources: dict, node_resources: dict, cpus=(4, 2)):
+    def __init__(self, head_resources: dict, node_resources: dict, cpus=(4, 2), hide: str | None = None):
         # one temp dir per node, as on separate machines: a node's runtime-env agent manages (and deletes) the
         # unpacked working directories under its temp dir, which must not be the other node's
         self.temp = tempfile.mkdtemp(prefix="r13", dir="/tmp")
@@ -346,7 +346,12 @@ class TwoNodeCluster:
                    f"--metrics-export-port={metrics1}", f"--runtime-env-agent-port={rt1}",
                    f"--num-cpus={cpus[0]}", f"--resources={json.dumps(head_resources)}", *self.SMALL])
         self.ip = re.search(r"Local node IP: (\S+)", _plain(head.stdout + head.stderr)).group(1)
-        self._run([ray_bin, "start", f"--address={self.ip}:{gcs}", f"--temp-dir={self.temp_b}",
+        # `hide`: the second node sees an empty directory there (its own mount namespace, a tmpfs over it), as a
+        # machine without the head's storage would
+        self.hidden = bool(hide) and _can_hide()
+        prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                  'mount -t tmpfs fbrl-hidden "$0" && exec "$@"', hide] if self.hidden else []
+        self._run([*prefix, ray_bin, "start", f"--address={self.ip}:{gcs}", f"--temp-dir={self.temp_b}",
                    f"--dashboard-agent-listen-port={agent2}", f"--metrics-export-port={metrics2}",
                    f"--runtime-env-agent-port={rt2}", f"--num-cpus={cpus[1]}",
                    f"--resources={json.dumps(node_resources)}", *self.SMALL])
@@ -393,6 +398,14 @@ class TwoNodeCluster:
         return [p.pid for p in procs]
 
 
+def _can_hide() -> bool:
+    """Whether this machine lets us give a process its own mount namespace (root, or a container that allows it)."""
+    if not shutil.which("unshare"):
+        return False
+    probe = ["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs fbrl-probe /mnt"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
 def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)   # ray start colours its output
 
@@ -407,14 +420,20 @@ def _children(p):
 def test_ray_job_submit_on_two_nodes(tmp_path):
     """The documented path (docs/CLUSTER.md): submit the tiny job with `ray job submit --working-dir`, engines
     asked onto the node with resource `gen`, learners and rewards onto the head (`train`)."""
-    cluster = TwoNodeCluster({"train": 4}, {"gen": 2})
+    (tmp_path / "on_the_head").touch()
+    cluster = TwoNodeCluster({"train": 4}, {"gen": 2}, hide=str(tmp_path))   # RUN_DIR's parent: not on "gen"
     try:
-        nodes = json.loads(cluster.python(
+        nodes, seen_on_gen = json.loads(cluster.python(
             "import json, os, ray; ray.init(address=os.environ['RAY_ADDRESS'], log_to_driver=False); "
-            "print(json.dumps({n['NodeID']: n['Resources'] for n in ray.nodes() if n['Alive']}))").splitlines()[-1])
+            f"ls = ray.remote(resources={{'gen': 1}}, num_cpus=0)(lambda: os.listdir({str(tmp_path)!r})); "
+            "print(json.dumps([{n['NodeID']: n['Resources'] for n in ray.nodes() if n['Alive']}, "
+            "ray.get(ls.remote())]))").splitlines()[-1])
         train_node = next(n for n, res in nodes.items() if "train" in res)
         gen_node = next(n for n, res in nodes.items() if "gen" in res)
         assert len(nodes) == 2 and train_node != gen_node
+        # the engines' node cannot see RUN_DIR: weights must reach it over the network (where unshare works; it
+        # does on this machine, and the job then fails with rollout.weight_sync=file: "mutation" in the commit)
+        assert seen_on_gen == ([] if cluster.hidden else ["on_the_head"]), seen_on_gen
         run_dir = tmp_path / "run"
         sub_id = f"fbrl-test-{os.getpid()}-{int(time.time())}"
         runtime_env = {"excludes": [".git", "runs", ".venv", "wandb", "__pycache__"]}
@@ -429,6 +448,17 @@ def test_ray_job_submit_on_two_nodes(tmp_path):
         status = cluster._run([str(VENV_BIN / "ray"), "job", "status", f"--address={cluster.dashboard}", sub_id],
                               check=False)
         assert f"Job '{sub_id}' succeeded" in _plain(status.stdout + status.stderr), logs[-6000:]   # = SUCCEEDED
+        # the rest of docs/CLUSTER.md step 4: list, logs, stop (a second job that would run for 10 minutes)
+        ray_job = [str(VENV_BIN / "ray"), "job"]
+        assert sub_id in cluster._run(ray_job + ["list", f"--address={cluster.dashboard}"]).stdout
+        assert "placement: rollout engine 0 on node" in cluster._run(
+            ray_job + ["logs", f"--address={cluster.dashboard}", sub_id]).stdout
+        sleeper = f"{sub_id}-stop"
+        cluster._run(ray_job + ["submit", f"--address={cluster.dashboard}", f"--submission-id={sleeper}",
+                                "--no-wait", "--", "python", "-c", "import time; time.sleep(600)"])
+        cluster._run(ray_job + ["stop", f"--address={cluster.dashboard}", sleeper], timeout=120)
+        stopped = cluster._run(ray_job + ["status", f"--address={cluster.dashboard}", sleeper], check=False)
+        assert f"Job '{sleeper}' was stopped" in _plain(stopped.stdout + stopped.stderr), stopped
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in rows if "time_sync_s" in r]
         assert [r["step"] for r in steps] == [1, 2] and all(r["policy_version"] >= 2 for r in steps)
@@ -437,9 +467,10 @@ def test_ray_job_submit_on_two_nodes(tmp_path):
                                                       "rollout engine"], logs[-6000:]
         for role, node in placed:
             assert node == (gen_node if role == "rollout engine" else train_node), (role, node, nodes)
-        # engines on another node than learner rank 0: auto picked ray, and nothing was written for them to read
+        # engines on another node than learner rank 0: auto picked ray, and the engines, which cannot see RUN_DIR,
+        # got every version; RUN_DIR/policy (written at the end by learner rank 0 and the driver, both on the head)
         assert "weight sync: ray (auto: engines on other nodes than learner rank 0)" in logs
-        assert not (run_dir / "weights").exists()
+        assert (run_dir / "policy" / "model.safetensors").is_file()
     finally:
         pids = cluster.stop()
     assert pids and not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
