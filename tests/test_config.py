@@ -109,3 +109,11 @@ def test_diff_and_resume_check():
         check_resume(a, b)
     assert "likelihood.estimator: 'replay' -> 'kpass'" in str(e.value) and "data.seed" in str(e.value)
     assert "learner.lr" not in str(e.value)
+
+
+def test_every_section_rule_runs():
+    """A section with two `validate` methods silently loses the first (RewardConfig did: its accuracy rule never
+    ran). Each rule below is from a different method body."""
+    from rl.config.schema import RewardConfig
+    problems = dict(RewardConfig(accuracy="  ", timeout_s=0).validate())
+    assert set(problems) == {"accuracy", "timeout_s"}, problems

@@ -323,8 +323,6 @@ class RewardConfig:
     def validate(self):
         if not self.accuracy.strip():
             yield "accuracy", "expected 'auto', 'none', the name of a reward in fns, or a reward spec"
-
-    def validate(self):
         if not self.fns:
             yield "fns", "needs at least one reward"
         if not self.timeout_s > 0:
@@ -422,8 +420,6 @@ class RayConfig:
                 if amount <= 0 or name in ("CPU", "GPU", "memory"):
                     yield f"{role}_resources", (f"expected custom resource names with amounts > 0 (CPUs and GPUs "
                                                 f"come from the role's own keys), got {name}: {amount}")
-
-    def validate(self):
         if self.num_cpus is not None and self.num_cpus < 1:
             yield "num_cpus", f"must be >= 1 or null, got {self.num_cpus}"
 
