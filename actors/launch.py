@@ -1,7 +1,7 @@
 """`fbrl train CONFIG [key=value ...] [--resume RUN_DIR]` — launch a GRPO-style job.
 
-With no `ray.address` a local Ray is started (dashboard off, loopback only); on a cluster submit with
-`ray job submit --address ... -- fbrl train configs/<gpu config>.yaml` (docs/CLUSTER.md). `--no-ray` runs the
+With no `ray.address` a private local Ray is started (dashboard off, loopback only, a token per run); on a cluster
+submit with `ray job submit --address ... --working-dir . -- fbrl train configs/<config>.yaml` (docs/CLUSTER.md). `--no-ray` runs the
 same loop with in-process workers, for debugging. With no CONFIG the embedded default (configs/tiny.yaml) runs.
 
 Before anything starts, the inputs are checked (actors/preflight.py) and the run directory's rules applied
@@ -45,8 +45,6 @@ def _environment(cfg) -> None:
     os.environ.setdefault("WANDB_MODE", cfg.logging.wandb_mode)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if cfg.ray.address is None:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local, loopback-only Ray
 
 
 def load_train_config(args):

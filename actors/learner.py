@@ -78,6 +78,26 @@ def set_dist_env(rank: int, world_size: int, master_addr: str, master_port: int,
                       LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
 
 
+def is_loopback(addr: str) -> bool:
+    return addr == "localhost" or addr.startswith("127.") or addr == "::1"
+
+
+def init_loopback_process_group(backend: str, rank: int, world_size: int, port: int) -> None:
+    """torch.distributed for ranks that all run on this machine (a local run, rendezvous at 127.0.0.1), over a
+    TCPStore listening on 127.0.0.1 only: `init_method="env://"` would bind the store to every interface. Rank 0
+    binds the socket itself and hands it to the store (`master_listen_fd`; detached, so the store owns and closes
+    it). gloo's own sockets follow GLOO_SOCKET_IFNAME (`lo` in a local run, actors/placement.py)."""
+    if rank == 0:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(128)
+        store = torch.distributed.TCPStore("127.0.0.1", port, world_size, True, master_listen_fd=sock.detach())
+    else:
+        store = torch.distributed.TCPStore("127.0.0.1", port, world_size, False)
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+
+
 def disable_shm_comm_jit() -> None:
     """Keep DeepSpeed from JIT-compiling its shm allreduce op (only used by inference_all_reduce)."""
     import deepspeed.ops
@@ -239,12 +259,15 @@ class LearnerRank:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, at DeepSpeed's first accelerator query
         # A Ray actor with a GPU sees only that GPU (CUDA_VISIBLE_DEVICES), so its local device is 0.
         local_rank = (0 if gpu else rank) if local_rank is None else local_rank
-        set_dist_env(rank, world_size, master_addr, master_port or free_port(), local_rank)
+        master_port = master_port or free_port()
+        set_dist_env(rank, world_size, master_addr, master_port, local_rank)
 
         import deepspeed
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         disable_shm_comm_jit()
         if not torch.distributed.is_initialized():
+            if is_loopback(master_addr):  # DeepSpeed then adopts the initialized group
+                init_loopback_process_group(dist_backend(lcfg), rank, world_size, master_port)
             deepspeed.init_distributed(dist_backend=dist_backend(lcfg), auto_mpi_discovery=False)
 
         self.policy = load_policy(cfg.model.path)
@@ -308,14 +331,17 @@ class LearnerRank:
         return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
     # -- weights ----------------------------------------------------------------------------------------------
-    def full_state(self) -> dict[str, torch.Tensor] | None:
-        """Full weights on CPU, named as in the checkpoint (tied weights once), on rank 0; None elsewhere.
-        Collective under ZeRO-3: parameters are gathered one at a time to bound memory."""
-        out = {}
+    def full_tensors(self):
+        """(name, full weight on CPU) per parameter on rank 0, (name, None) on the other ranks, named as in the
+        checkpoint (tied weights once). Collective under ZeRO-3: parameters are gathered one at a time (bounding
+        memory), so every rank must run it to the end."""
         for name, p in self.policy.named_parameters():
             with self._gathered(p):
-                if self.rank == 0:
-                    out[name] = p.detach().to("cpu", copy=True)
+                yield name, (p.detach().to("cpu", copy=True) if self.rank == 0 else None)
+
+    def full_state(self) -> dict[str, torch.Tensor] | None:
+        """Full weights on CPU on rank 0 (`full_tensors` as a dict); None elsewhere. Collective under ZeRO-3."""
+        out = dict(self.full_tensors())
         return out if self.rank == 0 else None
 
     def _gathered(self, p):
@@ -332,6 +358,25 @@ class LearnerRank:
     def weight_checksums(self) -> dict[str, float] | None:
         state = self.full_state()
         return tensor_checksums(state.items()) if state is not None else None
+
+    # -- weight sync over the network (actors/weight_sync.py) -----------------------------------------------------
+    def export_buckets(self, bucket_bytes: int) -> list | None:
+        """Rank 0 puts its full weights into Ray's object store, about `bucket_bytes` per object, and returns the
+        references (other ranks: None). Collective under ZeRO-3."""
+        from actors.weight_sync import put_buckets
+        refs = put_buckets(self.full_tensors(), bucket_bytes)
+        return refs if self.rank == 0 else None
+
+    def start_native_sync(self, backend: str, client, init: dict, master: tuple[str, int]) -> None:
+        """Set up vLLM's trainer-side weight transfer (`backend`: nccl, ipc, native_ray) on this rank; rank 0 opens
+        it with the engines (`client`) and is the sender; every rank iterates the same `GatheredWeights`."""
+        from actors.weight_sync import GatheredWeights, trainer_transfer
+        self.transfer = trainer_transfer(backend, self.rank, client, GatheredWeights(self.policy, self._gathered),
+                                         init, master)
+
+    def native_send(self) -> None:
+        """One native transfer of the current weights (every rank: the gathers are collective)."""
+        self.transfer.send_weights()
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:

@@ -138,6 +138,20 @@ class LearnerGroup:
     def weight_checksums(self) -> dict[str, float]:
         return self._all("weight_checksums")[0]
 
+    def export_buckets(self, bucket_bytes: int) -> list:
+        """Object references to rank 0's weights in Ray's object store (actors/weight_sync.py, `ray`)."""
+        return self._all("export_buckets", bucket_bytes)[0]
+
+    def start_native_sync(self, backend: str, client, init: dict) -> None:
+        """vLLM's native weight transfer set up on every rank; rank 0 drives the engines (`client`). NCCL meets at
+        a free port on rank 0's node."""
+        import ray
+        master = ray.get(self.actors[0].address.remote())
+        self._all("start_native_sync", backend, client, init, master)
+
+    def native_send(self) -> None:
+        self._all("native_send")
+
     def save_checkpoint(self, directory: str) -> None:
         self._all("save_checkpoint", directory)
 

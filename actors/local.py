@@ -26,15 +26,20 @@ class LocalRollout:
     """`RolloutWorkers` over `EngineHost`s in this process."""
 
     def __init__(self, cfg, hosts: list[EngineHost] | None = None):
+        from actors.weight_sync import FileSync
         self.hosts = hosts if hosts is not None else [EngineHost(cfg, i) for i in range(cfg.rollout.num_engines)]
+        self.transport = FileSync()  # in-process: the only transport (actors/weight_sync.py)
+
+    def sync_weights(self, learner, version: int, weights_path: str) -> list[int]:
+        return self.transport.push(learner, self, version, weights_path)
 
     def generate(self, prompts, params, min_version: int):
         chunks = split_prompts(len(prompts), len(self.hosts))
         return merge_chunks([(s, h.generate(prompts[s:e], chunk_params(params, s), min_version))
                              for h, (s, e) in zip(self.hosts, chunks)])
 
-    def load_weights(self, weights_path: str, version: int) -> list[int]:
-        return [h.load_weights(weights_path, version) for h in self.hosts]
+    def load_weights(self, weights, version: int) -> list[int]:
+        return [h.load_weights(weights, version) for h in self.hosts]
 
     def weight_checksums(self) -> dict[str, float]:
         return self.hosts[0].weight_checksums()

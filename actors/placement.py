@@ -1,20 +1,30 @@
-"""Starting the workers: Ray (local or a cluster), placement groups, and `build_workers` for the launcher.
+"""Starting the workers: Ray (a private local instance or a cluster), placement groups, and `build_workers`.
 
 `build_workers(cfg, use_ray)` returns the three objects the loop calls — `(rollout, learner, rewards)`, i.e.
 `RolloutWorkers`, `LearnerWorkers`, `RewardWorkers` (rl/workers.py) — either in this process (`actors/local.py`)
-or as Ray actors placed here.
+or as Ray actors placed here, with the weight-sync transport (actors/weight_sync.py) resolved for that placement.
 
-Placement: one placement group (PACK) holds a bundle per rollout engine and per learner rank.
-- separate (`ray.colocate: false`): engine i gets bundle i, learner rank j bundle E + j; each bundle has 1 CPU and
-  the role's GPUs (`rollout.num_gpus_per_engine`, `learner.num_gpus_per_worker`).
+Placement: one placement group holds a bundle per rollout engine and per learner rank, with the strategy
+`ray.placement` (pack, spread, strict_pack, strict_spread).
+- separate (`ray.colocate: false`): engine i gets bundle i, learner rank j bundle E + j; each bundle has 1 CPU, the
+  role's GPUs (`rollout.num_gpus_per_engine`, `learner.num_gpus_per_worker`) and the role's custom node resources
+  (`ray.rollout_resources`, `ray.learner_resources`): a node started with `ray start --resources '{"gen": 8}'` and
+  `ray.rollout_resources: {gen: 1}` puts engines there and only there.
 - colocated (`ray.colocate: true`): max(E, W) bundles; engine i and rank i share bundle i, each actor taking half
   its CPU and GPU (the synchronous loop never generates and trains at once). vLLM's `gpu_memory_utilization`
   must then leave room for the learner.
-The reward actor sits outside the group (1 CPU; its process pool is not counted by Ray).
+The reward actor sits outside the group (1 CPU and `ray.reward_resources`; its process pool is not counted by Ray).
+The driver prints where every actor runs (`placement: <role> on node <id> (<ip>)`).
 
-Local Ray (`ray.address: null`): `ray.init` with auth off (`RAY_AUTH_MODE=disabled`, loopback only), the dashboard
-off unless `ray.dashboard` (then bound to 127.0.0.1), and as many logical CPUs as the machine has or the job
-needs, whichever is larger (logical CPUs are a scheduling count; a 2-core laptop still runs 1 engine + 2 ranks).
+Ray itself (`init_ray`):
+- `ray.address` set: connect to that cluster. Null inside a job started by `ray job submit`: the job's cluster.
+- otherwise a NEW private local instance (`address="local"`: never attaches to a cluster someone else started on
+  this machine), as many logical CPUs as the machine has or the job needs, whichever is larger (a scheduling
+  count; a 2-core laptop still runs 1 engine + 2 ranks). It is loopback-only: Ray's node IP is 127.0.0.1, so
+  GCS, raylet, object manager, workers, agents and the dashboard (off unless `ray.dashboard`) all listen on
+  127.0.0.1; and every Ray RPC needs a token made for this run (`RAY_AUTH_MODE=token`, `RAY_AUTH_TOKEN`, set in
+  this process and inherited by Ray's processes; never logged). The learners' gloo sockets stay on `lo`
+  (GLOO_SOCKET_IFNAME). docs/CLUSTER.md lists what listens where; tests/test_cluster.py checks it.
 Every worker process gets `runtime_env` variables: WANDB_MODE, VLLM_ENABLE_V1_MULTIPROCESSING=0, tokenizers
 single-threaded, DS_ACCELERATOR=cpu when no role has a GPU, VLLM_CPU_KVCACHE_SPACE, and unless `logging.verbose`
 the quieting switches of actors/console.py (whose output then stays in Ray's log files: `log_to_driver` off).
@@ -22,17 +32,21 @@ the quieting switches of actors/console.py (whose output then stays in Ray's log
 from __future__ import annotations
 
 import os
+import secrets
+import socket
 from dataclasses import dataclass, field
 
 PLACEMENT_TIMEOUT_S = 120.0
 PASS_THROUGH_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "PYTHONPATH")
+LOOPBACK = "127.0.0.1"
+JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"   # set by Ray's job supervisor in a `ray job submit` entrypoint
 
 
 def uses_gpu(cfg) -> bool:
     return cfg.rollout.num_gpus_per_engine > 0 or cfg.learner.num_gpus_per_worker > 0
 
 
-def runtime_env(cfg) -> dict:
+def runtime_env(cfg, local: bool = False) -> dict:
     env = {
         "WANDB_MODE": os.environ.get("WANDB_MODE", cfg.logging.wandb_mode),
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",   # vLLM in the actor's own process: fast start, tensors in-process
@@ -44,8 +58,17 @@ def runtime_env(cfg) -> dict:
     if not cfg.logging.verbose:
         from actors.console import QUIET_ENV
         env.update(QUIET_ENV)
+    if local and loopback_interface():
+        # gloo (the CPU learners' collectives) listens on the address its device resolves to; keep it on loopback
+        env["GLOO_SOCKET_IFNAME"] = loopback_interface()
     env.update({k: v for k, v in os.environ.items() if k in PASS_THROUGH_ENV or k.startswith("FBRL_INJECT_")})
     return {"env_vars": env}
+
+
+def loopback_interface() -> str | None:
+    """The loopback interface's name (`lo` on Linux, `lo0` on macOS), None if there is none by those names."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((n for n in ("lo", "lo0") if n in names), None)
 
 
 def required_cpus(cfg) -> int:
@@ -53,78 +76,122 @@ def required_cpus(cfg) -> int:
     return (max(E, W) if cfg.ray.colocate else E + W) + 1  # + the reward actor
 
 
+def cluster_address(cfg) -> str | None:
+    """The cluster to connect to: `ray.address`, or "auto" inside a `ray job submit` job; None: a local Ray."""
+    if cfg.ray.address:
+        return cfg.ray.address
+    return "auto" if os.environ.get(JOB_ENV) else None
+
+
 def init_ray(cfg) -> None:
-    """Connect to `ray.address`, or start a local Ray sized for the job. No-op when Ray is already up."""
+    """Connect to the cluster (`cluster_address`), or start a private, loopback-only local Ray sized for the job.
+    No-op when Ray is already up in this process."""
     import ray
     if ray.is_initialized():
         return
-    if cfg.ray.address:
-        ray.init(address=cfg.ray.address, runtime_env=runtime_env(cfg), log_to_driver=cfg.logging.verbose)
+    address = cluster_address(cfg)
+    if address:
+        ray.init(address=address, runtime_env=runtime_env(cfg), log_to_driver=cfg.logging.verbose)
         return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local and loopback-only: no token to manage
     # Quiet unless logging.verbose: the workers' output stays in Ray's log files instead of interleaving with the
     # step lines (actors/console.py; the launcher's summary names the directory).
     kwargs = {"num_cpus": cfg.ray.num_cpus or max(os.cpu_count() or 1, required_cpus(cfg)),
-              "include_dashboard": bool(cfg.ray.dashboard), "runtime_env": runtime_env(cfg),
+              "include_dashboard": bool(cfg.ray.dashboard), "runtime_env": runtime_env(cfg, local=True),
               "log_to_driver": cfg.logging.verbose, "logging_level": "INFO" if cfg.logging.verbose else "WARNING"}
     if cfg.ray.dashboard:
-        kwargs["dashboard_host"] = "127.0.0.1"
-    ray.init(**kwargs)
+        kwargs["dashboard_host"] = LOOPBACK
+    start_local_ray(**kwargs)
+
+
+def start_local_ray(**kwargs) -> None:
+    """`ray.init(address="local", **kwargs)` listening on 127.0.0.1 only, with token authentication.
+
+    Ray binds its gRPC servers to the wildcard address unless the node IP is the loopback address, and on Linux it
+    replaces 127.0.0.1 by the machine's routable IP (`services.resolve_ip_for_localhost`) — except where
+    `ray_constants.ENABLE_RAY_CLUSTER` is false (macOS/Windows), where a single-node Ray uses 127.0.0.1. That switch
+    is flipped for the duration of `ray.init` only (the node keeps its IP afterwards; a later `ray.init(address=...)`
+    in this process resolves IPs as usual). The token: Ray reads RAY_AUTH_MODE / RAY_AUTH_TOKEN once per process,
+    so its config and token cache are refreshed after they are set (what `ray.init` itself does when it turns token
+    auth on, ray/_private/authentication/authentication_token_setup.py)."""
+    import ray
+    from ray._private import ray_constants
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+    cluster = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", **kwargs)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = cluster
 
 
 @dataclass
 class Placement:
-    """Ray options (resources + scheduling strategy) for each rollout engine and each learner rank."""
+    """Ray options (resources + scheduling strategy) for each rollout engine and each learner rank, and the node
+    each bundle was reserved on."""
     rollout: list[dict] = field(default_factory=list)
     learner: list[dict] = field(default_factory=list)
     group: object = None  # the PlacementGroup, kept so it can be removed
+    rollout_nodes: list[str] = field(default_factory=list)
+    learner_nodes: list[str] = field(default_factory=list)
 
 
 def plan_bundles(cfg) -> tuple[list[dict], list[int], list[int], float]:
     """(bundles, bundle index per engine, bundle index per rank, share of a bundle each actor takes)."""
     E, W = cfg.rollout.num_engines, cfg.learner.num_workers
     g_r, g_l = cfg.rollout.num_gpus_per_engine, cfg.learner.num_gpus_per_worker
+    res_r, res_l = dict(cfg.ray.rollout_resources), dict(cfg.ray.learner_resources)
 
-    def bundle(gpus):
-        return {"CPU": 1.0, **({"GPU": float(gpus)} if gpus > 0 else {})}
+    def bundle(gpus, resources):
+        return {"CPU": 1.0, **({"GPU": float(gpus)} if gpus > 0 else {}), **resources}
 
     if cfg.ray.colocate:
         n = max(E, W)
-        return [bundle(max(g_r, g_l)) for _ in range(n)], list(range(E)), list(range(W)), 0.5
-    return [bundle(g_r) for _ in range(E)] + [bundle(g_l) for _ in range(W)], \
+        shared = {k: max(res_r.get(k, 0.0), res_l.get(k, 0.0)) for k in {**res_r, **res_l}}
+        return [bundle(max(g_r, g_l), shared) for _ in range(n)], list(range(E)), list(range(W)), 0.5
+    return [bundle(g_r, res_r) for _ in range(E)] + [bundle(g_l, res_l) for _ in range(W)], \
         list(range(E)), list(range(E, E + W)), 1.0
 
 
 def create_placement(cfg) -> Placement:
     """Reserve the bundles (waits until Ray can place them; a clear error if it cannot)."""
     import ray
-    from ray.util.placement_group import placement_group
+    from ray.util.placement_group import placement_group, placement_group_table
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     bundles, rollout_idx, learner_idx, share = plan_bundles(cfg)
-    pg = placement_group(bundles, strategy="PACK")
+    pg = placement_group(bundles, strategy=cfg.ray.placement.upper())
     try:
         ray.get(pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
         ray.util.remove_placement_group(pg)
-        raise RuntimeError(f"Ray could not reserve {bundles} within {PLACEMENT_TIMEOUT_S:.0f} s; cluster resources "
-                           f"are {ray.cluster_resources()} (lower rollout.num_engines / learner.num_workers or the "
-                           f"GPUs per actor, or set ray.colocate: true)") from None
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        raise RuntimeError(f"Ray could not reserve the bundles {bundles} (ray.placement: {cfg.ray.placement}) within "
+                           f"{PLACEMENT_TIMEOUT_S:.0f} s; the live nodes offer {nodes} (lower rollout.num_engines / "
+                           f"learner.num_workers or the GPUs per actor, check ray.rollout_resources / "
+                           f"ray.learner_resources against the nodes' custom resources, or set ray.colocate: true)"
+                           ) from None
+    node_of = placement_group_table(pg)["bundles_to_node_id"]
 
     def options(i, gpus):
         return {"num_cpus": share, "num_gpus": gpus * share if cfg.ray.colocate else gpus,
                 "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)}
 
     return Placement([options(i, cfg.rollout.num_gpus_per_engine) for i in rollout_idx],
-                     [options(i, cfg.learner.num_gpus_per_worker) for i in learner_idx], pg)
+                     [options(i, cfg.learner.num_gpus_per_worker) for i in learner_idx], pg,
+                     [node_of[i] for i in rollout_idx], [node_of[i] for i in learner_idx])
 
 
-def start_rollout_fleet(cfg, placement: Placement, supervisor=None):
+def start_rollout_fleet(cfg, placement: Placement, weight_sync: str = "file", supervisor=None):
     from actors.rollout import RolloutFleet, rollout_actor_class
     cls = rollout_actor_class()
 
     def make(i):  # engine i, on its bundle; also what replaces it (actors/supervision.py)
-        return cls.options(**placement.rollout[i]).remote(cfg, i)
+        return cls.options(**placement.rollout[i]).remote(cfg, i, None, weight_sync)
 
     return RolloutFleet([make(i) for i in range(len(placement.rollout))], make, supervisor)
 
@@ -142,30 +209,59 @@ def start_learner_group(cfg, placement: Placement, supervisor=None):
 def start_reward_workers(cfg, base_dir: str | None = None, supervisor=None):
     from actors.reward_workers import RewardWorkersOnRay, reward_actor_class
     base_dir = base_dir or os.getcwd()
+    opts = {"num_cpus": 1, **({"resources": dict(cfg.ray.reward_resources)} if cfg.ray.reward_resources else {})}
 
     def make():
-        return reward_actor_class().options(num_cpus=1).remote(cfg.reward, base_dir, cfg.data.task)
+        return reward_actor_class().options(**opts).remote(cfg.reward, base_dir, cfg.data.task)
 
     return RewardWorkersOnRay(make(), make, supervisor)
 
 
-def build_workers(cfg, use_ray: bool, faults=None):
-    """`(rollout, learner, rewards)` for `rl.loop.train`: Ray actors placed as above, or in-process workers.
+def where(actor) -> tuple[str, str]:
+    """(node id, node IP) of the process an actor runs in."""
+    import ray
+
+    def here(_self):
+        import ray
+        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+    return tuple(ray.get(actor.__ray_call__.remote(here)))
+
+
+def log_placement(rollout, learner, rewards, log=print) -> dict[str, list[tuple[str, str]]]:
+    """Print and return where every actor runs: {"rollout": [(node id, ip)], "learner": [...], "reward": [...]}."""
+    out = {"rollout": [where(a) for a in rollout.actors], "learner": [where(a) for a in learner.actors],
+           "reward": [where(rewards.actor)]}
+    names = {"rollout": "rollout engine", "learner": "learner rank", "reward": "reward actor"}
+    for role, places in out.items():
+        for i, (node, ip) in enumerate(places):
+            log(f"placement: {names[role]} {i} on node {node} ({ip})")
+    return out
+
+
+def build_workers(cfg, use_ray: bool, faults=None, log=print):
+    """`(rollout, learner, rewards)` for `rl.loop.train`: Ray actors placed as above, or in-process workers; the
+    rollout workers carry the weight-sync transport (`rollout.weight_sync`, resolved for this placement).
     On Ray, dead actors are replaced within `cfg.faults`' bounds and counted in `faults` (a `rl.faults.FaultLog`
     shared with the loop)."""
+    from actors.weight_sync import attach_transport, resolve_transport
     if not use_ray:
         from actors.local import build_local_workers
-        return build_local_workers(cfg)
+        rollout, learner, rewards = build_local_workers(cfg)
+        attach_transport(cfg, rollout, learner, *resolve_transport(cfg, None), log=log)
+        return rollout, learner, rewards
     import ray
 
     from actors.supervision import Supervisor
     supervisor = Supervisor(cfg.faults, faults)
     init_ray(cfg)
     placement = create_placement(cfg)
-    rollout = start_rollout_fleet(cfg, placement, supervisor)   # engines start loading while the learners meet
+    transport, why = resolve_transport(cfg, placement)
+    rollout = start_rollout_fleet(cfg, placement, transport, supervisor)  # engines load while the learners meet
     rewards = start_reward_workers(cfg, supervisor=supervisor)
     learner = start_learner_group(cfg, placement, supervisor)
     ray.get([a.version.remote() for a in rollout.actors])  # surface an engine that failed to start, now
+    log_placement(rollout, learner, rewards, log)
+    attach_transport(cfg, rollout, learner, transport, why, log=log)
     return rollout, learner, rewards
 
 

@@ -30,8 +30,9 @@ def max_model_len(cfg, model_config) -> int:
     return vllm_max_model_len(cfg, model_config)
 
 
-def make_engine(cfg, index: int = 0):
-    """The engine the config asks for, loaded from `model.path`, at policy version 0."""
+def make_engine(cfg, index: int = 0, weight_sync: str = "file"):
+    """The engine the config asks for, loaded from `model.path`, at policy version 0, ready for the resolved
+    weight-sync transport (`actors.weight_sync`: vLLM's native ones are set up at construction)."""
     r = cfg.rollout
     gpu = r.num_gpus_per_engine > 0
     if r.engine == "torch":
@@ -65,6 +66,14 @@ def make_engine(cfg, index: int = 0):
             extra["enable_prefix_caching"] = True
         if not v.enforce_eager:
             extra["enforce_eager"] = False
+        if weight_sync in ("nccl", "ipc"):
+            extra["weight_transfer_backend"] = weight_sync
+        elif weight_sync == "native_ray":
+            from vllm.config import WeightTransferConfig
+
+            from rollout import vllm_inline_transfer
+            vllm_inline_transfer.register()
+            extra["weight_transfer_config"] = WeightTransferConfig(backend=vllm_inline_transfer.BACKEND)
         return VLLMEngine(
             cfg.model.path, decode_mode=r.decode_mode, version=0, max_model_len=max_model_len(cfg, model_config),
             max_num_seqs=v.max_num_seqs, kv_cache_gib=None if gpu else v.kv_cache_gib,
@@ -85,17 +94,39 @@ def engine_checksums(engine) -> dict[str, float]:
 
 
 class EngineHost:
-    """One engine in this process; as a Ray actor it is `RolloutActor`."""
+    """One engine in this process; as a Ray actor it is `RolloutActor`. Besides generating it receives weights:
+    `load_weights` (a file path, or `actors.weight_sync.RayBuckets`), and vLLM's native transfer, for which it is a
+    `VLLMWeightSyncClient` endpoint (the four methods below `load_weights`, forwarded to the engine)."""
 
-    def __init__(self, cfg, index: int = 0, engine=None):
+    def __init__(self, cfg, index: int = 0, engine=None, weight_sync: str = "file"):
         self.index = index
-        self.engine = engine if engine is not None else make_engine(cfg, index)
+        self.engine = engine if engine is not None else make_engine(cfg, index, weight_sync)
 
     def generate(self, prompts: list[list[int]], params, min_version: int | None = None) -> list[Sample]:
         return self.engine.generate(prompts, params, min_version)
 
-    def load_weights(self, path: str, version: int) -> int:
-        self.engine.load_weights(path, version)
+    def load_weights(self, weights, version: int) -> int:
+        from actors.weight_sync import RayBuckets
+        if isinstance(weights, RayBuckets):
+            weights = dict(weights.tensors())
+        self.engine.load_weights(weights, version)
+        return int(self.engine.version)
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.engine.init_weight_transfer_engine(init_info)
+
+    def start_weight_update(self) -> None:
+        self.engine.start_weight_update()
+
+    def update_weights(self, update_info) -> None:
+        self.engine.update_weights(update_info)
+
+    def finish_weight_update(self, weight_version=None) -> None:
+        self.engine.finish_weight_update(weight_version)
+
+    def set_weight_version(self, version: int) -> int:
+        """Tag the weights a native transfer installed as `version` (the engine refuses to generate until then)."""
+        self.engine.set_weight_version(version)
         return int(self.engine.version)
 
     def version(self) -> int:
@@ -140,19 +171,26 @@ def merge_chunks(chunks: list[tuple[int, list[Sample]]]) -> list[Sample]:
 
 
 class RolloutFleet:
-    """`RolloutWorkers` over Ray actor handles of `RolloutActor` (one engine each).
+    """`RolloutWorkers` over Ray actor handles of `RolloutActor` (one engine each). `transport` is the weight-sync
+    transport (actors/weight_sync.py) `build_workers` chose for the placement.
 
     With `make_actor(i)` (a new actor for engine i, on its placement bundle) and a `supervisor`, an engine whose
-    actor died is replaced (actors/supervision.py): the new one loads the last weights synced (same path and
-    version) and the chunk of the request the dead one held is issued again, with the same seeds."""
+    actor died is replaced (actors/supervision.py): the new one loads the last weights synced through
+    `load_weights` (a file path or Ray buckets, same version) and the chunk of the request the dead one held is
+    issued again, with the same seeds."""
 
-    def __init__(self, actors: list, make_actor=None, supervisor=None):
+    def __init__(self, actors: list, make_actor=None, supervisor=None, transport=None):
+        from actors.weight_sync import FileSync
         if not actors:
             raise ValueError("RolloutFleet needs at least one rollout actor")
         self.actors = actors
         self.make_actor, self.supervisor = make_actor, supervisor
-        self.last_sync: tuple[str, int] | None = None
+        self.transport = transport or FileSync()
+        self.last_sync: tuple | None = None
         self._pids: list[int | None] = [None] * len(actors)
+
+    def sync_weights(self, learner, version: int, weights_path: str) -> list[int]:
+        return self.transport.push(learner, self, version, weights_path)
 
     def generate(self, prompts: list[list[int]], params, min_version: int) -> list[Sample]:
         chunks = split_prompts(len(prompts), len(self.actors))
@@ -168,18 +206,21 @@ class RolloutFleet:
         outs = gather(submit, len(chunks), on_death)
         return merge_chunks([(s, out) for (s, _), out in zip(chunks, outs)])
 
-    def load_weights(self, weights_path: str, version: int) -> list[int]:
-        """Every engine loads the file as `version`. The path is read on each engine's node: one node (the local
-        and CPU case, ideally /dev/shm) or a filesystem all nodes share."""
-        self.last_sync = (weights_path, version)
+    def load_weights(self, weights, version: int) -> list[int]:
+        """Every engine loads the weights as `version`: a file path is read on each engine's node (one node, or a
+        filesystem all nodes share); `RayBuckets` are fetched from the object store by each engine. Kept as the
+        last sync, which a replacement engine loads (the buckets stay alive while referenced here)."""
+        self.last_sync = (weights, version)
 
         def on_death(k, error):  # the replacement loads `last_sync` itself
             self._replace(k, "load_weights", error)
             return self.actors[k].version.remote()
 
-        return gather(lambda k: self.actors[k].load_weights.remote(weights_path, version), len(self.actors),
-                      on_death)
+        return gather(lambda k: self.actors[k].load_weights.remote(weights, version), len(self.actors), on_death)
 
+    def set_weight_version(self, version: int) -> list[int]:
+        import ray
+        return ray.get([a.set_weight_version.remote(version) for a in self.actors])
     def _replace(self, k: int, during: str, error: BaseException) -> None:
         """A new actor for engine k at the current weights and version; raises when it may not be replaced."""
         import ray
@@ -203,6 +244,11 @@ class RolloutFleet:
     def weight_checksums(self) -> dict[str, float]:
         import ray
         return ray.get(self.actors[0].weight_checksums.remote())
+
+    def all_weight_checksums(self) -> list[dict[str, float]]:
+        """Per-tensor checksums of every engine's live weights, in engine order."""
+        import ray
+        return ray.get([a.weight_checksums.remote() for a in self.actors])
 
     def versions(self) -> list[int]:
         import ray

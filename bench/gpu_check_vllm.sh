@@ -9,7 +9,8 @@
 #   4. the same through NCCL (trainer on GPU 0, engine on GPU 1; NCCL refuses two ranks on one GPU, so this step
 #      is skipped on a one-GPU machine);
 #   5. throughput of soft / standard / fused decoding on random-weight 135M- and 1B-shape FBT models (bf16,
-#      batch 256, 128 new tokens), beside the FLOP-predicted fusion overhead.
+#      batch 256, 128 new tokens), beside the FLOP-predicted fusion overhead;
+#   6. rollout.weight_sync ipc (and nccl with 2 GPUs) through fbrl's own interface (bench/weight_sync_gpu.py).
 # Each step runs even if an earlier one failed; the last lines summarize. Usage, from anywhere:
 #   bash bench/gpu_check_vllm.sh [--dry-run]
 #   env: PY (python, default python3), OUT (logs, default /tmp/fbrl_gpu_check_vllm)
@@ -71,9 +72,16 @@ VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 480 $PY bench/gpu_vllm_checks.py throug
   >"$OUT/throughput.log" 2>&1 && STATUS[throughput]=ok || STATUS[throughput]=FAIL
 grep "^THROUGHPUT" "$OUT/throughput.log" || tail -5 "$OUT/throughput.log"
 
+if [ -z "$DRY" ]; then
+  step "6. rollout.weight_sync ipc / nccl through fbrl's interface (Ray actors, DeepSpeed ZeRO-3 learner)"
+  VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 300 $PY bench/weight_sync_gpu.py >"$OUT/weight_sync.log" 2>&1 \
+    && STATUS[weight_sync]=ok || STATUS[weight_sync]=FAIL
+  grep -E '^\{|Error' "$OUT/weight_sync.log" | tail -4
+fi
+
 step "summary (logs in $OUT)"
 rc=0
-for k in entry_point oracle_tests ipc_transfer nccl_transfer throughput; do
+for k in entry_point oracle_tests ipc_transfer nccl_transfer throughput weight_sync; do
   [ -n "$DRY" ] && [ "$k" != throughput ] && continue
   echo "$k: ${STATUS[$k]:-not run}"
   case "${STATUS[$k]:-}" in ok|skipped*) ;; *) rc=1 ;; esac

@@ -205,11 +205,13 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
                                                            or step == cfg.train.steps)
         if checkpointed:
             run.save_checkpoint(step, learner, {"version": version, "sampler": sampler.state_dict()})
-        if (step == cfg.train.steps or (cfg.train.checkpoint_every > 0 and step % cfg.train.checkpoint_every == 0)) \
-                and os.path.isfile(_weights_file(run)):  # (a learner stand-in in tests may export no file)
-            # RUN_DIR/policy/: the newest synced weights (the last _sync exported them) as a save_pretrained dir
-            run.export_policy(_weights_file(run), cfg.model.path, cfg.model.tokenizer,
-                              rl_modes(cfg.model.path, cfg.rollout.decode_mode))
+        if step == cfg.train.steps or (cfg.train.checkpoint_every > 0 and step % cfg.train.checkpoint_every == 0):
+            # RUN_DIR/policy/: the current weights as a save_pretrained dir, exported here (only the file transport
+            # writes the weights file at every sync)
+            path = learner.export_weights(_weights_file(run))
+            if path and os.path.isfile(path):  # (a learner stand-in in tests may export no file)
+                run.export_policy(path, cfg.model.path, cfg.model.tokenizer,
+                                  rl_modes(cfg.model.path, cfg.rollout.decode_mode))
         metrics["time_step_s"] = time.perf_counter() - t_step
         try:  # the stop rules see this step's faults; a stop still logs the step and checkpoints it
             job.guard.check(step, nonfinite if learner_metrics else None, reward_metrics, len(samples))
@@ -243,12 +245,13 @@ def _fitted(fitter: PromptFitter, rows: list[dict], what: str, faults: FaultLog,
 
 
 def _weights_file(run: RunDir) -> str:
-    return str(run.path / "weights" / "policy.safetensors")
+    return str(run.path.absolute() / "weights" / "policy.safetensors")  # absolute: learner rank 0 writes it
 
 
 def _sync(learner: LearnerWorkers, rollout: RolloutWorkers, run: RunDir, version: int) -> int:
-    path = learner.export_weights(_weights_file(run))
-    versions = rollout.load_weights(path, version)
+    """The learner's weights onto every engine as `version`, by the workers' transport (`rollout.weight_sync`:
+    the file `_weights_file`, Ray's object store, vLLM's NCCL / IPC transfer; actors/weight_sync.py)."""
+    versions = rollout.sync_weights(learner, version, _weights_file(run))
     if any(v != version for v in versions):
         raise RuntimeError(f"weight sync: engines report versions {versions}, expected {version}")
     return version

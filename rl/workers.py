@@ -20,9 +20,16 @@ class RolloutWorkers(Protocol):
         """n samples per prompt from every engine together (ordered by prompt, then sample); refuses when
         an engine holds a policy older than `min_version`."""
 
-    def load_weights(self, weights_path: str, version: int) -> list[int]:
-        """Install the learner's exported weights (a safetensors file) as `version` on every engine; returns
-        each engine's version after the load (the caller checks they all equal `version`)."""
+    def sync_weights(self, learner: "LearnerWorkers", version: int, weights_path: str) -> list[int]:
+        """Move the learner's current weights onto every engine as policy `version`, through the transport the
+        workers were built with (`rollout.weight_sync`, actors/weight_sync.py: the safetensors file
+        `weights_path`, Ray's object store, or vLLM's native NCCL / IPC transfer driven by learner rank 0). Returns
+        each engine's version afterwards (the caller checks they all equal `version`). Until an engine holds
+        `version` it refuses requests that need it."""
+
+    def load_weights(self, weights, version: int) -> list[int]:
+        """Install exported weights as `version` on every engine: a safetensors file path (what
+        `LearnerWorkers.export_weights` wrote) or a transport's handle; returns each engine's version."""
 
     def weight_checksums(self) -> dict[str, float]:
         """Per-tensor checksums of the first engine's weights (the weight-sync test compares them)."""

@@ -47,6 +47,9 @@ class ScriptedRollout:
         self.loads.append(version)
         return [version]
 
+    def sync_weights(self, learner, version, weights_path):  # the file transport's steps (actors/weight_sync.py)
+        return self.load_weights(learner.export_weights(weights_path), version)
+
 
 class ScriptedRewards:
     def __init__(self, script: Script):

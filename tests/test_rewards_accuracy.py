@@ -123,6 +123,9 @@ class ScriptedRollout:
     def load_weights(self, path, version):
         return [version]
 
+    def sync_weights(self, learner, version, weights_path):
+        return [version]
+
 
 class NoLearner:
     def update(self, samples, advantages):

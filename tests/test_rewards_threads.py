@@ -91,7 +91,7 @@ def test_ray_actors_equal_main_thread():
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         actor = ray.remote(num_cpus=0)(Scorer)
         plain = actor.remote()  # a plain actor runs methods in its main thread

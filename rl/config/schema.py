@@ -181,6 +181,11 @@ class RolloutConfig:
     # how recorded states (replay) are stored on their way to the learner (rl/states.py): auto = bf16 when the
     # engines have GPUs, else fp32; fp8 = e4m3 with a per-row scale (its replay error: fbrl compare-likelihood)
     record_states_dtype: Literal["auto", "fp32", "bf16", "fp8"] = "auto"
+    # How new weights reach the engines (actors/weight_sync.py, docs/CLUSTER.md): a file under RUN_DIR/weights,
+    # Ray's object store in buckets, vLLM's native NCCL / CUDA-IPC transfer (GPU), or native_ray (vLLM's native
+    # lifecycle with the tensors carried by Ray: the CPU check of the nccl / ipc path); auto picks from placement.
+    weight_sync: Literal["auto", "file", "ray", "nccl", "ipc", "native_ray"] = "auto"
+    weight_sync_bucket_mb: int = 256      # ray / native_ray: weights per object-store object (and per update call)
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
     def validate(self):
@@ -189,7 +194,7 @@ class RolloutConfig:
         if not TEMPERATURE_MIN <= self.temperature <= TEMPERATURE_MAX:
             yield "temperature", (f"must be in [{TEMPERATURE_MIN}, {TEMPERATURE_MAX}] for training rollouts (vLLM's "
                                   f"limits, enforced by both engines), got {self.temperature}")
-        for name in ("num_engines", "max_tokens", "n_samples_per_prompt"):
+        for name in ("num_engines", "max_tokens", "n_samples_per_prompt", "weight_sync_bucket_mb"):
             if getattr(self, name) < 1:
                 yield name, f"must be >= 1, got {getattr(self, name)}"
         if self.num_gpus_per_engine < 0:
@@ -397,12 +402,24 @@ class LoggingConfig:
 
 @dataclass
 class RayConfig:
-    address: Optional[str] = None         # null: start a local Ray
+    address: Optional[str] = None         # null: a private local Ray (inside `ray job submit`: the job's cluster)
     num_cpus: Optional[int] = None
     dashboard: bool = False
     colocate: bool = False                # rollout and learner share resources
+    # Where actors go (docs/CLUSTER.md): the placement group's strategy over the engine and learner bundles, and
+    # custom node resources each role needs (`ray start --resources '{"rollout_node": 8}'` on the nodes that may
+    # host it; an amount <= what such a node advertises, e.g. {rollout_node: 1}).
+    placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
+    rollout_resources: dict[str, float] = field(default_factory=dict)
+    learner_resources: dict[str, float] = field(default_factory=dict)
+    reward_resources: dict[str, float] = field(default_factory=dict)
 
     def validate(self):
+        for role in ("rollout", "learner", "reward"):
+            for name, amount in getattr(self, f"{role}_resources").items():
+                if amount <= 0 or name in ("CPU", "GPU", "memory"):
+                    yield f"{role}_resources", (f"expected custom resource names with amounts > 0 (CPUs and GPUs "
+                                                f"come from the role's own keys), got {name}: {amount}")
         if self.num_cpus is not None and self.num_cpus < 1:
             yield "num_cpus", f"must be >= 1 or null, got {self.num_cpus}"
 

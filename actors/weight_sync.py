@@ -1,0 +1,290 @@
+"""Weight sync: learner rank 0's weights onto every rollout engine, tagged with a policy version.
+
+One interface, `push(learner, rollout, version, weights_path) -> [engine versions]` (the rollout workers'
+`sync_weights`, which `rl/loop.py` calls after every update; `weights_path` is where the file transport writes),
+and one transport per `rollout.weight_sync`:
+
+| transport  | how the tensors travel                                              | needs                                  |
+|------------|---------------------------------------------------------------------|----------------------------------------|
+| file       | rank 0 writes `weights_path` (RUN_DIR/weights/policy.safetensors,  | every engine sees rank 0's filesystem  |
+|            | atomic); every engine reads it                                      | (one node, or RUN_DIR on shared disk)  |
+| ray        | rank 0 puts them in Ray's object store, `weight_sync_bucket_mb` per  | nothing shared; any cluster, CPU / GPU |
+|            | object; every engine fetches the buckets (Ray's object manager      |                                        |
+|            | moves them between nodes)                                           |                                        |
+| nccl       | vLLM's NCCLTrainerWeightTransferEngine: rank 0 broadcasts over a    | GPU engines and learners; vllm engine  |
+|            | NCCL group of rank 0 + one rank per engine                          |                                        |
+| ipc        | vLLM's IPCTrainerWeightTransferEngine: CUDA IPC handles of the      | engines on the learners' GPUs          |
+|            | learners' GPU tensors                                               | (ray.colocate: true)                   |
+| native_ray | vLLM's native lifecycle as for nccl / ipc (init, start, update      | vllm engine; runs on CPU               |
+|            | chunks, finish, version tag) with the tensors carried inside the    |                                        |
+|            | update calls through Ray: the CPU check of the nccl / ipc path      |                                        |
+| auto       | GPU engines and learners: ipc when colocated, else nccl; CPU: file   |                                        |
+|            | when every engine is on rank 0's node, else ray                     |                                        |
+
+The same for every transport:
+- ZeRO-3: every rank takes part, parameters are gathered one at a time (a collective), rank 0 sends.
+- Versions: an engine installs the weights as `version` (file, ray) or is tagged `version` after the transfer
+  finished (native: between vLLM's start and the tag a VLLMEngine refuses to generate, its weights being half
+  new); every engine refuses requests whose `min_version` is newer than its weights. `push` returns the versions
+  and the loop checks them.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+TRANSPORTS = ("file", "ray", "nccl", "ipc", "native_ray")
+NATIVE = ("nccl", "ipc", "native_ray")
+
+
+# ---- choosing the transport ---------------------------------------------------------------------------------
+def resolve_transport(cfg, placement) -> tuple[str, str]:
+    """(transport, why) for `rollout.weight_sync` given where the actors were placed (`actors.placement.Placement`;
+    None: in-process workers). Raises ValueError naming the key when the asked transport cannot work there."""
+    r, want = cfg.rollout, cfg.rollout.weight_sync
+    if placement is None:
+        if want in ("auto", "file"):
+            return "file", "in-process workers" if want == "auto" else "rollout.weight_sync"
+        raise ValueError(f"rollout.weight_sync={want!r} needs Ray actors; in-process workers (--no-ray) sync "
+                         f"through a file (rollout.weight_sync: file or auto)")
+    gpu = r.num_gpus_per_engine > 0 and cfg.learner.num_gpus_per_worker > 0
+    same_node = all(n == placement.learner_nodes[0] for n in placement.rollout_nodes)
+    if want == "auto":
+        if gpu and r.engine == "vllm":
+            if cfg.ray.colocate:
+                return "ipc", "auto: the engines share the learners' GPUs (ray.colocate)"
+            return "nccl", "auto: GPU engines and learners"
+        if same_node:
+            return "file", "auto: every engine is on learner rank 0's node"
+        return "ray", "auto: engines on other nodes than learner rank 0"
+    if want in NATIVE and r.engine != "vllm":
+        raise ValueError(f"rollout.weight_sync={want!r} drives vLLM's native weight transfer; rollout.engine is "
+                         f"{r.engine!r} (use file or ray)")
+    if want in ("nccl", "ipc") and not gpu:
+        raise ValueError(f"rollout.weight_sync={want!r} moves GPU tensors: it needs rollout.num_gpus_per_engine > 0 "
+                         f"and learner.num_gpus_per_worker > 0 (on CPU use ray, or native_ray for vLLM's lifecycle)")
+    if want == "ipc" and not cfg.ray.colocate:
+        raise ValueError("rollout.weight_sync='ipc' shares GPU memory by CUDA IPC: the engines must sit on the "
+                         "learners' GPUs (ray.colocate: true); across GPUs or nodes use nccl")
+    return want, "rollout.weight_sync"
+
+
+def attach_transport(cfg, rollout, learner, transport: str, why: str, log=print) -> None:
+    """Give the rollout workers their transport (their `sync_weights` uses it) and say which one it is."""
+    rollout.transport = make_transport(cfg, transport)
+    log(f"weight sync: {transport} ({why})")
+
+
+def make_transport(cfg, transport: str):
+    bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2 ** 20
+    if transport == "file":
+        return FileSync()
+    if transport == "ray":
+        return RaySync(bucket_bytes)
+    if transport in NATIVE:
+        return NativeSync(transport, bucket_bytes)
+    raise ValueError(f"rollout.weight_sync: expected one of {TRANSPORTS} or auto, got {transport!r}")
+
+
+# ---- file ---------------------------------------------------------------------------------------------------
+class FileSync:
+    name = "file"
+
+    def push(self, learner, rollout, version: int, weights_path: str) -> list[int]:
+        path = learner.export_weights(weights_path)
+        try:
+            return rollout.load_weights(path, version)
+        except FileNotFoundError as e:
+            raise RuntimeError(f"rollout.weight_sync=file: an engine cannot read {path}, which learner rank 0 wrote "
+                               f"on its node; put train.run_dir on storage every node sees, or use "
+                               f"rollout.weight_sync: ray (no shared storage needed)") from e
+
+
+# ---- ray: buckets in the object store ----------------------------------------------------------------------
+@dataclass
+class RayBuckets:
+    """References to the weights in Ray's object store: each bucket is {name: (dtype, shape, uint8 array)}.
+
+    numpy arrays go into the object store without pickling their data (zero-copy out-of-band buffers) and are
+    read back as views of shared memory on the engine's node; torch tensors would be pickled (copied)."""
+    refs: list = field(default_factory=list)
+
+    def tensors(self):
+        """(name, tensor) of every bucket in turn (fetched one bucket at a time)."""
+        import ray
+        for ref in self.refs:
+            yield from unpack_bucket(ray.get(ref)).items()
+
+
+def pack_bucket(named: list[tuple[str, torch.Tensor]]) -> dict:
+    return {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape),
+                   t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+            for name, t in named}
+
+
+def unpack_bucket(bucket: dict) -> dict[str, torch.Tensor]:
+    with warnings.catch_warnings():  # the arrays are read-only views of the object store; nothing writes to them
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {name: torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
+                for name, (dtype, shape, raw) in bucket.items()}
+
+
+def put_buckets(named_tensors, bucket_bytes: int) -> list:
+    """`ray.put` the (name, tensor) stream in buckets of about `bucket_bytes`; entries whose tensor is None (the
+    other ranks' share of a collective gather) are consumed and skipped. Returns the object references."""
+    import ray
+    refs, bucket, size = [], [], 0
+    for name, t in named_tensors:
+        if t is None:
+            continue
+        bucket.append((name, t))
+        size += t.numel() * t.element_size()
+        if size >= bucket_bytes:
+            refs.append(ray.put(pack_bucket(bucket)))
+            bucket, size = [], 0
+    if bucket:
+        refs.append(ray.put(pack_bucket(bucket)))
+    return refs
+
+
+class RaySync:
+    name = "ray"
+
+    def __init__(self, bucket_bytes: int):
+        self.bucket_bytes = bucket_bytes
+
+    def push(self, learner, rollout, version: int, weights_path: str) -> list[int]:
+        # the buckets are owned by rank 0's process; the driver only passes their references on
+        return rollout.load_weights(RayBuckets(learner.export_buckets(self.bucket_bytes)), version)
+
+
+# ---- vLLM's native weight transfer (nccl, ipc) and its CPU check (native_ray) ---------------------------------
+class NativeSync:
+    """Rank 0 drives vLLM's trainer-side weight-transfer engine; the engines are its `VLLMWeightSyncClient`
+    (`EngineFleetClient`). The transfer group is set up at the first push (every rank joins: ZeRO-3 gathers)."""
+
+    def __init__(self, backend: str, bucket_bytes: int):
+        self.name, self.bucket_bytes, self.started = backend, bucket_bytes, False
+
+    def push(self, learner, rollout, version: int, weights_path: str) -> list[int]:
+        if not self.started:
+            client = EngineFleetClient(rollout.actors, per_engine_rank=self.name == "nccl")
+            learner.start_native_sync(self.name, client, {"world_size": 1 + len(rollout.actors),
+                                                          "bucket_bytes": self.bucket_bytes})
+            self.started = True
+        learner.native_send()
+        return rollout.set_weight_version(version)
+
+
+class EngineFleetClient:
+    """vLLM's `VLLMWeightSyncClient` protocol over our rollout actors (`actors.rollout.EngineHost`): every call
+    goes to every engine and waits for all. Picklable (actor handles), so learner rank 0 holds it.
+
+    NCCL: vLLM computes a worker's rank in the transfer group as rank_offset + its data-parallel index, which is
+    0 in every one of our engines (each is its own LLM); so engine i is given rank_offset 1 + i (one worker per
+    engine: tensor_parallel_size is 1), and the group is rank 0 + E engine ranks."""
+
+    def __init__(self, handles: list, per_engine_rank: bool = False):
+        self.handles, self.per_engine_rank = list(handles), per_engine_rank
+
+    def _all(self, method: str, *args) -> list:
+        import ray
+        return ray.get([getattr(h, method).remote(*args) for h in self.handles])
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        import ray
+        infos = [dict(init_info, rank_offset=1 + i) if self.per_engine_rank else init_info
+                 for i in range(len(self.handles))]
+        ray.get([h.init_weight_transfer_engine.remote(info) for h, info in zip(self.handles, infos)])
+
+    def start_weight_update(self) -> None:
+        self._all("start_weight_update")
+
+    def update_weights(self, update_info) -> None:
+        import ray
+        self._all("update_weights", ray.put(update_info))  # one copy in the object store for all engines
+
+    def finish_weight_update(self, weight_version=None) -> None:
+        self._all("finish_weight_update", weight_version)
+
+
+@dataclass(frozen=True)
+class ParamMeta:
+    """What vLLM's trainer engines read from `WeightSource.metadata()`: name, dtype, full shape."""
+    name: str
+    dtype: torch.dtype
+    shape: tuple
+
+
+class GatheredWeights:
+    """The `WeightSource` vLLM's trainer engines iterate (duck-typed: `metadata()` and `__iter__`): a learner's
+    parameters in `named_parameters()` order (tied weights once), each gathered in full under ZeRO-3 — a collective
+    every rank runs in the same order — and yielded as a copy on the learner's device (the gathered storage is
+    released when the next parameter is gathered)."""
+
+    def __init__(self, module, gathered):
+        self.module, self.gathered = module, gathered  # gathered(p): the learner's ZeRO-3 gather context
+
+    def metadata(self) -> list[ParamMeta]:
+        return [ParamMeta(n, p.dtype, tuple(getattr(p, "ds_shape", p.shape)))
+                for n, p in self.module.named_parameters()]
+
+    def __iter__(self):
+        for name, p in self.module.named_parameters():
+            with self.gathered(p):
+                t = p.detach().clone()
+            yield name, t
+
+
+def trainer_transfer(backend: str, rank: int, client, source, init: dict, master: tuple[str, int]):
+    """vLLM's trainer-side engine for `backend`, set up on learner rank `rank` (every rank calls this; rank 0
+    opens the transfer with the engines through `client`)."""
+    if backend == "nccl":
+        from vllm.distributed.weight_transfer.nccl_engine import (NCCLTrainerInitInfo,
+                                                                   NCCLTrainerWeightTransferEngine)
+        info = NCCLTrainerInitInfo(master_address=master[0], master_port=master[1], world_size=init["world_size"],
+                                   rank=rank)
+        return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)
+    if backend == "ipc":
+        from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
+        info = IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=init["bucket_bytes"])
+        return IPCTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)
+    if backend == "native_ray":
+        return InlineTrainerTransfer(rank, client, source, init["bucket_bytes"])
+    raise ValueError(f"no native weight transfer {backend!r} (expected one of {NATIVE})")
+
+
+class InlineTrainerTransfer:
+    """The trainer side of native_ray, shaped like vLLM's `TrainerWeightTransferEngine`: rank 0 runs vLLM's
+    worker-side lifecycle on every engine (init, start, update per bucket, finish) with each bucket's tensors
+    inside the update call (through Ray) where NCCL would broadcast them and CUDA IPC would share them; other
+    ranks only take part in the gathers. The worker side is `rollout.vllm_inline_transfer`."""
+
+    def __init__(self, rank: int, client, source, bucket_bytes: int):
+        self.is_sender, self.client, self.source, self.bucket_bytes = rank == 0, client, source, bucket_bytes
+        if self.is_sender:
+            client.init_weight_transfer_engine({})
+
+    def send_weights(self) -> None:
+        if not self.is_sender:
+            for _ in self.source:  # the gathers are collective
+                pass
+            return
+        self.client.start_weight_update()
+        bucket, size = [], 0
+        for name, t in self.source:
+            bucket.append((name, t.to("cpu")))
+            size += t.numel() * t.element_size()
+            if size >= self.bucket_bytes:
+                self._send(bucket)
+                bucket, size = [], 0
+        if bucket:
+            self._send(bucket)
+        self.client.finish_weight_update()
+
+    def _send(self, bucket) -> None:
+        self.client.update_weights({"names": [n for n, _ in bucket],
+                                    "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                                    "shapes": [list(t.shape) for _, t in bucket], "tensors": [t for _, t in bucket]})
