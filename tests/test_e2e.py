@@ -40,7 +40,8 @@ def fbrl_train(*args, timeout=900):
 
 
 # The lines fbrl itself prints (rl/loop.py, actors/launch.py, actors/console.py); anything else is a library's.
-OWN_LINE = re.compile(r"^(fbrl train: |starting |workers ready |step +\d+/\d+ \| |done: |held-out greedy accuracy "
+OWN_LINE = re.compile(r"^(fbrl train: |starting |placement: |weight sync: |workers ready |step +\d+/\d+ \| |done: "
+                      r"|held-out greedy accuracy "
                       r"|accuracy on training |reward failures|faults: |warning: |resumed |(policy|metrics|plots|wandb"
                       r"|logs): +)")
 
@@ -69,6 +70,7 @@ def shape(line: str) -> str:
     """A console line with what changes between runs abstracted: paths, numbers, the optional parts of a step
     line (time outside the four phases, reward failures, a skipped update) and run-length wording."""
     line = re.sub(r"(?<!\S)(/|runs/|configs/)\S*", "PATH", line)
+    line = re.sub(r"node [0-9a-f]{16,}", "node ID", line)  # Ray's node ids (placement lines)
     line = re.sub(r"\d+(\.\d+)?(e[-+]\d+)?", "N", line)
     line = re.sub(r" eval/ckpt N| \| reward failures: .*?(?= \||$)| \| skipped: no usable signal", "", line)
     return re.sub(r" +", " ", line.replace("N min N s", "N s"))
