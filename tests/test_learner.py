@@ -18,6 +18,12 @@ CKPT = "checkpoints/tiny-arith"
 
 @pytest.fixture(scope="module")
 def rollouts():
+    return tiny_arith_rollouts()
+
+
+def tiny_arith_rollouts():
+    """(model, 24 sampled rollouts with recorded states, GRPO advantages) of the committed tiny checkpoint; also
+    the starting point of tests/test_updater_terms.py."""
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(CKPT).eval()
     torch.manual_seed(0)

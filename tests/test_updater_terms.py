@@ -16,25 +16,18 @@ import torch
 
 import rl  # noqa: F401
 from rl import algos
-from rl.batch import SamplingParams, collate
+from rl.batch import collate
 from rl.config import load_config
 from rl.learner import PolicyUpdater, TorchBackend
 from rl.likelihood import get_estimator
-from rollout.torch_engine import TorchEngine
+from test_learner import tiny_arith_rollouts
 
 CKPT = "checkpoints/tiny-arith"
 
 
 @pytest.fixture(scope="module")
 def rollouts():
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(CKPT).eval()
-    torch.manual_seed(0)
-    prompts = [[1] + torch.randint(4, 90, (6,)).tolist() for _ in range(6)]
-    samples = TorchEngine(copy.deepcopy(model)).generate(
-        prompts, SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=3, record_states=True))
-    reward = torch.tensor([float(s.response_ids[0] % 2 == 0) for s in samples])
-    adv = algos.compute_advantages(reward, torch.tensor([s.group_id for s in samples]), "grpo")
+    model, samples, adv = tiny_arith_rollouts()
     # the reference: the policy with 5 % relative weight noise, so KL(policy || ref) is far from 0
     ref = copy.deepcopy(model)
     g = torch.Generator().manual_seed(1)
