@@ -9,7 +9,8 @@ Runs `fbrl train` once per arm and seed — by default replay, kpass (K=3), and 
 `.json` (start/end accuracy, mismatch and learner time per run; with several seeds, the gain per arm over seeds
 beside the seed-to-seed spread). Extra key=value overrides apply to every arm (e.g. train.steps=20); `--arm NAME
 KEY=VALUE ...` defines an arm of your own (repeatable), e.g. `--arm std_ckpt likelihood.estimator=standard ...`.
-Run dirs: `OUT/<arm>` with one seed, `OUT/<arm>-seed<S>` with several.
+Run dirs: `OUT/<arm>` with one seed, `OUT/<arm>-seed<S>` with several. After `--arms` / `--staleness` lists, put
+the overrides behind `--`.
 
 `--staleness 0 1 2` crosses the arms with asynchronous training (`train.max_staleness`, issue 17): run
 `replay-s1` is replay trained one policy version behind its samples. The table then adds the median step time,
