@@ -94,8 +94,10 @@ class MismatchProbe:
 
     def _logprobs(self, estimator: str, model, batch) -> torch.Tensor:
         c, r = self.cfg, self.cfg.rollout
+        # the learner's log-prob contract (rl/logprob_contract.py): the engines' behaviour density, top-k / top-p
+        # kept set included, so the engine part compares like with like
         return get_estimator(estimator)(model, batch, r.decode_mode, passes=c.likelihood.passes,
-                                        temperature=r.temperature or 1.0,
+                                        temperature=r.temperature or 1.0, top_k=max(r.top_k, 0), top_p=r.top_p,
                                         micro_batch_size=c.learner.micro_batch_size).logprobs.cpu()
 
     @torch.no_grad()
