@@ -44,6 +44,7 @@ from rl.decode_modes import record_rl_mode
 from rl.latent_metrics import latent_metrics
 from rl.faults import injected
 from rl.learner import PolicyUpdater, rows_read
+from rl.mismatch_parts import MismatchProbe
 from rl.workers import tensor_checksums
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,7 @@ class LearnerRank:
             ref = ref.to(self.engine.device).eval().requires_grad_(False)
         self.updater = _EngineUpdater(self.engine, self.policy, cfg, self.pad_id, ref)
         self.updates = 0  # update() calls on this rank (fault injection counts them)
+        self.probe = None  # rl.mismatch_parts.MismatchProbe, built at the first mismatch_parts call (rank 0)
 
     # -- training ---------------------------------------------------------------------------------------------
     def update(self, samples, advantages, rows=None) -> dict:
@@ -314,6 +316,19 @@ class LearnerRank:
         if n <= 0 or not hasattr(self.policy, "fusion") or (self.rank != 0 and not self.zero3):
             return []
         return list(range(min(n, len(samples))))
+
+    def mismatch_parts(self, samples, version: int) -> dict:
+        """The mismatch taken apart on `samples` (rl/mismatch_parts.py); records the current weights as `version`.
+        Rank 0 reports; collective under ZeRO-3 (the full weights are gathered)."""
+        state = self.full_state()
+        if self.rank != 0:
+            return {}
+        from actors.state_plane import fetch
+        fetch(samples, range(len(samples)))  # states held as object-store references: rank 0 reads every row
+        if self.probe is None:
+            self.probe = MismatchProbe(self.cfg, lambda: load_policy(self.cfg.model.path), self.pad_id,
+                                       self.engine.device)
+        return self.probe.measure(samples, version, state)
 
     def _latent_metrics(self, samples) -> dict:
         """`latent/*` metrics (rl/latent_metrics.py), reported by rank 0. Under ZeRO-3 every rank runs the same
@@ -404,7 +419,7 @@ class LearnerRank:
     def close(self) -> None:
         """Drop the engine and models. The process group stays: DeepSpeed caches its groups per process, so a
         later in-process `LearnerRank` (world size 1) reuses it; a Ray rank's group ends with its actor."""
-        self.updater = self.backend = self.engine = self.policy = None
+        self.updater = self.backend = self.engine = self.policy = self.probe = None
 
 
 # ---- loading our own checkpoints without unpickling code --------------------------------------------------------

@@ -132,6 +132,9 @@ class LearnerGroup:
                                          world, lambda r, error: self._rebuild(r, "update", error),
                                          self.PEER_ERROR_GRACE_S))
 
+    def mismatch_parts(self, samples, version: int) -> dict[str, float]:
+        return self._all("mismatch_parts", list(samples), version)[0]  # rank 0 reports
+
     def export_weights(self, path: str) -> str:
         return self._all("export_weights", path)[0]
 

@@ -19,6 +19,7 @@ from actors.reward_workers import RewardHost
 from actors.rollout import EngineHost, chunk_params, merge_chunks, split_prompts
 from rl.decode_modes import record_rl_mode
 from rl.learner import PolicyUpdater, TorchBackend
+from rl.mismatch_parts import MismatchProbe
 from rl.workers import tensor_checksums
 
 
@@ -64,6 +65,11 @@ class TorchLearner:
         if cfg.algo.kl_coef > 0:
             ref = load_policy(cfg.model.path).eval().requires_grad_(False)
         self.updater = PolicyUpdater(self.policy, cfg, pad_id_of(self.policy), ref)
+        self.probe = MismatchProbe(cfg, lambda: load_policy(cfg.model.path), pad_id_of(self.policy),
+                                   next(self.policy.parameters()).device)
+
+    def mismatch_parts(self, samples, version: int) -> dict:
+        return self.probe.measure(samples, version, self.full_state())
 
     def update(self, samples, advantages) -> dict:
         latent = compute_latent_metrics(self.policy, self.cfg, samples) if self.cfg.train.latent_metrics_rows > 0 \
@@ -120,6 +126,9 @@ class LocalLearner:
 
     def update(self, samples, advantages) -> dict[str, float]:
         return merge_rank_metrics([self.rank.update(samples, [float(a) for a in advantages])])
+
+    def mismatch_parts(self, samples, version: int) -> dict[str, float]:
+        return self.rank.mismatch_parts(samples, version)
 
     def export_weights(self, path: str) -> str:
         return self.rank.export_weights(path)

@@ -1,7 +1,7 @@
 """The post-training comparison on our tiny model: one RL job per likelihood estimator, same seeds.
 
     python bench/study_estimators.py [--config configs/tiny.yaml] [--out runs/study] [--arms ...] \
-                                     [--seeds 0 1] [--arm NAME KEY=VALUE ...] [key=value ...]
+                                     [--seeds 0 1] [--arm NAME KEY=VALUE ...] [--staleness 0 1 2] [key=value ...]
 
 Runs `fbrl train` once per arm and seed — by default replay, kpass (K=3), and the standard-model baseline
 (feedback off in decoding and in the learner) — with identical seeds and data order within a seed, then writes
@@ -9,7 +9,13 @@ Runs `fbrl train` once per arm and seed — by default replay, kpass (K=3), and 
 `.json` (start/end accuracy, mismatch and learner time per run; with several seeds, the gain per arm over seeds
 beside the seed-to-seed spread). Extra key=value overrides apply to every arm (e.g. train.steps=20); `--arm NAME
 KEY=VALUE ...` defines an arm of your own (repeatable), e.g. `--arm std_ckpt likelihood.estimator=standard ...`.
-Run dirs: `OUT/<arm>` with one seed, `OUT/<arm>-seed<S>` with several.
+Run dirs: `OUT/<arm>` with one seed, `OUT/<arm>-seed<S>` with several. After `--arms` / `--staleness` lists, put
+the overrides behind `--`.
+
+`--staleness 0 1 2` crosses the arms with asynchronous training (`train.max_staleness`, issue 17): run
+`replay-s1` is replay trained one policy version behind its samples. The table then adds the median step time,
+the mean staleness and the mismatch taken apart (rl/mismatch_parts.py: engine / staleness / estimator, mean
+|Δ log p| per token over the run's diagnostic rows), and the plot a panel of the three parts per run.
 """
 from __future__ import annotations
 
@@ -47,7 +53,18 @@ def summarize(rows: list[dict]) -> dict:
             "reward_last5": _mean([r["reward_mean"] for r in train[-5:]]),
             "mismatch_mean": _mean([r.get("logprob_mismatch_abs_mean") for r in train]),
             "time_learner_s_mean": _mean([r.get("time_learner_s") for r in train]),
+            "time_step_s_median": _median([r.get("time_step_s") for r in train if r.get("eval_accuracy") is None]),
+            "staleness_mean": _mean([r.get("staleness_mean") for r in train]),
+            **{f"part_{p}": _mean([r.get(f"mismatch_parts/{p}") for r in train]) for p in PARTS},
             "steps": len(train)}
+
+
+PARTS = ("engine", "staleness", "estimator")
+
+
+def _median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else None
 
 
 def _mean(xs):
@@ -64,7 +81,9 @@ def plot(results: dict, out: Path, runs: dict[str, tuple[str, int]] | None = Non
     runs = runs or {name: (name, None) for name in results}
     arms = list(dict.fromkeys(arm for arm, _ in runs.values()))
     seeds = list(dict.fromkeys(seed for _, seed in runs.values()))
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 3.8))
+    with_parts = any(r.get("mismatch_parts/engine") is not None for rows in results.values() for r in rows)
+    fig, axes = plt.subplots(1, 4 if with_parts else 3, figsize=(20 if with_parts else 15, 3.8))
+    ax1, ax2, ax3 = axes[:3]
     for name, rows in results.items():
         arm, seed = runs.get(name, (name, None))
         style = dict(color=f"C{arms.index(arm) % 10}", ls=["-", "--", ":", "-."][seeds.index(seed) % 4],
@@ -81,6 +100,15 @@ def plot(results: dict, out: Path, runs: dict[str, tuple[str, int]] | None = Non
             ax2.plot(*zip(*tr), **style)
         if mm:
             ax3.plot(*zip(*[(st, max(v, 1e-10)) for st, v in mm]), **style)
+        if with_parts:  # the run's colour and line style, one marker per part
+            for part, marker in zip(PARTS, ("o", "s", "^")):
+                pts = [(r["step"], max(r[f"mismatch_parts/{part}"], 1e-9)) for r in rows
+                       if r.get(f"mismatch_parts/{part}") is not None]
+                if pts:
+                    axes[3].plot(*zip(*pts), marker=marker, ms=3, **{**style, "label": f"{name} {part}"})
+    if with_parts:
+        axes[3].set(xlabel="step", ylabel="mean |Δ log p| per token (zeros at 1e-9)", yscale="log",
+                    title="mismatch parts: engine o, staleness □, estimator △")
     ax1.set(xlabel="step", ylabel="held-out greedy accuracy", title="held-out accuracy")
     ax2.set(xlabel="step", ylabel="mean reward (5-step running mean)", title="training reward")
     ax3.set(xlabel="step", ylabel="mean |log p_engine − log p_learner|", title="log-prob mismatch", yscale="log")
@@ -102,13 +130,16 @@ def write_comparison(results: dict[str, list[dict]], out: Path, seeds: dict[str,
     table = {run: summarize(rows) for run, rows in results.items()}
     fmt = lambda x, spec: "–" if x is None else format(x, spec)
     lines = ["| run | held-out acc start | end | Δ points | reward, first 5 → last 5 steps | mean |Δlogp| "
-             "| learner s/step |", "|---|---|---|---|---|---|---|"]
+             "| learner s/step | step s (median) | staleness | engine | staleness part | estimator |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for run, s in table.items():
         s["delta_points"] = None if s["eval_start"] is None else 100 * (s["eval_end"] - s["eval_start"])
         lines.append(f"| {run} | {fmt(s['eval_start'], '.3f')} | {fmt(s['eval_end'], '.3f')} | "
                      f"{fmt(s['delta_points'], '+.1f')} | {fmt(s['reward_first5'], '.3f')} → "
                      f"{fmt(s['reward_last5'], '.3f')} | {fmt(s['mismatch_mean'], '.2e')} | "
-                     f"{fmt(s['time_learner_s_mean'], '.2f')} |")
+                     f"{fmt(s['time_learner_s_mean'], '.2f')} | {fmt(s['time_step_s_median'], '.2f')} | "
+                     f"{fmt(s['staleness_mean'], '.2f')} | " + " | ".join(fmt(s[f'part_{p}'], '.2e') for p in PARTS)
+                     + " |")
     by_arm = {}
     if seeds and len({seed for _, seed in seeds.values()}) > 1:
         for run, (arm, seed) in seeds.items():
@@ -136,6 +167,8 @@ def main(argv=None) -> int:
                     help="define an arm: its name, then its overrides (repeatable)")
     ap.add_argument("--seeds", nargs="+", type=int, default=None,
                     help="repeat every arm with train.seed = each of these (default: the config's seed, once)")
+    ap.add_argument("--staleness", nargs="+", type=int, default=None,
+                    help="cross the arms with train.max_staleness values (run names get -s<value>)")
     ap.add_argument("--collect", action="store_true",
                     help="run nothing: rebuild the comparison from the run dirs' metrics.jsonl of earlier runs")
     ap.add_argument("overrides", nargs="*")
@@ -154,17 +187,20 @@ def main(argv=None) -> int:
     seeds = args.seeds or [None]
     results, runs = {}, {}
     for seed in seeds:
-        for arm in chosen:
-            name = arm if len(seeds) == 1 else f"{arm}-seed{seed}"
-            run_dir = out / name
-            runs[name] = (arm, seed)
-            if not args.collect:
-                seed_override = [] if seed is None else [f"train.seed={seed}"]
-                cmd = [sys.executable, "-m", "actors.cli", "train", args.config, *args.overrides, *arms[arm],
-                       *seed_override, f"train.run_dir={run_dir}", "logging.progress=false"]
-                print("$", " ".join(cmd), flush=True)
-                subprocess.run(cmd, check=True)
-            results[name] = read_metrics(run_dir)
+        for staleness in args.staleness or [None]:
+            for arm in chosen:
+                label = arm if staleness is None else f"{arm}-s{staleness}"
+                name = label if len(seeds) == 1 else f"{label}-seed{seed}"
+                run_dir = out / name
+                runs[name] = (label, seed)
+                if not args.collect:
+                    extra = [] if seed is None else [f"train.seed={seed}"]
+                    extra += [] if staleness is None else [f"train.max_staleness={staleness}"]
+                    cmd = [sys.executable, "-m", "actors.cli", "train", args.config, *args.overrides, *arms[arm],
+                           *extra, f"train.run_dir={run_dir}", "logging.progress=false"]
+                    print("$", " ".join(cmd), flush=True)
+                    subprocess.run(cmd, check=True)
+                results[name] = read_metrics(run_dir)
     write_comparison(results, out, runs)
     return 0
 

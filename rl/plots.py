@@ -13,6 +13,7 @@ panel whose metrics a run does not log is left out, and keys added later fit wit
 | clip fraction (`clip_fraction.png`)  | `learner/pg_clipfrac_*`                                                 |
 | length (`length.png`)                | `response_len_mean`; `truncation_rate` on the right axis                |
 | mismatch (`mismatch.png`)            | every `.../mismatch/<part>` size (not its ESS / outside-share), log scale |
+| mismatch parts (`mismatch_parts.png`) | `mismatch_parts/{engine,staleness,estimator,total}` (rl/mismatch_parts.py), log scale |
 | step time (`step_time.png`)          | `time_<phase>_s` stacked per step; the rest of `time_step_s` as "other" (eval, checkpoint) |
 | latent channel (`latent.png`)        | `learner/latent/*` (rl/latent_metrics.py): weight norms; shares, shift right |
 
@@ -40,6 +41,10 @@ _LABELS = {
     "learner/pg_clipfrac_dual": "dual clip", "response_len_mean": "mean response length",
     "truncation_rate": "truncated share", "learner/mismatch/abs_logp_diff": "mean |Δ log p| engine vs learner",
     "learner/mismatch/k3": "k3 KL(engine ‖ learner)",
+    "mismatch_parts/engine": "engine: exact(θ_v) − engine(θ_v)",
+    "mismatch_parts/staleness": "staleness: exact(θ_V) − exact(θ_v)",
+    "mismatch_parts/estimator": "estimator: est(θ_V) − exact(θ_V)",
+    "mismatch_parts/total": "total: est(θ_V) − engine(θ_v)",
     "learner/latent/w_state_norm": "‖W_U‖ (state weights)",
     "learner/latent/w_token_dev": "‖W_T − I‖ (token weights)", "learner/latent/w_gate_norm": "‖W_G‖ (gate weights)",
     "learner/latent/state_share": "state share of fused input",
@@ -136,6 +141,14 @@ def build_panels(rows: list[dict]) -> list[Panel]:
         mism = ["logprob_mismatch_abs_mean"]
     p = Panel("mismatch", "Log-prob mismatch (engine vs learner)", "per token (log scale)", log=True)
     p.series += [_series(train, k, _LABELS.get(k, k.replace("learner/", "")), positive=True) for k in mism]
+    panels.append(p)
+
+    # the three parts of the mismatch (and their sum) on the diagnostic rows; an exact 0 (staleness at s = 0, the
+    # exact estimator) has no place on a log axis and is left out
+    p = Panel("mismatch_parts", "Mismatch taken apart (diagnostic rows)", "mean |Δ log p| per token (log scale)",
+              log=True)
+    p.series += [_series(train, f"mismatch_parts/{part}", positive=True, style=":" if part == "total" else "-")
+                 for part in ("engine", "staleness", "estimator", "total")]
     panels.append(p)
 
     p = Panel("step_time", "Step time by phase", "seconds", stacked=True)

@@ -438,6 +438,71 @@ def test_mask_mode_keeps_ratios_on_its_bounds():
     close(met["mismatch/ratio_outside_frac"], 0.5)
 
 
+def test_icepop_and_sequence_masked_is_by_hand():
+    """Masked IS keeps r as the weight inside [a, b] and drops (weight 0) what falls outside: token level is IcePop,
+    sequence level seq-MIS. Same Δ as above: token ratios e^0.1, e^−0.3, 1, e^0.2; sequence Π r = e^−0.2, e^0.2."""
+    ones = torch.ones(2, 2)
+    w, m = A.rollout_correction(LEARNER, ENGINE, ones, "mis", "token", bounds=(0.8, 1.2))
+    close(w, [[math.exp(0.1), 0.0], [1.0, 0.0]])  # e^−0.3 = 0.741 < 0.8 and e^0.2 = 1.221 > 1.2 are dropped
+    assert m.tolist() == [[True, False], [True, False]]
+    w, m = A.rollout_correction(LEARNER, ENGINE, ones, "mis", "token", bounds=(0.5, 5.0))  # IcePop's band
+    close(w, [[math.exp(0.1), math.exp(-0.3)], [1.0, math.exp(0.2)]])
+    assert m.all()
+    w, m = A.rollout_correction(LEARNER, ENGINE, ones, "mis", "sequence", bounds=(0.8, 1.2))
+    close(w, [[math.exp(-0.2)] * 2, [0.0, 0.0]])  # sequence B's Π r = 1.221 > 1.2: the whole sequence goes
+    assert m.tolist() == [[True, True], [False, False]]
+    w, _ = A.rollout_correction(LEARNER, ENGINE, ones, "mis", "geometric", bounds=(0.8, 1.2))
+    close(w, [[math.exp(-0.1)] * 2, [math.exp(0.1)] * 2])
+    # padding weighs 0 whatever its log-probs say
+    pad = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    w, m = A.rollout_correction(LEARNER, ENGINE, pad, "mis", "sequence", bounds=(0.8, 1.2))
+    close(w, [[math.exp(0.1), 0.0], [0.0, 0.0]])  # sequence A is only its first token now: Π r = e^0.1
+    assert m.tolist() == [[True, False], [False, False]]
+
+    # in the loss: reinforce, A = 1, IcePop at [0.8, 1.2]: −(r·logp) summed over kept tokens / 4 (all tokens count)
+    logp = LEARNER.clone().requires_grad_()
+    cfg = A.PolicyLossConfig(loss_type="reinforce", is_mode="mis", is_bounds=(0.8, 1.2))
+    loss, met = A.compute_policy_loss(logp, None, torch.ones(2, dtype=D), ones, cfg, engine_logp=ENGINE)
+    close(loss, -(math.exp(0.1) * LEARNER[0, 0] + 1.0 * LEARNER[1, 0]) / 4)
+    close(met["is/masked_frac"], 0.5)
+    close(met["is/weight_mean"], (math.exp(0.1) + 1.0) / 4)
+    loss.backward()
+    close(logp.grad, [[-math.exp(0.1) / 4, 0.0], [-1 / 4, 0.0]])
+    # seq-MIS through the loss config
+    cfg = A.PolicyLossConfig(loss_type="reinforce", is_mode="mis", is_level="sequence", is_bounds=(0.8, 1.2))
+    loss, _ = A.compute_policy_loss(LEARNER, None, torch.ones(2, dtype=D), ones, cfg, engine_logp=ENGINE)
+    close(loss, -math.exp(-0.2) * (LEARNER[0, 0] + LEARNER[0, 1]) / 4)
+
+
+def test_correction_denominator_is_the_engine_of_the_sampling_version():
+    """Under staleness the learner's weights moved since the engine sampled: the ratio is learner / engine, and
+    the engine's log-prob (of the sampling version) is what divides, never a learner recomputation."""
+    ones = torch.ones(1, 2)
+    learner_now = torch.tensor([[-1.0, -1.0]], dtype=D)
+    engine_then = torch.tensor([[-1.5, -0.9]], dtype=D)
+    w, _ = A.rollout_correction(learner_now, engine_then, ones, "truncate", "token", cap=10.0)
+    close(w, [[math.exp(0.5), math.exp(-0.1)]])
+
+
+def test_is_modes_registry_and_config():
+    assert {"truncate", "mask", "mis"} <= set(A.IS_CORRECTIONS)
+    with pytest.raises(ValueError, match="mis"):
+        A.PolicyLossConfig(is_mode="icepopp")
+    from rl.config import load_config
+    from rl.learner import policy_loss_config
+    off = policy_loss_config(load_config(None, []).algo, 48)
+    assert off.is_mode is None  # the default: no correction
+    tis = policy_loss_config(load_config(None, ["algo.tis_cap=2"]).algo, 48)
+    assert (tis.is_mode, tis.is_cap) == ("truncate", 2.0)
+    ice = policy_loss_config(load_config(None, ["algo.tis_mode=mis", "algo.tis_bounds=[0.5, 5.0]"]).algo, 48)
+    assert (ice.is_mode, ice.is_level, ice.is_bounds) == ("mis", "token", (0.5, 5.0))
+    seq = policy_loss_config(load_config(None, ["algo.tis_mode=mis", "algo.tis_level=sequence"]).algo, 48)
+    assert (seq.is_mode, seq.is_level) == ("mis", "sequence")
+    from rl.config import ConfigError
+    with pytest.raises(ConfigError, match="tis_bounds"):
+        load_config(None, ["algo.tis_bounds=[2.0, 0.5]"])
+
+
 # ---- registries, config, imports, docs ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("getter,valid", [

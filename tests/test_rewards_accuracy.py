@@ -131,6 +131,9 @@ class NoLearner:
     def update(self, samples, advantages):
         return {"loss": 0.0}
 
+    def mismatch_parts(self, samples, version):
+        return {}
+
     def export_weights(self, path):
         return path
 

@@ -1,9 +1,10 @@
 """GRPO family as pure tensor functions: advantage estimators, policy losses, loss aggregation, KL to a reference
-policy, train/rollout mismatch (metrics, TIS / masking), dynamic sampling, overlong penalty, skip decision.
+policy, train/rollout mismatch (metrics, off-policy corrections: TIS, masks, IcePop / seq-MIS), dynamic sampling,
+overlong penalty, skip decision.
 
 Registries map config names to functions (`ADVANTAGE_ESTIMATORS`, `POLICY_LOSSES`, `LOSS_AGG_MODES`,
-`KL_ESTIMATORS`); add one with the matching `register_*` decorator, look one up with `get_*` (an unknown name
-raises ValueError listing the valid ones). Only torch is imported — never Ray, vLLM or DeepSpeed.
+`KL_ESTIMATORS`, `IS_CORRECTIONS`); add one with the matching `register_*` decorator, look one up with `get_*`
+(an unknown name raises ValueError listing the valid ones). Only torch is imported — never Ray, vLLM or DeepSpeed.
 """
 from .advantages import (
     ADVANTAGE_ESTIMATORS,
@@ -43,7 +44,20 @@ from .losses import (
     seq_count,
     token_count,
 )
-from .mismatch import IS_LEVELS, IS_MODES, mismatch_metrics, rollout_correction, sequence_log_ratio
+from .mismatch import (
+    IS_CORRECTIONS,
+    IS_LEVELS,
+    IS_MODES,
+    get_is_correction,
+    masked_is,
+    mismatch_decomposition,
+    mismatch_metrics,
+    register_is_correction,
+    rejection_mask,
+    rollout_correction,
+    sequence_log_ratio,
+    truncated_is,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "LOSS_AGG_MODES", "KL_ESTIMATORS", "IS_MODES", "IS_LEVELS",
@@ -54,5 +68,6 @@ __all__ = [
     "PolicyLossConfig", "ppo_clip_loss", "reinforce_loss", "agg_token_mean", "agg_seq_mean_token_mean",
     "agg_seq_mean_token_sum_norm", "aggregate_loss", "token_count", "seq_count", "kl_k1", "kl_k2", "kl_k3",
     "compute_policy_loss", "no_usable_signal",
-    "mismatch_metrics", "rollout_correction", "sequence_log_ratio",
+    "mismatch_metrics", "rollout_correction", "sequence_log_ratio", "IS_CORRECTIONS", "register_is_correction",
+    "get_is_correction", "truncated_is", "rejection_mask", "masked_is", "mismatch_decomposition",
 ]

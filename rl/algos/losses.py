@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from ._registry import lookup, make_register
-from .mismatch import IS_LEVELS, IS_MODES, mismatch_metrics, rollout_correction
+from .mismatch import IS_LEVELS, get_is_correction, mismatch_metrics, rollout_correction
 
 Count = Union[int, float, Tensor, None]
 
@@ -54,10 +54,10 @@ class PolicyLossConfig:
     max_length: Optional[int] = None  # constant normaliser of seq_mean_token_sum_norm (default: T of the call)
     kl_coef: float = 0.0              # 0 = no reference policy needed
     kl_estimator: str = "k3"          # KL_ESTIMATORS key
-    is_mode: Optional[str] = None     # engine/learner correction: None | "truncate" (TIS) | "mask"
+    is_mode: Optional[str] = None     # engine/learner correction: None | an IS_CORRECTIONS name (truncate, mask, mis)
     is_level: str = "token"           # "token" | "sequence" | "geometric"
     is_cap: float = 2.0               # TIS cap C
-    is_bounds: tuple[float, float] = (0.5, 2.0)  # ratios kept by the "mask" mode
+    is_bounds: tuple[float, float] = (0.5, 2.0)  # ratios kept by the "mask" and "mis" modes
 
     def __post_init__(self) -> None:
         get_policy_loss(self.loss_type), get_loss_agg_mode(self.agg_mode), get_kl_estimator(self.kl_estimator)
@@ -70,8 +70,8 @@ class PolicyLossConfig:
         if self.kl_coef > 0 and self.kl_estimator in KL_NOT_A_LOSS:
             raise ValueError(f"kl_estimator {self.kl_estimator!r} with kl_coef > 0: "
                              f"{KL_NOT_A_LOSS[self.kl_estimator]}")
-        if self.is_mode is not None and self.is_mode not in IS_MODES:
-            raise ValueError(f"unknown is_mode {self.is_mode!r}; valid choices: None, {', '.join(IS_MODES)}")
+        if self.is_mode is not None:
+            get_is_correction(self.is_mode)  # ValueError naming the registered modes
         if self.is_level not in IS_LEVELS:
             raise ValueError(f"unknown is_level {self.is_level!r}; valid choices: {', '.join(IS_LEVELS)}")
 
@@ -203,9 +203,10 @@ def compute_policy_loss(logp: Tensor, old_logp: Optional[Tensor], advantages: Te
                         ) -> tuple[Tensor, dict[str, float]]:
     """Loss (scalar, differentiable w.r.t. `logp`) and float metrics for one (micro-)batch; pass the global
     token/sequence counts when the batch is split so that the parts' losses and gradients sum to the whole's."""
-    # old_logp None = on-policy (logp.detach()). engine_logp adds mismatch metrics and, with cfg.is_mode, TIS /
-    # masking (weights from old_logp vs engine_logp; masked tokens weigh 0 but stay in the denominators, so
-    # counts taken from the incoming `mask` stay valid). ref_logp is needed only when kl_coef > 0.
+    # old_logp None = on-policy (logp.detach()). engine_logp adds mismatch metrics and, with cfg.is_mode, an
+    # off-policy correction: TIS / masks / masked IS with weights from old_logp vs engine_logp (the engine's
+    # log-prob of the sampling version is the denominator); masked tokens weigh 0 but stay in the denominators,
+    # so counts taken from the incoming `mask` stay valid. ref_logp is needed only when kl_coef > 0.
     cfg = cfg or PolicyLossConfig()
     if logp.shape != mask.shape:
         raise ValueError(f"logp {tuple(logp.shape)} and mask {tuple(mask.shape)} differ")

@@ -1,16 +1,39 @@
-"""Train/rollout mismatch: metrics and truncated importance sampling (TIS) / masking.
+"""Train/rollout mismatch: metrics and off-policy corrections (TIS, masking, masked IS).
 
-The engine samples with its own numerics; the learner recomputes log-probs of the same tokens at the
-behaviour policy (`old_logp`). Per token, log r = old_logp − engine_logp, r = π_learner / π_engine. All tensors
-are `[B, T]` with a `[B, T]` mask of response tokens; nothing here needs gradients.
+The engine samples with its own numerics — and, in asynchronous training, with the weights of the version that
+made the sample, up to `train.max_staleness` versions behind the learner; the learner recomputes log-probs of the
+same tokens at its current weights (`old_logp`). Per token, log r = old_logp − engine_logp,
+r = π_learner / π_engine: the denominator is always the engine's log-prob of the sampling version, so one ratio
+corrects both the kernels' and the staleness' part of the mismatch. All tensors are `[B, T]` with a `[B, T]`
+mask of response tokens; nothing here needs gradients.
+
+Corrections are pure functions of the ratio behind the `IS_CORRECTIONS` registry (`register_is_correction`);
+`rollout_correction` first lifts the token ratios to the requested level (token, sequence = Π r_t, geometric =
+exp(mean log r_t)) and then applies the mode:
+
+| mode       | weight                                    | token level         | sequence level            |
+|------------|-------------------------------------------|---------------------|---------------------------|
+| `truncate` | min(r, cap)                               | TIS                 | sequence TIS              |
+| `mask`     | 1 inside [a, b], 0 outside                | token rejection     | sequence rejection        |
+| `mis`      | r inside [a, b], 0 outside (masked IS)    | IcePop              | seq-MIS                   |
+
+A masked token weighs 0 but stays in the loss denominators (the aggregation counts are taken from the
+response mask), so masking never rescales the other tokens' gradients.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-IS_MODES = ("truncate", "mask")
+from ._registry import lookup, make_register
+
 IS_LEVELS = ("token", "sequence", "geometric")
+# name -> fn(ratio [B,T] (already at the level, masked positions arbitrary), mask [B,T] bool, cap, bounds)
+#         -> (weights [B,T], kept [B,T] bool)
+IS_CORRECTIONS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {}
+register_is_correction = make_register(IS_CORRECTIONS, "IS correction")
 _LOG_CLAMP = 20.0  # exp(±20) keeps weights finite in float32 whatever the sequence length
 
 
@@ -55,13 +78,58 @@ def mismatch_metrics(learner_logp: Tensor, engine_logp: Tensor, mask: Tensor,
             "mismatch/ratio_outside_frac": out[2], "mismatch/seq_ess": out[3]}
 
 
+def mismatch_decomposition(engine_logp: Tensor, exact_then: Tensor, exact_now: Tensor, estimator_now: Tensor,
+                           mask: Tensor, then_known: Tensor | None = None) -> dict[str, float]:
+    """Mean |Δ| and mean Δ per part over masked tokens: engine = exact_then − engine, staleness = exact_now −
+    exact_then (rows where `then_known` [B]), estimator = estimator_now − exact_now, total = their sum."""
+    m = mask.bool()
+    known = m if then_known is None else m & then_known.bool().to(m.device)[:, None]
+    f = lambda t: t.detach().double()  # noqa: E731
+    diffs = {"engine": (f(exact_then) - f(engine_logp), known), "staleness": (f(exact_now) - f(exact_then), known),
+             "estimator": (f(estimator_now) - f(exact_now), m), "total": (f(estimator_now) - f(engine_logp), m)}
+    out = {}
+    for name, (d, where) in diffs.items():
+        n = where.sum()
+        if int(n) == 0:
+            continue
+        d = d.masked_fill(~where, 0.0)
+        out[name] = float(d.abs().sum() / n)
+        out[f"{name}_signed"] = float(d.sum() / n)
+    return out
+
+
+def get_is_correction(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
+    """The correction registered as `name`; ValueError listing the valid names otherwise."""
+    return lookup(IS_CORRECTIONS, "IS mode", name)
+
+
+@register_is_correction("truncate")
+def truncated_is(ratio: Tensor, mask: Tensor, cap: float = 2.0, bounds=(0.5, 2.0)) -> tuple[Tensor, Tensor]:
+    """TIS: weight min(r, cap); every token kept."""
+    return ratio.clamp(max=cap), mask
+
+
+@register_is_correction("mask")
+def rejection_mask(ratio: Tensor, mask: Tensor, cap: float = 2.0, bounds=(0.5, 2.0)) -> tuple[Tensor, Tensor]:
+    """Rejection: weight 1 where bounds[0] <= r <= bounds[1], 0 (dropped) elsewhere."""
+    keep = (ratio >= bounds[0]) & (ratio <= bounds[1]) & mask
+    return keep.to(ratio.dtype), keep
+
+
+@register_is_correction("mis")
+def masked_is(ratio: Tensor, mask: Tensor, cap: float = 2.0, bounds=(0.5, 2.0)) -> tuple[Tensor, Tensor]:
+    """Masked IS: weight r inside [bounds[0], bounds[1]], 0 (dropped) outside — IcePop's double-sided mask at token
+    level (its paper's band: [0.5, 5]), seq-MIS at sequence level."""
+    keep = (ratio >= bounds[0]) & (ratio <= bounds[1]) & mask
+    return torch.where(keep, ratio, torch.zeros_like(ratio)), keep
+
+
 def rollout_correction(old_logp: Tensor, engine_logp: Tensor, mask: Tensor, mode: str = "truncate",
                        level: str = "token", cap: float = 2.0,
                        bounds: tuple[float, float] = (0.5, 2.0)) -> tuple[Tensor, Tensor]:
-    """Detached (weights [B,T], mask [B,T]): `truncate` (TIS) weight = min(r, cap); `mask` drops tokens or whole
-    sequences (r = Π r_t for `sequence`, exp(mean log r_t) for `geometric`) whose r is outside `bounds`."""
-    if mode not in IS_MODES:
-        raise ValueError(f"unknown IS mode {mode!r}; valid choices: {', '.join(IS_MODES)}")
+    """Detached (weights [B,T], kept [B,T]) of correction `mode` at `level` (token r, or per sequence Π r_t /
+    exp(mean log r_t) broadcast over its tokens); weights are 0 on padding and dropped tokens."""
+    fn = get_is_correction(mode)
     if level not in IS_LEVELS:
         raise ValueError(f"unknown IS level {level!r}; valid choices: {', '.join(IS_LEVELS)}")
     log_r, m = _prep(old_logp, engine_logp, mask)
@@ -69,7 +137,8 @@ def rollout_correction(old_logp: Tensor, engine_logp: Tensor, mask: Tensor, mode
         log_r = sequence_log_ratio(log_r, m, level).unsqueeze(-1).expand_as(log_r)
     ratio = log_r.clamp(-_LOG_CLAMP, _LOG_CLAMP).exp()
     dtype = old_logp.dtype if old_logp.dtype in (torch.float32, torch.float64) else torch.float32
-    if mode == "truncate":
-        return ratio.clamp(max=cap).masked_fill(~m, 0.0).to(dtype), m
-    keep = (ratio >= bounds[0]) & (ratio <= bounds[1]) & m
-    return keep.to(dtype), keep
+    weights, kept = fn(ratio, m, cap=cap, bounds=bounds)
+    return weights.masked_fill(~m, 0.0).to(dtype), kept & m
+
+
+IS_MODES = tuple(IS_CORRECTIONS)  # the built-in modes; `IS_CORRECTIONS` also holds any registered later

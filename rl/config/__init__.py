@@ -6,7 +6,8 @@ the full dotted key, the file and line or the override, and what was expected), 
 and comparing two configs field by field (`diff_configs`, `check_resume`).
 
 schema.py holds the sections, loading.py the YAML/override loader (import both from here), secrets.py the
-redaction of secret values before a config is written anywhere.
+redaction of secret values before a config is written anywhere, offpolicy.py the fields of off-policy training
+(`algo.tis_*`, `train.max_staleness`, `train.mismatch_parts_frac`) that schema.py's sections mix in.
 
 The loader is generic: it reads the dataclasses' annotations, so adding a field is adding one line to a
 section. Rules inside one section live in its `validate()` (it returns `(field, message)` problems; the

@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from rl.config.offpolicy import AsyncTraining, OffPolicyCorrection
 from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 
 DecodeMode = Literal["standard", "soft", "fused"]
@@ -204,7 +205,7 @@ class RolloutConfig:
 
 
 @dataclass
-class AlgoConfig:
+class AlgoConfig(OffPolicyCorrection):
     adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
     adv_eps: float = 1e-6
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
@@ -217,8 +218,7 @@ class AlgoConfig:
     dynamic_sampling: bool = False        # drop groups whose rewards are all equal
     overlong_buffer: int = 0              # tokens before max_tokens where the penalty ramps in; 0: off
     overlong_factor: float = 1.0
-    tis_cap: Optional[float] = None       # truncated importance sampling for the engine/learner mismatch
-    tis_mode: Literal["truncate", "mask"] = "truncate"
+    # algo.tis_cap / tis_mode / tis_level / tis_bounds: the off-policy correction (rl/config/offpolicy.py)
     ppo_epochs: int = 1
     mini_batches: int = 1                 # optimizer steps per rollout batch per epoch
 
@@ -236,8 +236,7 @@ class AlgoConfig:
         for name in ("adv_eps", "kl_coef", "overlong_buffer", "overlong_factor"):
             if getattr(self, name) < 0:
                 yield name, f"must be >= 0, got {getattr(self, name)}"
-        if self.tis_cap is not None and self.tis_cap <= 0:
-            yield "tis_cap", f"must be > 0 or null, got {self.tis_cap}"
+        yield from self.validate_correction()
 
 
 @dataclass
@@ -336,7 +335,7 @@ class RewardConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(AsyncTraining):
     """The RL job (`fbrl train`)."""
     steps: int = 30
     prompts_per_step: int = 16            # B
@@ -346,6 +345,7 @@ class TrainConfig:
     eval_decode_modes: list[DecodeMode] = field(default_factory=lambda: ["soft"])
     checkpoint_every: int = 10
     latent_metrics_rows: int = 4          # rows per step for the latent-channel metrics (rl/latent_metrics.py); 0: off
+    # train.max_staleness / mismatch_parts_frac: asynchronous training (rl/config/offpolicy.py)
     run_dir: Optional[str] = None         # null: runs/<date-time>/
     resume: Optional[str] = None          # a run dir to continue
 
@@ -358,6 +358,7 @@ class TrainConfig:
                 yield name, f"must be >= 0 (0: off), got {getattr(self, name)}"
         if not self.eval_decode_modes:
             yield "eval_decode_modes", "needs at least one decode mode"
+        yield from self.validate_async()
 
 
 @dataclass
@@ -494,7 +495,7 @@ RETIRED_KEYS = {
 # Fields whose change makes a resumed run a different experiment (checked by `check_resume`).
 RESUME_LOCKED = ("model.path", "model.init", "model.fusion_mode", "data", "likelihood.estimator",
                  "likelihood.passes", "rollout.decode_mode", "rollout.n_samples_per_prompt",
-                 "train.seed", "train.prompts_per_step",
+                 "train.seed", "train.prompts_per_step", "train.max_staleness",
                  # a DeepSpeed checkpoint loads only with the same world size and ZeRO stage
                  "learner.num_workers", "learner.zero_stage")
 

@@ -1,0 +1,44 @@
+"""Config fields of off-policy training (issue 17), mixed into their sections in schema.py: the off-policy
+correction of `algo` (`algo.tis_*`) and asynchronous training with its mismatch diagnostics (`train.max_staleness`,
+`train.mismatch_parts_frac`). Kept apart so schema.py stays one screenful per section; the keys are the sections'
+own (a mixin's fields come first in its section when dumped)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+
+@dataclass
+class OffPolicyCorrection:
+    """`algo.tis_*`. Off-policy correction of the learner/engine ratio r = pi_learner / pi_engine (the engine's
+    log-prob of the sampling version is the denominator; rl/algos/mismatch.py): truncate (TIS, w = min(r, tis_cap);
+    on when tis_cap is set), mask (w = 1 inside tis_bounds, 0 outside), mis (masked IS, w = r inside tis_bounds,
+    0 outside: IcePop at token level, seq-MIS at sequence level). Levels: token, sequence (r = prod r_t),
+    geometric (exp(mean log r_t))."""
+    tis_cap: Optional[float] = None
+    tis_mode: Literal["truncate", "mask", "mis"] = "truncate"
+    tis_level: Literal["token", "sequence", "geometric"] = "token"
+    tis_bounds: tuple[float, float] = (0.5, 2.0)
+
+    def validate_correction(self):
+        if not 0 <= self.tis_bounds[0] < self.tis_bounds[1]:
+            yield "tis_bounds", f"expected [low, high] with 0 <= low < high, got {list(self.tis_bounds)}"
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            yield "tis_cap", f"must be > 0 or null, got {self.tis_cap}"
+
+
+@dataclass
+class AsyncTraining:
+    """`train.max_staleness`, `train.mismatch_parts_frac`."""
+    # Asynchronous training (rl/rollout_queue.py): the engines generate the next batches while the learner trains;
+    # a sample made by policy version v is trained while the learner holds v..v+s and never later. 0: synchronous.
+    max_staleness: int = 0
+    # Share of each step's rows on which the mismatch is taken apart (engine / staleness / estimator, exact
+    # log-probs: rl/mismatch_parts.py); keeps a CPU copy of the last max_staleness + 1 versions' weights. 0: off.
+    mismatch_parts_frac: float = 0.0625
+
+    def validate_async(self):
+        if self.max_staleness < 0:
+            yield "max_staleness", f"must be >= 0 (0: synchronous), got {self.max_staleness}"
+        if not 0.0 <= self.mismatch_parts_frac <= 1.0:
+            yield "mismatch_parts_frac", f"expected a fraction in [0, 1], got {self.mismatch_parts_frac}"
