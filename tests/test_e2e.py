@@ -187,6 +187,7 @@ def test_resume_continues_with_same_prompts_and_rewards(tmp_path):
         fbrl_train(*common, "train.steps=5", "likelihood.estimator=kpass", "--resume", str(part))
 
 
+@pytest.mark.slow  # ~100 s idle (315 s under load): slow to keep CI under ~15 min; docs/TESTING.md says what CI keeps
 def test_real_stack_fused_zero3_resume(tmp_path):
     """Off the default path on the real stack (Ray, vLLM, 2 DeepSpeed ranks): fused decoding inside the loop,
     ZeRO-3 (parameters partitioned over the ranks), and a resume from the run's own checkpoint. The resumed run
