@@ -26,11 +26,11 @@ import shutil
 from pathlib import Path
 
 import torch
-import yaml
 from safetensors.torch import load_file, save_file
 
 from rl.config import Config, check_resume, load_config
 from rl.config.secrets import redacted
+from rl.config.serialize import yaml_dump
 
 # What a run directory holds (RunDir.new --overwrite deletes these and nothing else).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "weights", "plots", "wandb")
@@ -186,11 +186,6 @@ class RunDir:
         """Draw plots/summary.png and one PNG per panel from metrics.jsonl (rl/plots.py); returns the paths."""
         from rl.plots import render
         return render(self.read_metrics(), self.path / "plots", title)
-
-
-def yaml_dump(data: dict) -> str:
-    from rl.config.schema import _Dumper
-    return yaml.dump(data, Dumper=_Dumper, sort_keys=False)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

@@ -14,12 +14,17 @@ section. Rules inside one section live in its `validate()` (it returns `(field, 
 loader turns them into errors carrying the key's location). Rules that need other packages (e.g. vLLM
 option compatibility, `enable_prefix_caching` must stay false) are checked where those packages are used.
 The defaults are the embedded CPU default (tiny checkpoint, arithmetic task).
+
+pretrain.py holds the two sections only `fbrl pretrain` reads (`pretrain`, `model.init`; schema.py's `Config`
+includes them), serialize.py a config as plain data, dotted keys and YAML text (what `Config.to_dict / flat /
+to_yaml` return; the loader's dotted-key helpers).
 """
 from rl.config.loading import config_from_dict, load_config
+from rl.config.pretrain import ModelInitConfig, PretrainConfig
 from rl.config.schema import (RESUME_LOCKED, AlgoConfig, CompareConfig, Config, ConfigError, DataConfig, DecodeMode,
                               EvalConfig, FaultsConfig, LearnerConfig, LikelihoodConfig, LoggingConfig, ModelConfig,
-                              ModelInitConfig, PretrainConfig, RayConfig, RewardConfig, RewardFn, RolloutConfig,
-                              TrainConfig, VllmOptions, check_resume, diff_configs)
+                              RayConfig, RewardConfig, RewardFn, RolloutConfig, TrainConfig, VllmOptions,
+                              check_resume, diff_configs)
 
 __all__ = ["config_from_dict", "load_config", "RESUME_LOCKED", "AlgoConfig", "CompareConfig", "Config", "ConfigError",
            "DataConfig", "DecodeMode", "EvalConfig", "FaultsConfig", "LearnerConfig", "LikelihoodConfig",

@@ -16,9 +16,18 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from rl.config.schema import RETIRED_KEYS, Config, ConfigError, _join, _under
+from rl.config.schema import Config, ConfigError
+from rl.config.serialize import is_under, join_key
 
 # ---------------------------------------------------------------------------------------------- loading
+
+# Keys that no longer exist, with what replaced them (the loader's error says so instead of "unknown key").
+RETIRED_KEYS = {
+    "likelihood.micro_batch_size": "removed (it was never read); learner.micro_batch_size, "
+                                   "max_tokens_per_micro_batch and max_response_tokens_per_micro_batch now bound "
+                                   "old, reference and policy log-probs alike",
+}
+
 
 class _Loader(yaml.SafeLoader):
     pass
@@ -53,7 +62,7 @@ def _index_marks(node, prefix: str, where: str, origins: dict[str, str]) -> None
     if isinstance(node, yaml.MappingNode):
         seen = set()
         for knode, vnode in node.value:
-            path = _join(prefix, str(knode.value))
+            path = join_key(prefix, str(knode.value))
             loc = f"{where} line {knode.start_mark.line + 1}"
             if knode.value in seen:
                 raise ConfigError(f"{path}: duplicate key ({loc})")
@@ -85,14 +94,14 @@ def _apply_override(raw: dict, origins: dict[str, str], text: str) -> None:
             raise ConfigError(f"{'.'.join(parts[:i + 1])}: is a value, not a section ({where})")
         node = child
     node[parts[-1]] = value
-    for k in [k for k in origins if _under(k, key)]:
+    for k in [k for k in origins if is_under(k, key)]:
         del origins[k]   # the override replaced whatever the file said beneath this key
     origins[key] = where
 
 
 def _where(path: str, origins: dict[str, str]) -> str:
     for k in origins:   # a key that only exists in the input: report where its first child came from
-        if _under(k, path):
+        if is_under(k, path):
             return f" ({origins[k]})"
     p = path
     while p:   # else its nearest parent that has a location (e.g. a whole override)
@@ -206,7 +215,7 @@ def _build(cls, raw, path: str, origins: dict[str, str]):
     names = [f.name for f in dataclasses.fields(cls)]
     for key in raw:
         if key not in names:
-            sub = _join(path, str(key))
+            sub = join_key(path, str(key))
             if sub in RETIRED_KEYS:
                 raise ConfigError(f"{sub}: {RETIRED_KEYS[sub]}{_where(sub, origins)}")
             close = difflib.get_close_matches(str(key), names, n=1)
@@ -216,10 +225,10 @@ def _build(cls, raw, path: str, origins: dict[str, str]):
     missing = [f.name for f in dataclasses.fields(cls) if f.name not in raw
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
-        raise ConfigError(f"{_join(path, missing[0])}: required{_where(path, origins)}")
-    obj = cls(**{k: _coerce(hints[k], v, _join(path, k), origins) for k, v in raw.items()})
+        raise ConfigError(f"{join_key(path, missing[0])}: required{_where(path, origins)}")
+    obj = cls(**{k: _coerce(hints[k], v, join_key(path, k), origins) for k, v in raw.items()})
     for name, msg in getattr(obj, "validate", lambda: ())():
-        sub = _join(path, name)
+        sub = join_key(path, name)
         raise ConfigError(f"{sub}: {msg}{_where(sub, origins)}")
     return obj
 

@@ -1,19 +1,19 @@
-"""The config schema: one nested dataclass per section, YAML dumping, and comparing two configs.
+"""The config schema: one nested dataclass per section, and comparing two configs.
 
 Rules inside one section live in its `validate()` (it yields `(field, message)` problems; the loader in
 rl/config/loading.py turns them into errors carrying the key's location). The defaults are the embedded CPU
-default (tiny checkpoint, arithmetic task).
+default (tiny checkpoint, arithmetic task). The sections of `fbrl pretrain` (`pretrain`, `model.init`) live in
+rl/config/pretrain.py, the plain-data / YAML views of a config in rl/config/serialize.py.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import yaml
-
 from rl.config.offpolicy import AsyncTraining, OffPolicyCorrection
+from rl.config.pretrain import ModelInitConfig, PretrainConfig
+from rl.config.serialize import flatten, is_under, plain, yaml_dump
 from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 
 DecodeMode = Literal["standard", "soft", "fused"]
@@ -24,26 +24,6 @@ class ConfigError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------------- schema
-
-@dataclass
-class ModelInitConfig:
-    """Architecture of a model built from scratch (pretrain of the tiny default)."""
-    backbone: Literal["llama", "qwen2"] = "llama"
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 2          # head_dim = hidden_size / num_heads; vLLM's CPU kernel needs 64
-    num_kv_heads: int = 2
-    intermediate_size: int = 512
-    max_position_embeddings: int = 256
-    rope_theta: float = 10000.0
-    tie_word_embeddings: bool = True
-
-    def validate(self):
-        if self.hidden_size % self.num_heads:
-            yield "num_heads", f"must divide hidden_size ({self.hidden_size}), got {self.num_heads}"
-        elif self.num_heads % self.num_kv_heads:
-            yield "num_kv_heads", f"must divide num_heads ({self.num_heads}), got {self.num_kv_heads}"
-
 
 @dataclass
 class ModelConfig:
@@ -93,56 +73,6 @@ class DataConfig:
             yield "direct_answer_frac", f"expected a fraction in [0, 1], got {self.direct_answer_frac}"
         if self.task in ("jsonl", "parquet", "hf_disk") and not self.train_path:
             yield "train_path", f"required when task is {self.task!r}"
-
-
-@dataclass
-class PretrainConfig:
-    """Multi-pass pretraining / SFT (`fbrl pretrain`)."""
-    steps: int = 2000
-    batch_size: int = 32
-    seq_len: int = 96
-    lr: float = 1e-3
-    lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    min_lr_ratio: float = 0.1
-    warmup: int = 100                     # steps
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    # K passes by step fraction: K=1 until 75% of steps, K=2 until 97%, K=3 to the end (the paper's 75/22/3)
-    pass_schedule: list[tuple[float, int]] = field(
-        default_factory=lambda: [(0.75, 1), (0.97, 2), (1.0, 3)])
-    schedule: Literal["boundaries", "mixture"] = "boundaries"
-    mixture_probs: list[float] = field(default_factory=lambda: [0.75, 0.22, 0.03])  # P(K=1), P(K=2), ...
-    # keep: the fusion weights as loaded; identity: set them so that the fused input is the token embedding
-    # (linear_addition W_U = 0, W_T = I; concat_projection W_C = [0, I]) before training, so a model trained
-    # without feedback starts as its standard self and training grows the latent channel from there
-    fusion_init: Literal["keep", "identity"] = "keep"
-    # probability that a step trains the exact recurrence alone (backpropagation through time) instead of K
-    # passes: the K -> infinity limit, for tasks whose answer needs the state carried over many tokens
-    exact_prob: float = 0.0
-    jitter: float = 0.02                  # uniform noise on carried states, training only
-    prefix_mixin: float = 0.0             # probability of a plain prefix per document and pass
-    loss_on: Literal["all", "response"] = "all"   # response: SFT loss mask on the solution tokens only
-    # where passes >= 2 fuse the previous pass's state: every position (pretraining, `fused` prompts) or only
-    # the loss-masked response positions, the prompt staying plain — exactly what `soft` decoding does
-    feedback_on: Literal["all", "response"] = "all"
-    eval_every: int = 200
-    val_batches: int = 4
-    out_dir: str = "runs/pretrain"        # never a shipped checkpoint by default: replacing one is deliberate
-    seed: int = 0
-    threads: int = 2
-
-    def validate(self):
-        fr = [f for f, _ in self.pass_schedule]
-        if not fr or fr != sorted(fr) or fr[-1] != 1.0 or fr[0] <= 0:
-            yield "pass_schedule", f"fractions must increase in (0, 1] and end at 1.0, got {fr}"
-        if any(k < 1 for _, k in self.pass_schedule):
-            yield "pass_schedule", "every K must be >= 1"
-        if any(p < 0 for p in self.mixture_probs) or abs(sum(self.mixture_probs) - 1) > 1e-6:
-            yield "mixture_probs", f"must be >= 0 and sum to 1, got {self.mixture_probs}"
-        if not 0 <= self.exact_prob <= 1:
-            yield "exact_prob", f"is a probability, got {self.exact_prob}"
-        if not 0 <= self.prefix_mixin <= 1:
-            yield "prefix_mixin", f"is a probability, got {self.prefix_mixin}"
 
 
 @dataclass
@@ -331,7 +261,7 @@ class RewardConfig:
 
     def entries(self) -> list[dict]:
         """`fns` as the dicts `rewards.loader.build_reward_set` takes (unset timeouts left out)."""
-        return [{k: v for k, v in _plain(f).items() if not (k == "timeout_s" and v is None)} for f in self.fns]
+        return [{k: v for k, v in plain(f).items() if not (k == "timeout_s" and v is None)} for f in self.fns]
 
 
 @dataclass
@@ -466,17 +396,17 @@ class Config:
 
     def to_dict(self) -> dict:
         """Plain dicts/lists/scalars (tuples become lists), in schema order."""
-        return _plain(self)
+        return plain(self)
 
     def to_yaml(self) -> str:
-        return yaml.dump(self.to_dict(), Dumper=_Dumper, sort_keys=False)
+        return yaml_dump(self.to_dict())
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_yaml())
 
     def flat(self) -> dict[str, Any]:
         """{'train.lr': 1e-6, ...}: every leaf under its dotted key (lists are leaves)."""
-        return _flatten(self.to_dict())
+        return flatten(self.to_dict())
 
     def get(self, dotted: str) -> Any:
         obj: Any = self
@@ -485,31 +415,12 @@ class Config:
         return obj
 
 
-# Keys that no longer exist, with what replaced them (the loader's error says so instead of "unknown key").
-RETIRED_KEYS = {
-    "likelihood.micro_batch_size": "removed (it was never read); learner.micro_batch_size, "
-                                   "max_tokens_per_micro_batch and max_response_tokens_per_micro_batch now bound "
-                                   "old, reference and policy log-probs alike",
-}
-
 # Fields whose change makes a resumed run a different experiment (checked by `check_resume`).
 RESUME_LOCKED = ("model.path", "model.init", "model.fusion_mode", "data", "likelihood.estimator",
                  "likelihood.passes", "rollout.decode_mode", "rollout.n_samples_per_prompt",
                  "train.seed", "train.prompts_per_step", "train.max_staleness",
                  # a DeepSpeed checkpoint loads only with the same world size and ZeRO stage
                  "learner.num_workers", "learner.zero_stage")
-
-
-class _Dumper(yaml.SafeDumper):
-    """Sections as blocks, lists of scalars (and of scalar pairs) inline: `pass_schedule: [[0.75, 1], ...]`."""
-
-    def represent_list(self, data):
-        flat = all(not isinstance(v, (dict, list)) or
-                   (isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v)) for v in data)
-        return self.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
-
-
-_Dumper.add_representer(list, _Dumper.represent_list)
 
 
 # ------------------------------------------------------------------------------------------- comparing
@@ -520,7 +431,7 @@ def diff_configs(a: Config, b: Config, keys: tuple[str, ...] | list[str] | None 
     fa, fb = a.flat(), b.flat()
     out = {}
     for k in list(fa) + [k for k in fb if k not in fa]:
-        if fa.get(k) != fb.get(k) and (keys is None or any(_under(k, p) for p in keys)):
+        if fa.get(k) != fb.get(k) and (keys is None or any(is_under(k, p) for p in keys)):
             out[k] = (fa.get(k), fb.get(k))
     return out
 
@@ -532,32 +443,3 @@ def check_resume(saved: Config, current: Config, locked: tuple[str, ...] = RESUM
         lines = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in
                           ((k, *v) for k, v in changed.items()))
         raise ConfigError(f"cannot resume: these fields differ from the saved run's config: {lines}")
-
-
-def _plain(obj):
-    if dataclasses.is_dataclass(obj):
-        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    return obj
-
-
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, _join(prefix, k)))
-        else:
-            out[_join(prefix, k)] = v
-    return out
-
-
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
-
-
-def _under(key: str, prefix: str) -> bool:
-    """`key` is `prefix` or beneath it (`prefix.x`, `prefix[0]`)."""
-    return key == prefix or key.startswith(prefix + ".") or key.startswith(prefix + "[")
