@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from actors.supervision import actor_class, gather, kill
+from actors.supervision import actor_class, describe, gather, kill
 from rl.batch import Sample
 from rl.workers import tensor_checksums
 
@@ -177,7 +177,9 @@ class RolloutFleet:
     With `make_actor(i)` (a new actor for engine i, on its placement bundle) and a `supervisor`, an engine whose
     actor died is replaced (actors/supervision.py): the new one loads the last weights synced through
     `load_weights` (a file path or Ray buckets, same version) and the chunk of the request the dead one held is
-    issued again, with the same seeds."""
+    issued again, with the same seeds. vLLM's native transports (nccl, ipc, native_ray) sync without
+    `load_weights`, so there is no last sync to replay, and their transfer group cannot take a new engine: once
+    it is set up (the first sync), a death stops the job (`RunStopped`) instead of being replaced."""
 
     def __init__(self, actors: list, make_actor=None, supervisor=None, transport=None):
         from actors.weight_sync import FileSync
@@ -227,6 +229,8 @@ class RolloutFleet:
         what = f"rollout actor {k}" + (f" (pid {self._pids[k]})" if self._pids[k] else "")
         if self.make_actor is None or self.supervisor is None:
             raise error
+        if not getattr(self.transport, "replaceable", True):  # vLLM's native transfer, once set up
+            raise self.transport.lost_engine(f"{what} died during {during} ({describe(error)})")
         self.supervisor.replacing("rollout", what, during, error)
         kill(self.actors[k])
         self.actors[k], self._pids[k] = self.make_actor(k), None

@@ -6,7 +6,9 @@ error its method raised, and hands the death to the worker object's own recovery
 
 - rollout actor: a new actor on the same placement bundle loads the current weights and version through the
   fleet's own `load_weights` (the last sync is replayed), and the chunk of the request the dead one held is issued
-  again with the same seeds, so the step gets the samples it would have had;
+  again with the same seeds, so the step gets the samples it would have had (file and ray weight sync; with vLLM's
+  native transfer, nccl / ipc / native_ray, a new engine cannot join the transfer group after the first sync, and
+  the job stops with `RunStopped` instead: actors/weight_sync.py `NativeSync`);
 - learner rank: every rank is killed (the others are bound to the dead one by collectives) and a new group starts
   at the initial weights; the group raises `rl.faults.LearnerRebuilt` and the loop restores the last checkpoint;
 - reward actor: restarted, and the batch scored again.

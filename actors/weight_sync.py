@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from actors.supervision import describe
+from rl.faults import RunStopped
+
 TRANSPORTS = ("file", "ray", "nccl", "ipc", "native_ray")
 NATIVE = ("nccl", "ipc", "native_ray")
 
@@ -163,19 +166,53 @@ class RaySync:
 # ---- vLLM's native weight transfer (nccl, ipc) and its CPU check (native_ray) ---------------------------------
 class NativeSync:
     """Rank 0 drives vLLM's trainer-side weight-transfer engine; the engines are its `VLLMWeightSyncClient`
-    (`EngineFleetClient`). The transfer group is set up at the first push (every rank joins: ZeRO-3 gathers)."""
+    (`EngineFleetClient`). The transfer group is set up at the first push (every rank joins: ZeRO-3 gathers).
+
+    From then on the group is fixed: rank 0's client holds the engines' handles of that moment, and an NCCL group
+    has one rank per engine. A replacement engine cannot join it (`replaceable` turns false: the fleet stops the
+    job instead of replacing, `fbrl train --resume` starts a new group). A dead engine must not read as a dead
+    learner: rank 0's call on it raises ActorDiedError inside rank 0's method, which Ray hands the driver as
+    RayTaskError(ActorDiedError), an actor death of rank 0 itself, and the learner group would be rebuilt. So a
+    push checks first that every engine is alive, and rank 0's client reports an engine that dies during the
+    transfer as `EngineLost`; both stop the job."""
 
     def __init__(self, backend: str, bucket_bytes: int):
         self.name, self.bucket_bytes, self.started = backend, bucket_bytes, False
 
+    @property
+    def replaceable(self) -> bool:
+        """Whether a dead engine may be replaced: only before the transfer group exists."""
+        return not self.started
+
+    def lost_engine(self, what: str) -> RunStopped:
+        return RunStopped(f"{what}; rollout.weight_sync={self.name}: a new engine cannot join vLLM's weight-transfer "
+                          f"group once it is set up, so the job stops here; `fbrl train --resume RUN_DIR` continues "
+                          f"from the last checkpoint (or use rollout.weight_sync: ray, whose replacement engines "
+                          f"reload the last sync)")
+
     def push(self, learner, rollout, version: int, weights_path: str) -> list[int]:
-        if not self.started:
-            client = EngineFleetClient(rollout.actors, per_engine_rank=self.name == "nccl")
-            learner.start_native_sync(self.name, client, {"world_size": 1 + len(rollout.actors),
-                                                          "bucket_bytes": self.bucket_bytes})
-            self.started = True
-        learner.native_send()
+        if self.started:
+            from ray.exceptions import RayActorError
+            try:
+                rollout.versions()
+            except RayActorError as e:
+                raise self.lost_engine(f"a rollout engine died before the weight sync to version {version} "
+                                       f"({describe(e)})") from None
+        try:
+            if not self.started:
+                client = EngineFleetClient(rollout.actors, per_engine_rank=self.name == "nccl")
+                learner.start_native_sync(self.name, client, {"world_size": 1 + len(rollout.actors),
+                                                              "bucket_bytes": self.bucket_bytes})
+                self.started = True
+            learner.native_send()
+        except EngineLost as e:  # died after the check above, during the transfer (Ray wraps it: RayTaskError.cause)
+            raise self.lost_engine(f"{getattr(e, 'cause', e)} (weight sync to version {version})") from None
         return rollout.set_weight_version(version)
+
+
+class EngineLost(RuntimeError):
+    """A rollout engine died during a native transfer (raised in learner rank 0 by `EngineFleetClient`). Not a
+    RayActorError on purpose: raised from rank 0's method, that would read as rank 0's own death."""
 
 
 class EngineFleetClient:
@@ -190,14 +227,23 @@ class EngineFleetClient:
         self.handles, self.per_engine_rank = list(handles), per_engine_rank
 
     def _all(self, method: str, *args) -> list:
+        return self._get(method, [getattr(h, method).remote(*args) for h in self.handles])
+
+    @staticmethod
+    def _get(method: str, refs: list) -> list:
         import ray
-        return ray.get([getattr(h, method).remote(*args) for h in self.handles])
+        from ray.exceptions import RayActorError
+        try:
+            return ray.get(refs)
+        except RayActorError as e:
+            raise EngineLost(f"a rollout engine died during the native weight transfer ({method}: "
+                             f"{describe(e)})") from None
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
-        import ray
         infos = [dict(init_info, rank_offset=1 + i) if self.per_engine_rank else init_info
                  for i in range(len(self.handles))]
-        ray.get([h.init_weight_transfer_engine.remote(info) for h, info in zip(self.handles, infos)])
+        self._get("init_weight_transfer_engine",
+                  [h.init_weight_transfer_engine.remote(info) for h, info in zip(self.handles, infos)])
 
     def start_weight_update(self) -> None:
         self._all("start_weight_update")
