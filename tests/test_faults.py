@@ -10,16 +10,17 @@ of each step's prompts against the sampler's own sequence) and that checkpoints 
   and resumed; SIGTERM to the driver; the driver killed while writing a checkpoint; non-finite loss; a reward
   that fails on every row; a run that trains nothing.
 Bad input, run-dir rules, secrets and the Ray-free pieces of fault handling: tests/test_bad_input.py.
+
+Each test ends by recording what it measured (`fault_record`): the fault, the outcome in words built from the
+measured values, steps lost and data lost. With FBRL_FAULT_TABLE=PATH set, one JSON line per passed test goes to
+PATH; bench/reliability_table.py runs this file that way and writes docs/RELIABILITY.md's fault table.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -27,80 +28,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "configs" / "tiny.yaml"
-SMALL = ["train.prompts_per_step=8", "rollout.n_samples_per_prompt=4", "train.eval_every=0",
-         "logging.progress=false", "logging.wandb_mode=disabled", "learner.micro_batch_size=16"]
-ENV = dict(WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-           TOKENIZERS_PARALLELISM="false")
-
-
-# ---- helpers ----------------------------------------------------------------------------------------------------
-def digest(prompts: list[str]) -> str:
-    """The loop's `prompts_digest` of one step."""
-    return hashlib.sha256("\x00".join(prompts).encode()).hexdigest()[:16]
-
-
-def expected_digests(cfg, steps: int) -> list[str]:
-    """The prompts an uninterrupted job draws at steps 1..steps: the sampler's own sequence over the rows the
-    loop keeps (over-long prompts dropped)."""
-    from rl.data.loaders import PromptSampler, load_task_split
-    from rl.data.prompts import PromptFitter, prompt_token_limit
-    from rl.data.tokenizer import load_tokenizer
-    fitter = PromptFitter(load_tokenizer(cfg.model.path), prompt_token_limit(cfg), cfg.data.overlong_prompts)
-    rows, _ = fitter.fit(load_task_split(cfg.data, "train"), "train")
-    sampler = PromptSampler(rows, seed=cfg.train.seed)
-    return [digest([r["prompt"] for r in sampler.next(cfg.train.prompts_per_step)]) for _ in range(steps)]
-
-
-def metrics_of(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def marked_processes(mark: str) -> list[tuple[int, str]]:
-    """Processes that carry FBRL_TEST_MARK=mark in their environment: the driver and everything it started (Ray's
-    own processes, the actors, the reward pool's workers) inherit it."""
-    out = []
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-            if f"FBRL_TEST_MARK={mark}".encode() in environ and alive(pid):
-                out.append((pid, open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()[:80]))
-        except OSError:
-            pass
-    return out
-
-
-def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def write_jsonl_task(path: Path, n: int, long_prompts: int = 1) -> list[str]:
-    """n arithmetic rows plus `long_prompts` prompts longer than the engine's context; returns the long ones."""
-    from rl.data import arith
-    from rl.data.loaders import write_jsonl
-    rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in arith.generate("train", n, seed=0,
-                                                                                     difficulties=(1, 2))]
-    long = [f"Q: {'1+' * 200}1=? Put the answer in \\boxed{{}}.\nA:" for _ in range(long_prompts)]
-    write_jsonl(rows[:n // 2] + [{"prompt": p, "answer": "201"} for p in long] + rows[n // 2:], path)
-    return long
+from fault_harness import (CONFIG, ENV, OUR_ACTORS, SMALL, alive, check_checkpoints, data_lost, descendants,
+                           expected_digests, line_with, metrics_of, no_processes_left, output, same_weights,
+                           start_train, steps_lost, steps_logged, wait_for, write_jsonl_task)
 
 
 class Job:
@@ -169,17 +99,24 @@ def job(tmp_path):
         ray.shutdown()
 
 
-def check_checkpoints(run_dir: Path, latest: int, steps: list[int]) -> None:
-    root = run_dir / "checkpoints"
-    assert (root / "latest").read_text().strip() == f"step_{latest:06d}"
-    for s in steps:
-        state = json.loads((root / f"step_{s:06d}" / "trainer_state.json").read_text())
-        assert state["step"] == s and (root / f"step_{s:06d}" / "learner" / "model" / "model.safetensors").is_file()
-    assert not list(root.glob(".tmp-*")), "a half-written checkpoint was left behind"
+# ---- what each test measured, for docs/RELIABILITY.md's table (bench/reliability_table.py) ------------------------
+@pytest.fixture
+def fault_record(request):
+    """`record(fault=..., outcome=..., steps_lost=..., data_lost=...)`, called at the end of a test (after its
+    assertions: only a passed test records). With FBRL_FAULT_TABLE=PATH, appends one JSON line to PATH with the
+    test's name, CI or slow, and its wall seconds (setup to teardown: Ray's shutdown and both runs included)."""
+    t0, fields = time.monotonic(), {}
+    yield fields.update
+    path = os.environ.get("FBRL_FAULT_TABLE")
+    if path and fields:
+        kind = "slow" if request.node.get_closest_marker("slow") else "CI"
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": request.node.name, "kind": kind,
+                                "wall_s": round(time.monotonic() - t0, 1), **fields}) + "\n")
 
 
 # ---- in CI: the two kills the issue names ------------------------------------------------------------------------
-def test_rollout_actor_killed_mid_generate(job, tmp_path):
+def test_rollout_actor_killed_mid_generate(job, tmp_path, fault_record):
     """Step 2's generate loses its engine: a new actor takes the bundle, loads the current weights and version, and
     the request runs again. All steps complete, none is lost, no prompt is repeated or skipped, and the replay
     gap stays at float rounding after the replacement (the new engine holds the learner's weights; a stale one
@@ -207,12 +144,22 @@ def test_rollout_actor_killed_mid_generate(job, tmp_path):
     # vLLM's CPU-repacked weights, summed in float64: equal to the learner's up to the sum's rounding
     assert j.rollout.weight_checksums() == pytest.approx(j.learner.weight_checksums(), rel=1e-12)
     check_checkpoints(j.run_dir, 4, [4])
+    method, step, _ = j.kills[0]
+    fault_record(
+        fault=f"rollout actor SIGKILLed mid-`{method}`, step {step} of {j.cfg.train.steps}",
+        outcome=f"a new actor (pid {j.rollout.pids()[0]}, was {killed}) took over; {len(set(steps))}/"
+                f"{j.cfg.train.steps} steps completed, each with {min(m['samples'] for m in j.seen)} samples "
+                f"(all of them); replay gap after the replacement ≤ {max(m['logprob_mismatch_abs_mean'] for m in trained):.1e}; "
+                f"engine weights {same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]});"
+                f" {len(j.fault_lines())} fault line, `faults/rollout_restarts` = {last['faults/rollout_restarts']}; "
+                f"the over-long prompt dropped at load (`faults/prompts_dropped` = {last['faults/prompts_dropped']})",
+        steps_lost=steps_lost(steps), data_lost=data_lost(metrics_of(j.run_dir), expected_digests(j.cfg, 4)))
 
 
 # s = 1 is slow-marked to keep the CI suite under ~15 min: in CI the async rebuild is covered in-process
 # (test_async.py::test_a_rebuilt_learner_regenerates_the_batches_from_the_restored_step[1])
 @pytest.mark.parametrize("staleness", [0, pytest.param(1, marks=pytest.mark.slow)])
-def test_learner_rank_killed_mid_update(job, staleness):
+def test_learner_rank_killed_mid_update(job, staleness, fault_record):
     """Rank 1 dies during step 4's update. The group is rebuilt inside the job, restored from the step-2
     checkpoint, and steps 3-5 run (again): step 3, completed once, is lost and repeated with the same prompts and
     - same weights, same seeds - the same rewards. metrics.jsonl ends with each step once; checkpoints intact.
@@ -240,27 +187,25 @@ def test_learner_rank_killed_mid_update(job, staleness):
     assert versions == sorted(versions) and len(set(versions)) == len(versions)   # versions only increase
     check_checkpoints(j.run_dir, 5, [2, 4, 5])
     assert j.rollout.weight_checksums() == pytest.approx(j.learner.weight_checksums(), rel=1e-12)
+    method, step, _ = j.kills[0]
+    seen = [m["step"] for m in j.seen]
+    restored = next(b for a, b in zip(seen, seen[1:]) if b <= a) - 1   # where the steps went back
+    fault_record(
+        fault=f"learner rank 1 SIGKILLed mid-`{method}`, step {step} of {j.cfg.train.steps}, checkpoints every "
+              f"{j.cfg.train.checkpoint_every}, `train.max_staleness={staleness}`",
+        outcome=f"all {len(old_pids)} ranks replaced, the checkpoint of step {restored} restored inside the job; "
+                f"steps completed in order: {', '.join(map(str, seen))}; step {first['step']} run again with the "
+                f"same prompts and the same rewards (reward mean {first['reward_mean']:.3f} both times); policy "
+                f"versions only increase ({versions[0]}→{versions[-1]}); `faults/learner_rebuilds` = "
+                f"{last['faults/learner_rebuilds']}, `faults/steps_lost` = {last['faults/steps_lost']}; checkpoints "
+                f"2, 4, 5 intact; engine weights {same_weights(j.rollout, j.learner)} the learner's",
+        steps_lost=f"{steps_lost(seen)} + step {step} in flight",
+        data_lost=data_lost(rows, want))
 
 
 # ---- slow: the other faults ----------------------------------------------------------------------------------------
-def descendants(pid: int) -> set[int]:
-    """Live processes below `pid` (by parent links in /proc)."""
-    children: dict[int, list[int]] = {}
-    for p in (int(x) for x in os.listdir("/proc") if x.isdigit()):
-        try:
-            children.setdefault(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(p)
-        except (OSError, IndexError, ValueError):
-            pass
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.add(c)
-            todo.append(c)
-    return out
-
-
 @pytest.mark.slow
-def test_reward_actor_killed_mid_score(job):
+def test_reward_actor_killed_mid_score(job, fault_record):
     """The reward actor (and with it its math-verify process pool) dies while scoring step 2: a new one scores the
     batch again; every step completes, none lost; the dead actor's pool processes do not outlive it."""
     j = job("train.steps=3")
@@ -281,16 +226,26 @@ def test_reward_actor_killed_mid_score(job):
     assert j.rewards.pid() != pid
     # the rescored batch is a real score: step 2's rewards come from the math reward, not zeros
     assert j.seen[1]["reward/rewards/math/errors"] == 0 and j.seen[1]["samples"] == 32
+    method, step, _ = j.kills[0]
+    fault_record(
+        fault=f"reward actor (and its math-verify pool of {len(pool)} processes) SIGKILLed mid-`{method}`, step "
+              f"{step} of {j.cfg.train.steps}",
+        outcome=f"a new actor scored the batch again (step {step}: {j.seen[1]['samples']} samples, "
+                f"{j.seen[1]['reward/rewards/math/errors']} reward errors, accuracy {j.seen[1]['accuracy']:.2f}); "
+                f"the dead actor's pool exited with it; {len(j.seen)}/{j.cfg.train.steps} steps completed; "
+                f"`faults/reward_restarts` = {j.seen[-1]['faults/reward_restarts']}",
+        steps_lost=steps_lost([m["step"] for m in j.seen]),
+        data_lost=data_lost(metrics_of(j.run_dir), expected_digests(j.cfg, 3)))
 
 
 @pytest.mark.slow
-def test_learner_bound_stops_clearly_and_resume_continues(job):
+def test_learner_bound_stops_clearly_and_resume_continues(job, fault_record):
     """Past `faults.max_learner_rebuilds` the job stops with a message that says how to continue, and `--resume`
     (here: train.resume) continues from the last checkpoint with the sampler's own prompts."""
     from rl.faults import RunStopped
     j = job("train.steps=4", "train.checkpoint_every=2", "faults.max_learner_rebuilds=0")
     j.kill_during(j.learner, "update", 3, lambda: j.learner.pids()[0])
-    with pytest.raises(RunStopped, match=r"faults.max_learner_rebuilds=0 .*--resume"):
+    with pytest.raises(RunStopped, match=r"faults.max_learner_rebuilds=0 .*--resume") as stop:
         j.train()
     assert [m["step"] for m in j.seen] == [1, 2]
     import ray
@@ -302,17 +257,26 @@ def test_learner_bound_stops_clearly_and_resume_continues(job):
     assert [m["prompts_digest"] for m in again.seen] == want[2:]
     assert [r["step"] for r in metrics_of(j.run_dir)] == [1, 2, 3, 4]
     check_checkpoints(j.run_dir, 4, [2, 4])
+    method, step, _ = j.kills[0]
+    fault_record(
+        fault=f"learner rank 0 SIGKILLed mid-`{method}`, step {step} of {j.cfg.train.steps}, with "
+              f"`faults.max_learner_rebuilds=0`",
+        outcome=f"clear stop after step {j.seen[-1]['step']} (`{str(stop.value).splitlines()[0][:160]}`); "
+                f"`--resume` continued at step {again.seen[0]['step']} and completed steps "
+                f"{', '.join(str(m['step']) for m in again.seen)}; checkpoints 2, 4 intact",
+        steps_lost=f"{steps_lost([m['step'] for m in j.seen + again.seen])} + step {step} in flight",
+        data_lost=data_lost(metrics_of(j.run_dir), want))
 
 
 @pytest.mark.slow
-def test_nonfinite_loss_is_skipped_then_stops(job, monkeypatch):
+def test_nonfinite_loss_is_skipped_then_stops(job, monkeypatch, fault_record):
     """A NaN loss (injected on the learner ranks' updates 2, 4, 5, 6) skips that optimizer step: counted, the
     weights and policy version unchanged, the job goes on; three in a row stop it, naming the steps, with the last
     step checkpointed and the engine still holding finite weights equal to the learner's."""
     from rl.faults import RunStopped
     monkeypatch.setenv("FBRL_INJECT_NONFINITE_UPDATES", "2,4,5,6")
     j = job("train.steps=10", "faults.max_nonfinite_steps=3", "train.checkpoint_every=0")
-    with pytest.raises(RunStopped, match=r"not finite in 3 steps in a row"):
+    with pytest.raises(RunStopped, match=r"not finite in 3 steps in a row") as stop:
         j.train()
     rows = metrics_of(j.run_dir)
     trained = [r for r in rows if not r["skipped"]]
@@ -327,48 +291,20 @@ def test_nonfinite_loss_is_skipped_then_stops(job, monkeypatch):
     assert all(v == v and abs(v) < float("inf") for v in sums.values())  # no NaN reached the weights
     assert j.rollout.weight_checksums() == pytest.approx(sums, rel=1e-12)
     check_checkpoints(j.run_dir, rows[-1]["step"], [rows[-1]["step"]])
+    fault_record(
+        fault="NaN loss on the learner's updates 2, 4, 5, 6 (`FBRL_INJECT_NONFINITE_UPDATES`)",
+        outcome=f"steps {', '.join(str(r['step']) for r in bad)} skipped (weights and policy version unchanged), "
+                f"`faults/nonfinite_steps` = {rows[-1]['faults/nonfinite_steps']}; {len(trained)} steps trained; "
+                f"stopped after step {rows[-1]['step']} (`{str(stop.value).splitlines()[0][:160]}`), that step "
+                f"checkpointed; engine weights finite and {same_weights(j.rollout, j.learner)} the learner's",
+        steps_lost=steps_lost([r["step"] for r in rows]) + " (a skipped step is not run again)",
+        data_lost=f"{len(bad)} batches not trained on (steps {', '.join(str(r['step']) for r in bad)}: skipped by "
+                  f"design, counted); otherwise " + data_lost(rows, expected_digests(j.cfg, rows[-1]["step"])))
 
 
 # ---- slow: the driver itself, as `fbrl train` in a subprocess ----------------------------------------------------
-def start_train(args: list[str], tmp_path: Path, mark: str, name: str, **env) -> subprocess.Popen:
-    full_env = dict(os.environ, **ENV, FBRL_TEST_MARK=mark, PYTHONPATH=str(ROOT), **env)
-    out = open(tmp_path / f"{name}.out", "w")
-    return subprocess.Popen([sys.executable, "-m", "actors.cli", "train", *args], cwd=ROOT, env=full_env,
-                            stdout=out, stderr=subprocess.STDOUT, text=True)
-
-
-def output(tmp_path: Path, name: str) -> str:
-    return (tmp_path / f"{name}.out").read_text()
-
-
-def steps_logged(run_dir: Path) -> int:
-    p = run_dir / "metrics.jsonl"
-    return max((r["step"] for r in metrics_of(run_dir)), default=0) if p.exists() else 0
-
-
-OUR_ACTORS = ("ray::EngineHost", "ray::RankActor", "ray::RewardHost", "multiprocessing")
-
-
-def no_processes_left(mark: str, timeout: float = 15, only: tuple[str, ...] | None = None) -> float:
-    """Wait until no process of the job (or none whose command line starts with one of `only`) is alive; returns
-    the seconds that took. Fails, killing them, after `timeout`."""
-    t0 = time.monotonic()
-
-    def left():
-        return [(p, c) for p, c in marked_processes(mark) if only is None or any(o in c for o in only)]
-
-    try:
-        wait_for(lambda: not left(), timeout, "every process of the job to exit")
-    except AssertionError:
-        procs = left()
-        for pid, _ in procs:
-            os.kill(pid, signal.SIGKILL)
-        raise AssertionError(f"processes left after the job: {procs}") from None
-    return time.monotonic() - t0
-
-
 @pytest.mark.slow
-def test_driver_killed_then_resumed_with_identical_data_order(tmp_path):
+def test_driver_killed_then_resumed_with_identical_data_order(tmp_path, fault_record):
     """SIGKILL of `fbrl train` once step 3 is logged (checkpoints every 2 steps): nothing of the job survives it,
     and `fbrl train --resume RUN_DIR` (no config argument: the run's own config.yaml) continues after the last
     checkpoint with the prompts an uninterrupted run draws."""
@@ -381,10 +317,12 @@ def test_driver_killed_then_resumed_with_identical_data_order(tmp_path):
     p.wait()
     # our actors go within seconds (they exit with their raylet, which Ray ends with the driver); Ray's own
     # dashboard and runtime-env agents first try to report the raylet's death to the dead GCS, which can take longer
-    no_processes_left(mark, 15, only=OUR_ACTORS)
-    print(f"all of the job's processes gone {no_processes_left(mark, 120):.0f} s after the driver's SIGKILL")
+    ours_gone = no_processes_left(mark, 15, only=OUR_ACTORS)
+    all_gone = ours_gone + no_processes_left(mark, 120)
+    print(f"all of the job's processes gone {all_gone:.0f} s after the driver's SIGKILL")
     latest = int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
-    assert latest in (2, 4) and steps_logged(run_dir) >= 3
+    killed_after = steps_logged(run_dir)
+    assert latest in (2, 4) and killed_after >= 3
     p = start_train(["--resume", str(run_dir)], tmp_path, mark, "resume")
     assert p.wait(900) == 0, output(tmp_path, "resume")[-3000:]
     no_processes_left(mark)
@@ -394,21 +332,32 @@ def test_driver_killed_then_resumed_with_identical_data_order(tmp_path):
     assert [r["prompts_digest"] for r in rows] == expected_digests(cfg, 5)
     assert f"at step {latest}" in output(tmp_path, "resume")
     check_checkpoints(run_dir, 5, [2, 4, 5])
+    fault_record(
+        fault=f"driver (`fbrl train`) SIGKILLed after step {killed_after} of 5 was logged, checkpoints every 2",
+        outcome=f"the engine, the learner ranks and the reward actor gone {ours_gone:.0f} s after the kill, every "
+                f"process of the job {all_gone:.0f} s after (Ray's agents first try to report to the dead GCS); "
+                f"`fbrl train --resume RUN_DIR` (the run's own config.yaml) continued from the step-{latest} "
+                f"checkpoint and completed step 5, exit code 0; checkpoints 2, 4, 5 intact",
+        steps_lost=f"{killed_after - latest} completed (the steps after the last checkpoint, run again)",
+        data_lost=data_lost(rows, expected_digests(cfg, 5)))
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_the_last_step_and_leaves_nothing(tmp_path):
+def test_sigterm_checkpoints_the_last_step_and_leaves_nothing(tmp_path, fault_record):
     """SIGTERM to `fbrl train` (what `timeout` and schedulers send): the current step finishes and is
     checkpointed, one clear message, exit code 143, and no process of the job is left (Ray, the engine, the
     learner ranks, the reward pool). A wandb key in the environment is written nowhere. `--resume` continues."""
+    from rl.config import load_config
     run_dir, mark, secret = tmp_path / "run", uuid.uuid4().hex, "wandb-" + uuid.uuid4().hex
     args = [*SMALL, "train.steps=50", "train.checkpoint_every=0", f"train.run_dir={run_dir}",
             "logging.wandb_mode=offline"]
     p = start_train(args, tmp_path, mark, "first", WANDB_API_KEY=secret)
     wait_for(lambda: p.poll() is not None or steps_logged(run_dir) >= 2, 900, "step 2")
+    signalled_at = steps_logged(run_dir)
     p.send_signal(signal.SIGTERM)
-    assert p.wait(120) == 128 + signal.SIGTERM, output(tmp_path, "first")[-3000:]
-    no_processes_left(mark, timeout=5)
+    code = p.wait(120)
+    assert code == 128 + signal.SIGTERM, output(tmp_path, "first")[-3000:]
+    gone = no_processes_left(mark, timeout=5)
     out = output(tmp_path, "first")
     last = steps_logged(run_dir)
     assert "SIGTERM received: stopping after the current step" in out
@@ -420,12 +369,21 @@ def test_sigterm_checkpoints_the_last_step_and_leaves_nothing(tmp_path):
             assert secret.encode() not in f.read_bytes(), f"the wandb key was written to {f}"
     p = start_train(["--resume", str(run_dir), f"train.steps={last + 2}"], tmp_path, mark, "resume")
     assert p.wait(900) == 0, output(tmp_path, "resume")[-3000:]
-    assert [r["step"] for r in metrics_of(run_dir)] == list(range(1, last + 3))
+    rows = metrics_of(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, last + 3))
     no_processes_left(mark)
+    fault_record(
+        fault="SIGTERM to the driver, as `timeout` / a scheduler sends it",
+        outcome=f"signalled when step {signalled_at} was logged: step {last} finished and was checkpointed "
+                f"(`{line_with(out, 'stopped after step', tmp_path)[:160]}`), exit code {code}, "
+                f"every process of the job gone {gone:.1f} s after the driver's exit; "
+                f"the `WANDB_API_KEY` written nowhere; `--resume` continued at step {last + 1}",
+        steps_lost=steps_lost([r["step"] for r in rows]),
+        data_lost=data_lost(rows, expected_digests(load_config(CONFIG, SMALL), last + 2)))
 
 
 @pytest.mark.slow
-def test_killed_while_writing_a_checkpoint_previous_one_loads(tmp_path):
+def test_killed_while_writing_a_checkpoint_previous_one_loads(tmp_path, fault_record):
     """SIGKILL of the driver while a checkpoint is being written (its temporary directory exists): `latest` still
     names the previous, complete checkpoint, and `--resume` loads it (sweeping the half-written one)."""
     run_dir, mark = tmp_path / "run", uuid.uuid4().hex
@@ -444,6 +402,7 @@ def test_killed_while_writing_a_checkpoint_previous_one_loads(tmp_path):
     wait_for(writing, 900, "a checkpoint being written", poll=0.001)
     p.kill()
     p.wait()
+    logged_at_kill = steps_logged(run_dir)
     assert p.returncode == -signal.SIGKILL, output(tmp_path, "first")[-3000:]
     no_processes_left(mark, 15, only=OUR_ACTORS)
     no_processes_left(mark, 120)
@@ -456,8 +415,16 @@ def test_killed_while_writing_a_checkpoint_previous_one_loads(tmp_path):
     p = start_train(["--resume", str(run_dir), f"train.steps={step + 1}"], tmp_path, mark, "resume")
     assert p.wait(900) == 0, output(tmp_path, "resume")[-3000:]
     assert f"at step {step}" in output(tmp_path, "resume")
-    assert [r["step"] for r in metrics_of(run_dir)] == list(range(1, step + 2))
+    rows = metrics_of(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, step + 2))
     check_checkpoints(run_dir, step + 1, [step, step + 1])
+    from rl.config import load_config
+    fault_record(
+        fault=f"driver SIGKILLed while the checkpoint of step {step + 1} was being written, checkpoints every step",
+        outcome=f"`checkpoints/latest` still named step {step}, complete; `--resume` loaded it, swept the "
+                f"half-written `{half[0]}` and completed step {step + 1}; checkpoints {step}, {step + 1} intact",
+        steps_lost=f"{logged_at_kill - step} completed (logged, its checkpoint unfinished: run again)",
+        data_lost=data_lost(rows, expected_digests(load_config(CONFIG, SMALL), step + 1)))
 
 
 BROKEN_REWARD = '''
@@ -471,7 +438,7 @@ def zero(prompts, completions, answers, **fields):
 
 
 @pytest.mark.slow
-def test_reward_failing_on_every_row_stops_the_job(tmp_path):
+def test_reward_failing_on_every_row_stops_the_job(tmp_path, fault_record):
     """A reward that raises on every batch is no longer a silent no-op run: after `faults.reward_error_steps`
     steps it stops, naming the reward, with a summary of the failed rows, exit code 3."""
     (tmp_path / "my_rewards.py").write_text(BROKEN_REWARD)
@@ -479,16 +446,25 @@ def test_reward_failing_on_every_row_stops_the_job(tmp_path):
     args = [*SMALL, "train.steps=20", f"train.run_dir={run_dir}", "reward.timeout_s=2",
             f"reward.fns=[{{fn: {tmp_path / 'my_rewards.py'}:broken}}]"]
     p = start_train(args, tmp_path, mark, "first")
-    assert p.wait(900) == 3, output(tmp_path, "first")[-3000:]
+    code = p.wait(900)
+    assert code == 3, output(tmp_path, "first")[-3000:]
     out = output(tmp_path, "first")
     assert "reward 'broken' failed" in out and "steps 1-3" in out and "the reward service is down" in out
     assert "broken: 96 errors" in out and "done: 3 steps in" in out and "(0 trained, 3 skipped" in out
     assert steps_logged(run_dir) == 3
     no_processes_left(mark)
+    rows, stop = metrics_of(run_dir), line_with(out, "reward 'broken' failed", tmp_path)
+    fault_record(
+        fault="a reward function that raises on every row",
+        outcome=f"stopped after step {rows[-1]['step']}: `{stop[:200]}`; "
+                f"summary `{line_with(out, 'broken: 96 errors', tmp_path)[:120]}`; exit code {code}",
+        steps_lost=steps_lost([r["step"] for r in rows]),
+        data_lost=f"{sum(r['skipped'] for r in rows)} of {len(rows)} batches not trained on (no reward to train "
+                  f"on); the job stops instead of running on")
 
 
 @pytest.mark.slow
-def test_a_run_that_trains_nothing_exits_nonzero(tmp_path):
+def test_a_run_that_trains_nothing_exits_nonzero(tmp_path, fault_record):
     """Every step without reward signal (a reward that is always 0): each step is skipped, the summary says so,
     and the exit code is 3, not 0."""
     (tmp_path / "my_rewards.py").write_text(BROKEN_REWARD)
@@ -496,7 +472,15 @@ def test_a_run_that_trains_nothing_exits_nonzero(tmp_path):
     args = [*SMALL, "train.steps=2", f"train.run_dir={run_dir}",
             f"reward.fns=[{{fn: {tmp_path / 'my_rewards.py'}:zero}}]"]
     p = start_train(args, tmp_path, mark, "first")
-    assert p.wait(900) == 3, output(tmp_path, "first")[-3000:]
+    code = p.wait(900)
+    assert code == 3, output(tmp_path, "first")[-3000:]
     out = output(tmp_path, "first")
     assert "the run trained nothing: all 2 steps were skipped" in out and "(0 trained, 2 skipped" in out
     no_processes_left(mark)
+    rows = metrics_of(run_dir)
+    fault_record(
+        fault="a reward that is always 0: no signal in any step",
+        outcome=f"{sum(r['skipped'] for r in rows)} of {len(rows)} steps skipped; "
+                f"`{line_with(out, 'the run trained nothing', tmp_path)[:160]}`; exit code {code} (was 0)",
+        steps_lost=steps_lost([r["step"] for r in rows]),
+        data_lost=f"{sum(r['skipped'] for r in rows)} of {len(rows)} batches not trained on (no signal)")

@@ -1,0 +1,188 @@
+"""What tests/test_faults.py drives real jobs with and measures them by: the demo config shortened, the
+prompts an uninterrupted job draws (by digest), the processes a job left, and the words its fault table is made of."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "configs" / "tiny.yaml"
+SMALL = ["train.prompts_per_step=8", "rollout.n_samples_per_prompt=4", "train.eval_every=0",
+         "logging.progress=false", "logging.wandb_mode=disabled", "learner.micro_batch_size=16"]
+ENV = dict(WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+           TOKENIZERS_PARALLELISM="false")
+
+
+# ---- helpers ----------------------------------------------------------------------------------------------------
+def digest(prompts: list[str]) -> str:
+    """The loop's `prompts_digest` of one step."""
+    return hashlib.sha256("\x00".join(prompts).encode()).hexdigest()[:16]
+
+
+def expected_digests(cfg, steps: int) -> list[str]:
+    """The prompts an uninterrupted job draws at steps 1..steps: the sampler's own sequence over the rows the
+    loop keeps (over-long prompts dropped)."""
+    from rl.data.loaders import PromptSampler, load_task_split
+    from rl.data.prompts import PromptFitter, prompt_token_limit
+    from rl.data.tokenizer import load_tokenizer
+    fitter = PromptFitter(load_tokenizer(cfg.model.path), prompt_token_limit(cfg), cfg.data.overlong_prompts)
+    rows, _ = fitter.fit(load_task_split(cfg.data, "train"), "train")
+    sampler = PromptSampler(rows, seed=cfg.train.seed)
+    return [digest([r["prompt"] for r in sampler.next(cfg.train.prompts_per_step)]) for _ in range(steps)]
+
+
+def metrics_of(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def marked_processes(mark: str) -> list[tuple[int, str]]:
+    """Processes that carry FBRL_TEST_MARK=mark in their environment: the driver and everything it started (Ray's
+    own processes, the actors, the reward pool's workers) inherit it."""
+    out = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            if f"FBRL_TEST_MARK={mark}".encode() in environ and alive(pid):
+                out.append((pid, open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()[:80]))
+        except OSError:
+            pass
+    return out
+
+
+def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def write_jsonl_task(path: Path, n: int, long_prompts: int = 1) -> list[str]:
+    """n arithmetic rows plus `long_prompts` prompts longer than the engine's context; returns the long ones."""
+    from rl.data import arith
+    from rl.data.loaders import write_jsonl
+    rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in arith.generate("train", n, seed=0,
+                                                                                     difficulties=(1, 2))]
+    long = [f"Q: {'1+' * 200}1=? Put the answer in \\boxed{{}}.\nA:" for _ in range(long_prompts)]
+    write_jsonl(rows[:n // 2] + [{"prompt": p, "answer": "201"} for p in long] + rows[n // 2:], path)
+    return long
+
+
+def check_checkpoints(run_dir: Path, latest: int, steps: list[int]) -> None:
+    root = run_dir / "checkpoints"
+    assert (root / "latest").read_text().strip() == f"step_{latest:06d}"
+    for s in steps:
+        state = json.loads((root / f"step_{s:06d}" / "trainer_state.json").read_text())
+        assert state["step"] == s and (root / f"step_{s:06d}" / "learner" / "model" / "model.safetensors").is_file()
+    assert not list(root.glob(".tmp-*")), "a half-written checkpoint was left behind"
+
+
+# ---- what a test measured, in the words of docs/RELIABILITY.md's table ---------------------------------------------
+def steps_lost(steps: list[int]) -> str:
+    """Completed steps that ran again, from the sequence of steps completed (a step run twice appears twice)."""
+    again = sorted(s for s in set(steps) if steps.count(s) > 1)
+    if not again:
+        return "0"
+    return f"{len(again)} completed (step {', '.join(map(str, again))}, run again)"
+
+
+def data_lost(rows: list[dict], want: list[str]) -> str:
+    """Prompts skipped or trained twice, from metrics.jsonl's rows against the digests an uninterrupted run draws
+    at steps 1..len(want)."""
+    steps = [r["step"] for r in rows]
+    twice = sorted(s for s in set(steps) if steps.count(s) > 1)
+    missing = sorted(set(range(1, len(want) + 1)) - set(steps))
+    differ = sorted({r["step"] for r in rows if r["step"] <= len(want) and r["prompts_digest"] != want[r["step"] - 1]})
+    if not (twice or missing or differ):
+        return f"none: steps 1-{len(want)} in metrics.jsonl once each, prompt digests equal an uninterrupted run's"
+    return "; ".join(f"{what}: steps {xs}" for what, xs in (("logged twice", twice), ("never logged", missing),
+                                                           ("other prompts", differ)) if xs)
+
+
+def same_weights(rollout, learner) -> str:
+    """The engine's weights against the learner's (vLLM's CPU-repacked weights summed in float64: equal up to the
+    sum's rounding)."""
+    same = rollout.weight_checksums() == pytest.approx(learner.weight_checksums(), rel=1e-12)
+    return "equal to" if same else "different from"
+
+
+def line_with(text: str, needle: str, tmp_path: Path) -> str:
+    """The first output line containing `needle`, with the test's scratch directory shortened to `…`."""
+    line = next(x for x in text.splitlines() if needle in x)
+    return line.replace(str(tmp_path), "…").strip()
+
+
+def descendants(pid: int) -> set[int]:
+    """Live processes below `pid` (by parent links in /proc)."""
+    children: dict[int, list[int]] = {}
+    for p in (int(x) for x in os.listdir("/proc") if x.isdigit()):
+        try:
+            children.setdefault(int(open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1]), []).append(p)
+        except (OSError, IndexError, ValueError):
+            pass
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+# ---- the driver itself, as `fbrl train` in a subprocess ------------------------------------------------------------
+def start_train(args: list[str], tmp_path: Path, mark: str, name: str, **env) -> subprocess.Popen:
+    full_env = dict(os.environ, **ENV, FBRL_TEST_MARK=mark, PYTHONPATH=str(ROOT), **env)
+    out = open(tmp_path / f"{name}.out", "w")
+    return subprocess.Popen([sys.executable, "-m", "actors.cli", "train", *args], cwd=ROOT, env=full_env,
+                            stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def output(tmp_path: Path, name: str) -> str:
+    return (tmp_path / f"{name}.out").read_text()
+
+
+def steps_logged(run_dir: Path) -> int:
+    p = run_dir / "metrics.jsonl"
+    return max((r["step"] for r in metrics_of(run_dir)), default=0) if p.exists() else 0
+
+
+OUR_ACTORS = ("ray::EngineHost", "ray::RankActor", "ray::RewardHost", "multiprocessing")
+
+
+def no_processes_left(mark: str, timeout: float = 15, only: tuple[str, ...] | None = None) -> float:
+    """Wait until no process of the job (or none whose command line starts with one of `only`) is alive; returns
+    the seconds that took. Fails, killing them, after `timeout`."""
+    t0 = time.monotonic()
+
+    def left():
+        return [(p, c) for p, c in marked_processes(mark) if only is None or any(o in c for o in only)]
+
+    try:
+        wait_for(lambda: not left(), timeout, "every process of the job to exit")
+    except AssertionError:
+        procs = left()
+        for pid, _ in procs:
+            os.kill(pid, signal.SIGKILL)
+        raise AssertionError(f"processes left after the job: {procs}") from None
+    return time.monotonic() - t0
