@@ -4,9 +4,11 @@
     python bench/soak.py --steps 60 --kill-every 20 --out runs/soak-short
 
 Runs `fbrl train configs/tiny.yaml train.steps=N` as a subprocess and, while it runs:
-- SIGKILLs the rollout actor's process (`ray::EngineHost`) each time the job passes another `--kill-every` steps;
-- samples the resident memory (RSS) of the driver and of every actor (engine, learner ranks, reward actor and its
-  pool, Ray's own processes) every `--sample-s` seconds, with the step the job is at.
+- SIGKILLs the rollout actor's process (`ray::RolloutActor`) each time the job passes another `--kill-every` steps;
+- samples the memory of the driver and of every actor (engine, learner ranks, reward actor and its pool, Ray's own
+  processes) every `--sample-s` seconds, with the step the job is at: RSS, and USS / PSS (RSS counts shared pages
+  the process touched, Ray's object store among them; USS only what the process alone holds); for the rollout
+  actor also its RSS by mapping (the object store, the KV cache and other large tensors, the heap, files).
 After the job exits it counts the processes of the job that are still alive (everything the job started carries
 an environment marker). Goals (docs/RELIABILITY.md): every step finishes, RSS grows < 5 % per 100 steps after
 warm-up, 0 processes left.
@@ -29,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # A process's role from its command line (Ray names actor processes `ray::ClassName[.method]`).
-ROLES = (("ray::EngineHost", "rollout actor"), ("ray::RankActor", "learner rank"), ("ray::RewardHost", "reward actor"),
+ROLES = (("ray::RolloutActor", "rollout actor"), ("ray::EngineHost", "rollout actor"),
+         ("ray::RankActor", "learner rank"), ("ray::RewardHost", "reward actor"),
          ("multiprocessing.forkserver", "reward pool"), ("raylet", "ray raylet"), ("gcs_server", "ray gcs"))
 
 
@@ -50,14 +53,57 @@ def job_processes(mark: str) -> dict[int, str]:
     return out
 
 
-def rss_mib(pid: int) -> float | None:
+def memory_mib(pid: int) -> dict[str, float] | None:
+    """RSS, PSS and USS of a process, in MiB, from /proc/PID/smaps_rollup. USS (Private_Clean + Private_Dirty, as
+    psutil's `memory_full_info().uss`) is the memory only this process holds; RSS also counts shared pages it has
+    touched (libraries, and Ray's object store, which is mapped into every worker)."""
     try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+        fields = {}
+        for line in open(f"/proc/{pid}/smaps_rollup"):
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == "kB":
+                fields[parts[0].rstrip(":")] = int(parts[1]) / 1024
     except OSError:
         return None
-    return None
+    if "Rss" not in fields:
+        return None
+    return {"rss_mib": fields["Rss"], "pss_mib": fields.get("Pss", 0.0),
+            "uss_mib": fields.get("Private_Clean", 0.0) + fields.get("Private_Dirty", 0.0)}
+
+
+BIG_MAPPING_KIB = 256 * 1024
+
+
+def rss_by_mapping(pid: int) -> dict[str, float] | None:
+    """The resident memory of a process split by what is mapped, in MiB, from /proc/PID/smaps: `plasma` (Ray's
+    object store, /dev/shm/plasma*), `big_anon` (anonymous mappings of 256 MiB or more: vLLM's KV cache and other
+    large tensors), `heap` (malloc's main arena, the brk heap: Python objects and small allocations of the main
+    thread), `anon` (the other anonymous mappings: malloc's per-thread arenas, mid-sized tensors, stacks), `file`
+    (libraries and other mapped files). Costly on a large process (thousands of mappings), so sampled for the
+    rollout actor only."""
+    out = {"plasma": 0.0, "big_anon": 0.0, "heap": 0.0, "anon": 0.0, "file": 0.0}
+    kind, size = "anon", 0
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                head = line.split(None, 6)
+                if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                    path = head[5].strip() if len(head) > 5 else ""
+                    lo, hi = head[0].split("-")
+                    size = (int(hi, 16) - int(lo, 16)) // 1024
+                    if "plasma" in path:
+                        kind = "plasma"
+                    elif path == "[heap]":                   # malloc's main arena (brk)
+                        kind = "heap"
+                    elif not path or path.startswith("["):   # anonymous: mmapped tensors, malloc's other arenas
+                        kind = "big_anon" if size >= BIG_MAPPING_KIB else "anon"
+                    else:
+                        kind = "file"
+                elif head[0] == "Rss:":
+                    out[kind] += int(head[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return {f"{k}_mib": round(v, 1) for k, v in out.items()}
 
 
 def role_of(pid: int, cmd: str, driver: int) -> str:
@@ -97,6 +143,31 @@ def growth_per_100(points: list[tuple[int, float]], warmup: int) -> float | None
     return 100.0 * slope * 100 / base
 
 
+def memory_row(process: str, rows: list[dict], warmup: int) -> dict | None:
+    """One process's line of the memory table: RSS and USS at its first and last step, and their growth after
+    warm-up; for the rollout actor also what its RSS grew by after warm-up, by mapping (`rss_by_mapping`)."""
+    by_step = {r["step"]: r for r in rows}   # the last sample at each step
+    if len(by_step) < 2:
+        return None
+    first, last = min(by_step), max(by_step)
+    # warm-up: `warmup` steps after the process's first sample; a short life (a rollout actor killed every 50
+    # steps) gets 10
+    warm = first + (warmup if last - first >= 2 * warmup else 10)
+    out = {"process": process, "first_step": first, "last_step": last, "warmup_until_step": warm}
+    for m in ("rss", "uss", "pss"):
+        pts = sorted((s, r[f"{m}_mib"]) for s, r in by_step.items() if f"{m}_mib" in r)
+        if not pts:
+            continue
+        out.update({f"{m}_start_mib": pts[0][1], f"{m}_end_mib": pts[-1][1], f"{m}_max_mib": max(v for _, v in pts),
+                    f"{m}_growth_pct_per_100_steps": growth_per_100(pts, warm)})
+    after = [by_step[s] for s in sorted(by_step) if s >= warm and "plasma_mib" in by_step[s]]
+    if len(after) >= 2:
+        out["rss_change_after_warmup_by_mapping_mib"] = {
+            k.removesuffix("_mib"): round(after[-1][k] - after[0][k], 1)
+            for k in ("plasma_mib", "big_anon_mib", "heap_mib", "anon_mib", "file_mib") if k in after[0]}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=300)
@@ -129,15 +200,17 @@ def main() -> int:
             procs = job_processes(mark)
             now = time.monotonic() - t0
             for pid, cmdline in procs.items():
-                rss = rss_mib(pid)
-                if rss is not None:
+                mem = memory_mib(pid)
+                if mem is not None:
                     row = {"t": round(now, 1), "step": step, "pid": pid, "role": role_of(pid, cmdline, job.pid),
-                           "rss_mib": round(rss, 1)}
+                           **{k: round(v, 1) for k, v in mem.items()}}
+                    if row["role"] == "rollout actor":
+                        row.update(rss_by_mapping(pid) or {})
                     samples.append(row)
                     f.write(json.dumps(row) + "\n")
             f.flush()
             if step >= next_kill and step < args.steps:
-                engines = [pid for pid, c in procs.items() if "ray::EngineHost" in c]
+                engines = [pid for pid, c in procs.items() if role_of(pid, c, job.pid) == "rollout actor"]
                 for pid in engines:
                     os.kill(pid, signal.SIGKILL)
                 kills.append({"step": step, "pids": engines, "t": round(now, 1)})
@@ -160,40 +233,32 @@ def main() -> int:
     steps_done = sorted({m["step"] for m in metrics if m["step"] > 0})
     last = metrics[-1] if metrics else {}
     # growth: long-lived roles over the whole run; the rollout actor within each life (pid)
-    series: dict[str, list[tuple[int, float]]] = {}
+    series: dict[str, list[dict]] = {}
     for s in samples:  # one series per process; the roles with one process each are named by role alone
         single = s["role"] in ("driver", "reward actor", "ray raylet", "ray gcs")
         key = s["role"] if single else f"{s['role']} (pid {s['pid']})"
-        series.setdefault(key, []).append((s["step"], s["rss_mib"]))
-    table = []
-    for key, pts in sorted(series.items()):
-        by_step: dict[int, float] = {}
-        for st, r in pts:
-            by_step[st] = r
-        if len(by_step) < 2:
-            continue
-        # warm-up: `--warmup` steps after the process's first sample; a short life (a rollout actor killed every
-        # 50 steps) gets 10
-        life = max(by_step) - min(by_step)
-        warm = min(by_step) + (args.warmup if life >= 2 * args.warmup else 10)
-        table.append({"process": key, "first_step": min(by_step), "last_step": max(by_step),
-                      "rss_start_mib": by_step[min(by_step)], "rss_end_mib": by_step[max(by_step)],
-                      "rss_max_mib": max(by_step.values()),
-                      "growth_pct_per_100_steps": growth_per_100(sorted(by_step.items()), warm)})
+        series.setdefault(key, []).append(s)
+    table = [row for key, rows in sorted(series.items()) if (row := memory_row(key, rows, args.warmup))]
     summary = {"command": " ".join(cmd), "exit_code": job.returncode, "wall_s": round(wall, 1),
                "steps_requested": args.steps, "steps_completed": len(steps_done),
                "every_step_once": steps_done == list(range(1, args.steps + 1)),
                "stopped_by_time_limit_at_step": stopped_at, "kills": kills, "faults": {k: v for k, v in last.items() if k.startswith("faults/")},
-               "processes_left": [{"pid": p, "cmd": c[:100]} for p, c in left.items()], "rss": table}
+               "processes_left": [{"pid": p, "cmd": c[:100]} for p, c in left.items()], "memory": table}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"exit code {job.returncode}, {len(steps_done)}/{args.steps} steps in {wall:.0f} s, "
           f"{len(kills)} rollout actor kills, faults {summary['faults']}, {len(left)} processes left")
-    print("| process | steps | RSS start → end (max), MiB | growth / 100 steps after warm-up |")
-    print("|---|---|---|---|")
+    print("| process | steps | RSS start → end (max), MiB | RSS growth / 100 steps after warm-up "
+          "| USS start → end, MiB | USS growth |")
+    print("|---|---|---|---|---|---|")
+    pct = lambda g: "-" if g is None else f"{g:+.1f} %"   # noqa: E731
     for r in table:
-        g = r["growth_pct_per_100_steps"]
         print(f"| {r['process']} | {r['first_step']}–{r['last_step']} | {r['rss_start_mib']:.0f} → "
-              f"{r['rss_end_mib']:.0f} ({r['rss_max_mib']:.0f}) | {'-' if g is None else f'{g:+.1f} %'} |")
+              f"{r['rss_end_mib']:.0f} ({r['rss_max_mib']:.0f}) | {pct(r['rss_growth_pct_per_100_steps'])} | "
+              f"{r['uss_start_mib']:.0f} → {r['uss_end_mib']:.0f} | {pct(r['uss_growth_pct_per_100_steps'])} |")
+    for r in table:
+        if "rss_change_after_warmup_by_mapping_mib" in r:
+            print(f"{r['process']}: RSS change from step {r['warmup_until_step']} to {r['last_step']} by mapping "
+                  f"(MiB): {r['rss_change_after_warmup_by_mapping_mib']}")
     return 0 if job.returncode == 0 and summary["every_step_once"] and not left else 1
 
 

@@ -167,7 +167,7 @@ def steps_logged(run_dir: Path) -> int:
     return max((r["step"] for r in metrics_of(run_dir)), default=0) if p.exists() else 0
 
 
-OUR_ACTORS = ("ray::EngineHost", "ray::RankActor", "ray::RewardHost", "multiprocessing")
+OUR_ACTORS = ("ray::RolloutActor", "ray::EngineHost", "ray::RankActor", "ray::RewardHost", "multiprocessing")
 
 
 def no_processes_left(mark: str, timeout: float = 15, only: tuple[str, ...] | None = None) -> float:
