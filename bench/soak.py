@@ -8,7 +8,8 @@ Runs `fbrl train configs/tiny.yaml train.steps=N` as a subprocess and, while it 
 - samples the memory of the driver and of every actor (engine, learner ranks, reward actor and its pool, Ray's own
   processes) every `--sample-s` seconds, with the step the job is at: RSS, and USS / PSS (RSS counts shared pages
   the process touched, Ray's object store among them; USS only what the process alone holds); for the rollout
-  actor also its RSS by mapping (the object store, the KV cache and other large tensors, the heap, files).
+  actor and the driver also their RSS by mapping (the object store, the KV cache and other large tensors, the
+  heap, files).
 After the job exits it counts the processes of the job that are still alive (everything the job started carries
 an environment marker). Goals (docs/RELIABILITY.md): every step finishes, RSS grows < 5 % per 100 steps after
 warm-up, 0 processes left.
@@ -80,7 +81,7 @@ def rss_by_mapping(pid: int) -> dict[str, float] | None:
     large tensors), `heap` (malloc's main arena, the brk heap: Python objects and small allocations of the main
     thread), `anon` (the other anonymous mappings: malloc's per-thread arenas, mid-sized tensors, stacks), `file`
     (libraries and other mapped files). Costly on a large process (thousands of mappings), so sampled for the
-    rollout actor only."""
+    rollout actor and the driver only."""
     out = {"plasma": 0.0, "big_anon": 0.0, "heap": 0.0, "anon": 0.0, "file": 0.0}
     kind, size = "anon", 0
     try:
@@ -145,7 +146,8 @@ def growth_per_100(points: list[tuple[int, float]], warmup: int) -> float | None
 
 def memory_row(process: str, rows: list[dict], warmup: int) -> dict | None:
     """One process's line of the memory table: RSS and USS at its first and last step, and their growth after
-    warm-up; for the rollout actor also what its RSS grew by after warm-up, by mapping (`rss_by_mapping`)."""
+    warm-up; for the rollout actor and the driver also what their RSS grew by after warm-up, by mapping
+    (`rss_by_mapping`)."""
     by_step = {r["step"]: r for r in rows}   # the last sample at each step
     if len(by_step) < 2:
         return None
@@ -204,7 +206,7 @@ def main() -> int:
                 if mem is not None:
                     row = {"t": round(now, 1), "step": step, "pid": pid, "role": role_of(pid, cmdline, job.pid),
                            **{k: round(v, 1) for k, v in mem.items()}}
-                    if row["role"] == "rollout actor":
+                    if row["role"] in ("rollout actor", "driver"):
                         row.update(rss_by_mapping(pid) or {})
                     samples.append(row)
                     f.write(json.dumps(row) + "\n")
@@ -242,7 +244,8 @@ def main() -> int:
     summary = {"command": " ".join(cmd), "exit_code": job.returncode, "wall_s": round(wall, 1),
                "steps_requested": args.steps, "steps_completed": len(steps_done),
                "every_step_once": steps_done == list(range(1, args.steps + 1)),
-               "stopped_by_time_limit_at_step": stopped_at, "kills": kills, "faults": {k: v for k, v in last.items() if k.startswith("faults/")},
+               "stopped_by_time_limit_at_step": stopped_at, "kills": kills,
+               "faults": {k: v for k, v in last.items() if k.startswith("faults/")},
                "processes_left": [{"pid": p, "cmd": c[:100]} for p, c in left.items()], "memory": table}
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"exit code {job.returncode}, {len(steps_done)}/{args.steps} steps in {wall:.0f} s, "
