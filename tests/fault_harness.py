@@ -100,12 +100,22 @@ def check_checkpoints(run_dir: Path, latest: int, steps: list[int]) -> None:
 
 
 # ---- what a test measured, in the words of docs/RELIABILITY.md's table ---------------------------------------------
-def steps_lost(steps: list[int]) -> str:
-    """Completed steps that ran again, from the sequence of steps completed (a step run twice appears twice)."""
+def steps_lost(steps: list[int], in_flight: int | None = None) -> str:
+    """Completed steps that ran again, from the sequence of steps completed (a step run twice appears twice), and
+    the step that was in flight when the fault hit, if it had to start over."""
     again = sorted(s for s in set(steps) if steps.count(s) > 1)
-    if not again:
-        return "0"
-    return f"{len(again)} completed (step {', '.join(map(str, again))}, run again)"
+    lost = [f"{len(again)} completed (step {', '.join(map(str, again))}, run again)"] if again else []
+    if in_flight is not None:
+        lost.append(f"step {in_flight} in flight (started over)")
+    return " + ".join(lost) or "0"
+
+
+def quoted(message: str, limit: int = 240) -> str:
+    """A message the job printed, as the table quotes it: its first line, cut at a word before `limit` chars."""
+    line = message.strip().splitlines()[0].strip()
+    if len(line) > limit:
+        line = line[:limit].rsplit(" ", 1)[0] + " …"
+    return f"“{line}”"
 
 
 def data_lost(rows: list[dict], want: list[str]) -> str:

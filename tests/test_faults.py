@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 
 from fault_harness import (CONFIG, ENV, OUR_ACTORS, SMALL, alive, check_checkpoints, data_lost, descendants,
-                           expected_digests, line_with, metrics_of, no_processes_left, output, same_weights,
-                           start_train, steps_lost, steps_logged, wait_for, write_jsonl_task)
+                           expected_digests, line_with, metrics_of, no_processes_left, output, quoted,
+                           same_weights, start_train, steps_lost, steps_logged, wait_for, write_jsonl_task)
 
 
 class Job:
@@ -145,14 +145,16 @@ def test_rollout_actor_killed_mid_generate(job, tmp_path, fault_record):
     assert j.rollout.weight_checksums() == pytest.approx(j.learner.weight_checksums(), rel=1e-12)
     check_checkpoints(j.run_dir, 4, [4])
     method, step, _ = j.kills[0]
+    per_step = j.cfg.train.prompts_per_step * j.cfg.rollout.n_samples_per_prompt
     fault_record(
         fault=f"rollout actor SIGKILLed mid-`{method}`, step {step} of {j.cfg.train.steps}",
-        outcome=f"a new actor (pid {j.rollout.pids()[0]}, was {killed}) took over; {len(set(steps))}/"
-                f"{j.cfg.train.steps} steps completed, each with {min(m['samples'] for m in j.seen)} samples "
-                f"(all of them); replay gap after the replacement ≤ {max(m['logprob_mismatch_abs_mean'] for m in trained):.1e}; "
-                f"engine weights {same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]});"
-                f" {len(j.fault_lines())} fault line, `faults/rollout_restarts` = {last['faults/rollout_restarts']}; "
-                f"the over-long prompt dropped at load (`faults/prompts_dropped` = {last['faults/prompts_dropped']})",
+        outcome=f"a new actor process took over (the killed one gone); {len(set(steps))}/{j.cfg.train.steps} steps "
+                f"completed, each with {min(m['samples'] for m in j.seen)} of {per_step} samples; replay gap after "
+                f"the replacement ≤ {max(m['logprob_mismatch_abs_mean'] for m in trained):.1e}; engine weights "
+                f"{same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]}); "
+                f"{len(j.fault_lines())} fault line, `faults/rollout_restarts` = "
+                f"{last['faults/rollout_restarts']:.0f}; the over-long prompt dropped at load "
+                f"(`faults/prompts_dropped` = {last['faults/prompts_dropped']:.0f})",
         steps_lost=steps_lost(steps), data_lost=data_lost(metrics_of(j.run_dir), expected_digests(j.cfg, 4)))
 
 
@@ -197,9 +199,9 @@ def test_learner_rank_killed_mid_update(job, staleness, fault_record):
                 f"steps completed in order: {', '.join(map(str, seen))}; step {first['step']} run again with the "
                 f"same prompts and the same rewards (reward mean {first['reward_mean']:.3f} both times); policy "
                 f"versions only increase ({versions[0]}→{versions[-1]}); `faults/learner_rebuilds` = "
-                f"{last['faults/learner_rebuilds']}, `faults/steps_lost` = {last['faults/steps_lost']}; checkpoints "
-                f"2, 4, 5 intact; engine weights {same_weights(j.rollout, j.learner)} the learner's",
-        steps_lost=f"{steps_lost(seen)} + step {step} in flight",
+                f"{last['faults/learner_rebuilds']:.0f}, `faults/steps_lost` = {last['faults/steps_lost']:.0f}; "
+                f"checkpoints 2, 4, 5 intact; engine weights {same_weights(j.rollout, j.learner)} the learner's",
+        steps_lost=steps_lost(seen, in_flight=step),
         data_lost=data_lost(rows, want))
 
 
@@ -233,7 +235,7 @@ def test_reward_actor_killed_mid_score(job, fault_record):
         outcome=f"a new actor scored the batch again (step {step}: {j.seen[1]['samples']} samples, "
                 f"{j.seen[1]['reward/rewards/math/errors']} reward errors, accuracy {j.seen[1]['accuracy']:.2f}); "
                 f"the dead actor's pool exited with it; {len(j.seen)}/{j.cfg.train.steps} steps completed; "
-                f"`faults/reward_restarts` = {j.seen[-1]['faults/reward_restarts']}",
+                f"`faults/reward_restarts` = {j.seen[-1]['faults/reward_restarts']:.0f}",
         steps_lost=steps_lost([m["step"] for m in j.seen]),
         data_lost=data_lost(metrics_of(j.run_dir), expected_digests(j.cfg, 3)))
 
@@ -261,10 +263,10 @@ def test_learner_bound_stops_clearly_and_resume_continues(job, fault_record):
     fault_record(
         fault=f"learner rank 0 SIGKILLed mid-`{method}`, step {step} of {j.cfg.train.steps}, with "
               f"`faults.max_learner_rebuilds=0`",
-        outcome=f"clear stop after step {j.seen[-1]['step']} (`{str(stop.value).splitlines()[0][:160]}`); "
+        outcome=f"clear stop after step {j.seen[-1]['step']} ({quoted(str(stop.value))}); "
                 f"`--resume` continued at step {again.seen[0]['step']} and completed steps "
                 f"{', '.join(str(m['step']) for m in again.seen)}; checkpoints 2, 4 intact",
-        steps_lost=f"{steps_lost([m['step'] for m in j.seen + again.seen])} + step {step} in flight",
+        steps_lost=steps_lost([m["step"] for m in j.seen + again.seen], in_flight=step),
         data_lost=data_lost(metrics_of(j.run_dir), want))
 
 
@@ -294,8 +296,8 @@ def test_nonfinite_loss_is_skipped_then_stops(job, monkeypatch, fault_record):
     fault_record(
         fault="NaN loss on the learner's updates 2, 4, 5, 6 (`FBRL_INJECT_NONFINITE_UPDATES`)",
         outcome=f"steps {', '.join(str(r['step']) for r in bad)} skipped (weights and policy version unchanged), "
-                f"`faults/nonfinite_steps` = {rows[-1]['faults/nonfinite_steps']}; {len(trained)} steps trained; "
-                f"stopped after step {rows[-1]['step']} (`{str(stop.value).splitlines()[0][:160]}`), that step "
+                f"`faults/nonfinite_steps` = {rows[-1]['faults/nonfinite_steps']:.0f}; {len(trained)} steps trained; "
+                f"stopped after step {rows[-1]['step']} ({quoted(str(stop.value))}), that step "
                 f"checkpointed; engine weights finite and {same_weights(j.rollout, j.learner)} the learner's",
         steps_lost=steps_lost([r["step"] for r in rows]) + " (a skipped step is not run again)",
         data_lost=f"{len(bad)} batches not trained on (steps {', '.join(str(r['step']) for r in bad)}: skipped by "
@@ -338,7 +340,8 @@ def test_driver_killed_then_resumed_with_identical_data_order(tmp_path, fault_re
                 f"process of the job {all_gone:.0f} s after (Ray's agents first try to report to the dead GCS); "
                 f"`fbrl train --resume RUN_DIR` (the run's own config.yaml) continued from the step-{latest} "
                 f"checkpoint and completed step 5, exit code 0; checkpoints 2, 4, 5 intact",
-        steps_lost=f"{killed_after - latest} completed (the steps after the last checkpoint, run again)",
+        steps_lost=steps_lost(list(range(1, killed_after + 1)) + [r["step"] for r in rows if r["step"] > latest],
+                              in_flight=killed_after + 1 if killed_after < 5 else None),
         data_lost=data_lost(rows, expected_digests(cfg, 5)))
 
 
@@ -375,7 +378,7 @@ def test_sigterm_checkpoints_the_last_step_and_leaves_nothing(tmp_path, fault_re
     fault_record(
         fault="SIGTERM to the driver, as `timeout` / a scheduler sends it",
         outcome=f"signalled when step {signalled_at} was logged: step {last} finished and was checkpointed "
-                f"(`{line_with(out, 'stopped after step', tmp_path)[:160]}`), exit code {code}, "
+                f"({quoted(line_with(out, 'stopped after step', tmp_path))}), exit code {code}, "
                 f"every process of the job gone {gone:.1f} s after the driver's exit; "
                 f"the `WANDB_API_KEY` written nowhere; `--resume` continued at step {last + 1}",
         steps_lost=steps_lost([r["step"] for r in rows]),
@@ -423,7 +426,8 @@ def test_killed_while_writing_a_checkpoint_previous_one_loads(tmp_path, fault_re
         fault=f"driver SIGKILLed while the checkpoint of step {step + 1} was being written, checkpoints every step",
         outcome=f"`checkpoints/latest` still named step {step}, complete; `--resume` loaded it, swept the "
                 f"half-written `{half[0]}` and completed step {step + 1}; checkpoints {step}, {step + 1} intact",
-        steps_lost=f"{logged_at_kill - step} completed (logged, its checkpoint unfinished: run again)",
+        steps_lost=steps_lost(list(range(1, logged_at_kill + 1)) + [r["step"] for r in rows if r["step"] > step],
+                              in_flight=step + 1 if logged_at_kill == step else None),
         data_lost=data_lost(rows, expected_digests(load_config(CONFIG, SMALL), step + 1)))
 
 
@@ -456,8 +460,8 @@ def test_reward_failing_on_every_row_stops_the_job(tmp_path, fault_record):
     rows, stop = metrics_of(run_dir), line_with(out, "reward 'broken' failed", tmp_path)
     fault_record(
         fault="a reward function that raises on every row",
-        outcome=f"stopped after step {rows[-1]['step']}: `{stop[:200]}`; "
-                f"summary `{line_with(out, 'broken: 96 errors', tmp_path)[:120]}`; exit code {code}",
+        outcome=f"stopped after step {rows[-1]['step']}: {quoted(stop)}; "
+                f"summary {quoted(line_with(out, 'broken: 96 errors', tmp_path))}; exit code {code}",
         steps_lost=steps_lost([r["step"] for r in rows]),
         data_lost=f"{sum(r['skipped'] for r in rows)} of {len(rows)} batches not trained on (no reward to train "
                   f"on); the job stops instead of running on")
@@ -481,6 +485,6 @@ def test_a_run_that_trains_nothing_exits_nonzero(tmp_path, fault_record):
     fault_record(
         fault="a reward that is always 0: no signal in any step",
         outcome=f"{sum(r['skipped'] for r in rows)} of {len(rows)} steps skipped; "
-                f"`{line_with(out, 'the run trained nothing', tmp_path)[:160]}`; exit code {code} (was 0)",
+                f"{quoted(line_with(out, 'the run trained nothing', tmp_path))}; exit code {code} (was 0)",
         steps_lost=steps_lost([r["step"] for r in rows]),
         data_lost=f"{sum(r['skipped'] for r in rows)} of {len(rows)} batches not trained on (no signal)")
