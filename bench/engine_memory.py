@@ -1,0 +1,69 @@
+"""Does the vLLM engine itself keep memory across generate calls? The default job's rollout shape, no Ray.
+
+    PYTHONPATH=. python bench/engine_memory.py --steps 90 --every 10 [--no-record] [--reload]
+
+Builds one in-process `VLLMEngine` on checkpoints/tiny-arith (the tiny job's engine settings: 256 sequences,
+fp32) and calls `generate` with 32 prompts x 8 samples per step (states recorded unless --no-record; --reload
+loads the checkpoint's weights after every step, as a weight sync does). Every `--every` steps it runs
+`gc.collect()` and glibc's `malloc_trim(0)` and prints RSS and the malloc heap in use (mallinfo2), so what it
+prints is memory in use, not memory the allocator keeps. docs/RELIABILITY.md ("What grows in the rollout actor")
+has the figures; bench/memory_retention.py measures the same inside the Ray rollout actor of a real job.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import os
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+
+def memory_in_use() -> tuple[float, float]:
+    """(RSS, malloc heap in use) in MiB after a collection and a trim."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    gc.collect()
+    libc.malloc_trim(0)
+    rss = int(Path(f"/proc/{os.getpid()}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return rss / 2**20, libc.mallinfo2().uordblks / 2**20
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=90)
+    ap.add_argument("--every", type=int, default=10)
+    ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--reload", action="store_true")
+    args = ap.parse_args()
+    from rl.batch import SamplingParams
+    from rollout.vllm_engine import VLLMEngine
+    ckpt = str(ROOT / "checkpoints" / "tiny-arith")
+    engine = VLLMEngine(ckpt, max_model_len=128, max_num_seqs=256, dtype="float32", seed=0, kv_cache_gib=1)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 30) for _ in range(20)] for _ in range(32)]
+    print("step  rss_mib  heap_in_use_mib", flush=True)
+    for step in range(1, args.steps + 1):
+        engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_tokens=32, seed=step,
+                                                record_states=not args.no_record))
+        if args.reload:
+            engine.load_weights(str(Path(ckpt) / "model.safetensors"), step)
+        if step % args.every == 0:
+            rss, heap = memory_in_use()
+            print(f"{step:>4}  {rss:7.1f}  {heap:7.1f}", flush=True)
+    engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
