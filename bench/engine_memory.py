@@ -21,7 +21,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from memory_retention import malloc_trim  # noqa: E402
+from soak import memory_mib  # noqa: E402
 
 
 class _MallInfo2(ctypes.Structure):
@@ -30,13 +34,12 @@ class _MallInfo2(ctypes.Structure):
 
 
 def memory_in_use() -> tuple[float, float]:
-    """(RSS, malloc heap in use) in MiB after a collection and a trim."""
+    """(RSS, malloc heap in use) in MiB after a collection and a trim (bench/memory_retention.py's)."""
+    gc.collect()
+    malloc_trim()
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _MallInfo2
-    gc.collect()
-    libc.malloc_trim(0)
-    rss = int(Path(f"/proc/{os.getpid()}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    return rss / 2**20, libc.mallinfo2().uordblks / 2**20
+    return memory_mib(os.getpid())["rss_mib"], libc.mallinfo2().uordblks / 2**20
 
 
 def main() -> int:
