@@ -17,6 +17,7 @@ import gc
 import os
 import random
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +49,8 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--reload", action="store_true")
+    ap.add_argument("--vary", action="store_true", help="new prompts of random lengths (4-40 tokens) every step, "
+                                                        "as a real job's, instead of the same 32 of 20 tokens")
     args = ap.parse_args()
     from rl.batch import SamplingParams
     from rollout.vllm_engine import VLLMEngine
@@ -55,15 +58,20 @@ def main() -> int:
     engine = VLLMEngine(ckpt, max_model_len=128, max_num_seqs=256, dtype="float32", seed=0, kv_cache_gib=1)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 30) for _ in range(20)] for _ in range(32)]
-    print("step  rss_mib  heap_in_use_mib", flush=True)
+    print("step  rss_mib  heap_in_use_mib  generate_s (mean over the interval)", flush=True)
+    seconds = []
     for step in range(1, args.steps + 1):
+        if args.vary:
+            prompts = [[rng.randrange(3, 30) for _ in range(rng.randrange(4, 41))] for _ in range(32)]
+        t0 = time.perf_counter()
         engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_tokens=32, seed=step,
                                                 record_states=not args.no_record))
+        seconds.append(time.perf_counter() - t0)
         if args.reload:
             engine.load_weights(str(Path(ckpt) / "model.safetensors"), step)
         if step % args.every == 0:
             rss, heap = memory_in_use()
-            print(f"{step:>4}  {rss:7.1f}  {heap:7.1f}", flush=True)
+            print(f"{step:>4}  {rss:7.1f}  {heap:7.1f}  {sum(seconds[-args.every:]) / args.every:6.3f}", flush=True)
     engine.close()
     return 0
 

@@ -44,6 +44,25 @@ def ray_holdings(actor=None) -> dict:
     return out
 
 
+def tracemalloc_growth(actor=None, top: int = 12) -> list[str]:
+    """Python allocations that grew since the previous call (tracemalloc, started on the first call), by the line
+    that allocated them. Runs inside the actor through `__ray_call__` (the actor instance keeps the snapshot)."""
+    import tracemalloc
+    if not tracemalloc.is_tracing():
+        tracemalloc.start(8)
+        actor.tracemalloc_snapshot = tracemalloc.take_snapshot()
+        return ["tracemalloc started"]
+    snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+    stats = snap.compare_to(actor.tracemalloc_snapshot, "traceback")
+    actor.tracemalloc_snapshot = snap
+    total = sum(s.size_diff for s in stats) / 2**20
+    out = [f"traced Python heap {sum(s.size for s in stats) / 2**20:.1f} MiB, {total:+.1f} MiB since the last call"]
+    for s in stats[:top]:
+        out.append(f"{s.size_diff / 2**20:+8.2f} MiB {s.count_diff:+7d} blocks  " +
+                   " <- ".join(f"{f.filename.split('site-packages/')[-1]}:{f.lineno}" for f in s.traceback[:4]))
+    return out
+
+
 def sample(pid: int) -> dict:
     return {**(memory_mib(pid) or {}), **(rss_by_mapping(pid) or {})}
 
@@ -53,6 +72,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--trim-every", type=int, default=20)
     ap.add_argument("--out", default="runs/retention")
+    ap.add_argument("--tracemalloc", action="store_true",
+                    help="also trace the actor's Python allocations and print what grew between trims")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     for k, v in dict(WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
@@ -90,6 +111,9 @@ def main() -> int:
             held = ray.get(rollout.actors[0].__ray_call__.remote(ray_holdings))
             print(f"step {step}: the rollout actor's Ray core worker holds {held}", flush=True)
             rows.append({"step": step, "when": "ray holdings", "process": "rollout actor", **held})
+            if args.tracemalloc:
+                print(f"step {step}: the rollout actor's Python allocations\n  " + "\n  ".join(
+                    ray.get(rollout.actors[0].__ray_call__.remote(tracemalloc_growth))), flush=True)
             f.write(json.dumps(rows[-1]) + "\n")
             trimmed = (malloc_trim(), ray.get(rollout.actors[0].__ray_call__.remote(lambda actor: malloc_trim())))
             record(step, f"after malloc_trim (released: driver {trimmed[0]}, actor {trimmed[1]})")

@@ -23,7 +23,7 @@ from rollout.vllm_engine import VLLMEngine, apply_environment, engine_environmen
 from test_vllm_engine import ON_GPU, TINY_ARITH, make_prompts, random_tiny_fbt  # noqa: E402
 
 ENV_VARS = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_ALLOW_INSECURE_SERIALIZATION", "TRITON_F32_DEFAULT",
-            "VLLM_ENABLE_V1_MULTIPROCESSING")
+            "VLLM_ENABLE_V1_MULTIPROCESSING", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
 
 
 @pytest.fixture
@@ -101,6 +101,7 @@ def test_environment_per_engine_kind(clean_env):
     assert dflt["TRITON_F32_DEFAULT"][0] == "ieee" and "VLLM_ALLOW_INSECURE_SERIALIZATION" not in req
     req, dflt = engine_environment(on_cpu=True, dtype="float32", weight_transfer_backend=None)
     assert "TRITON_F32_DEFAULT" not in dflt and dflt["VLLM_ENABLE_V1_MULTIPROCESSING"][0] == "0"
+    assert dflt["ONEDNN_PRIMITIVE_CACHE_CAPACITY"][0] == "64"  # the rollout actor's heap stays bounded
 
     # defaults yield to the user's choice; required values do not
     clean_env.setenv("TRITON_F32_DEFAULT", "tf32")
