@@ -1,11 +1,12 @@
 """Does the vLLM engine itself keep memory across generate calls? The default job's rollout shape, no Ray.
 
-    PYTHONPATH=. python bench/engine_memory.py --steps 90 --every 10 [--no-record] [--reload]
+    PYTHONPATH=. python bench/engine_memory.py --steps 90 --every 10 [--no-record] [--reload] [--vary]
 
 Builds one in-process `VLLMEngine` on checkpoints/tiny-arith (the tiny job's engine settings: 256 sequences,
 fp32) and calls `generate` with 32 prompts x 8 samples per step (states recorded unless --no-record; --reload
-loads the checkpoint's weights after every step, as a weight sync does). Every `--every` steps it runs
-`gc.collect()` and glibc's `malloc_trim(0)` and prints RSS and the malloc heap in use (mallinfo2), so what it
+loads the checkpoint's weights after every step, as a weight sync does; --vary draws new prompts of random lengths
+every step, so batch shapes change as in a real job). Set ONEDNN_PRIMITIVE_CACHE_CAPACITY to compare oneDNN cache
+sizes (the engine sets 64 unless it is set; oneDNN's own default is 1024). Every `--every` steps it runs `gc.collect()` and glibc's `malloc_trim(0)` and prints RSS and the malloc heap in use (mallinfo2), so what it
 prints is memory in use, not memory the allocator keeps. docs/RELIABILITY.md ("What grows in the rollout actor")
 has the figures; bench/memory_retention.py measures the same inside the Ray rollout actor of a real job.
 """

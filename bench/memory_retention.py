@@ -7,7 +7,8 @@ samples the memory of the driver and of the rollout actor (RSS, USS, and RSS by 
 `--trim-every` steps it calls glibc's `malloc_trim(0)` in both (in the actor through Ray's `__ray_call__`), which
 hands every free page of every malloc arena back to the kernel, and samples again: what the trim gives back was
 retained by the allocator, what stays is in use. Before each trim it also asks the actor's Ray core worker what it
-holds (references, objects in its in-process memory store). Writes OUT/samples.jsonl and prints a summary.
+holds (references, objects in its in-process memory store), and with --tracemalloc which lines of Python code
+allocated what the actor's Python heap gained since the previous trim. Writes OUT/samples.jsonl and prints a summary.
 """
 from __future__ import annotations
 
