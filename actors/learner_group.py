@@ -78,7 +78,11 @@ class RankActor:
     def call(self, method: str, *args):
         if self.rank is None:
             raise RuntimeError("learner rank used before setup()")
-        return getattr(self.rank, method)(*args)
+        out = getattr(self.rank, method)(*args)
+        if method == "update":  # its temporaries are freed: RSS back to the memory in use (actors/memory.py)
+            from actors.memory import release_freed_heap
+            release_freed_heap()
+        return out
 
 
 class LearnerGroup:

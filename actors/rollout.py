@@ -271,8 +271,11 @@ class RolloutActor(EngineHost):
     object store itself (actors/state_plane.py), so states never pass through the driver."""
 
     def generate(self, prompts: list[list[int]], params, min_version: int | None = None) -> list[Sample]:
+        from actors.memory import release_freed_heap
         from actors.state_plane import publish
-        return publish(super().generate(prompts, params, min_version))
+        samples = publish(super().generate(prompts, params, min_version))
+        release_freed_heap()  # the batch's temporaries are freed: RSS back to the memory in use (actors/memory.py)
+        return samples
 
     def referenced_objects(self) -> int:
         """Entries in this process's Ray reference table. As the owner of the state objects it put, it keeps an

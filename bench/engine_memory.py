@@ -6,8 +6,9 @@ Builds one in-process `VLLMEngine` on checkpoints/tiny-arith (the tiny job's eng
 fp32) and calls `generate` with 32 prompts x 8 samples per step (states recorded unless --no-record; --reload
 loads the checkpoint's weights after every step, as a weight sync does; --vary draws new prompts of random lengths
 every step, so batch shapes change as in a real job). Set ONEDNN_PRIMITIVE_CACHE_CAPACITY to compare oneDNN cache
-sizes (the engine sets 64 unless it is set; oneDNN's own default is 1024). Every `--every` steps it runs `gc.collect()` and glibc's `malloc_trim(0)` and prints RSS and the malloc heap in use (mallinfo2), so what it
-prints is memory in use, not memory the allocator keeps. docs/RELIABILITY.md ("What grows in the rollout actor")
+sizes (the engine sets 64 unless it is set; oneDNN's own default is 1024). Every `--every` steps it runs
+`gc.collect()` and glibc's `malloc_trim(0)` and prints RSS and the malloc heap in use (mallinfo2), so what it
+prints is memory in use, not memory the allocator keeps; and the mean seconds per `generate` call. docs/RELIABILITY.md ("What grows in the rollout actor")
 has the figures; bench/memory_retention.py measures the same inside the Ray rollout actor of a real job.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from memory_retention import malloc_trim  # noqa: E402
+from actors.memory import release_freed_heap  # noqa: E402
 from soak import memory_mib  # noqa: E402
 
 
@@ -38,7 +39,7 @@ class _MallInfo2(ctypes.Structure):
 def memory_in_use() -> tuple[float, float]:
     """(RSS, malloc heap in use) in MiB after a collection and a trim (bench/memory_retention.py's)."""
     gc.collect()
-    malloc_trim()
+    release_freed_heap()
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _MallInfo2
     return memory_mib(os.getpid())["rss_mib"], libc.mallinfo2().uordblks / 2**20

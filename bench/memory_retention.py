@@ -13,7 +13,6 @@ allocated what the actor's Python heap gained since the previous trim. Writes OU
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -23,11 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from actors.memory import release_freed_heap  # noqa: E402
 from soak import memory_mib, rss_by_mapping  # noqa: E402
-
-
-def malloc_trim() -> int:
-    return ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def ray_holdings(actor=None) -> dict:
@@ -116,7 +112,8 @@ def main() -> int:
                 print(f"step {step}: the rollout actor's Python allocations\n  " + "\n  ".join(
                     ray.get(rollout.actors[0].__ray_call__.remote(tracemalloc_growth))), flush=True)
             f.write(json.dumps(rows[-1]) + "\n")
-            trimmed = (malloc_trim(), ray.get(rollout.actors[0].__ray_call__.remote(lambda actor: malloc_trim())))
+            trimmed = (release_freed_heap(),
+                       ray.get(rollout.actors[0].__ray_call__.remote(lambda actor: release_freed_heap())))
             record(step, f"after malloc_trim (released: driver {trimmed[0]}, actor {trimmed[1]})")
 
     try:

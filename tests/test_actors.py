@@ -333,6 +333,51 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
         assert freed(settled(freed)), f"step {step}: state objects outlived their samples"  # ... and gone
 
 
+
+def test_engines_and_ranks_hand_freed_heap_back_after_each_batch(ray_workers):
+    """RSS that ratchets up to the largest step seen is malloc keeping freed memory (actors/memory.py): each engine
+    actor trims after every generate, each learner rank after every update, and nothing else does."""
+    import ray
+    _, rollout, learner, _ = ray_workers
+
+    def count_trims(actor) -> int:  # in the actor (`__ray_call__`; nested, so Ray ships it by value): wrap
+        import actors.memory as memory  # release_freed_heap with a counter on the first call; the count since
+        if not hasattr(memory, "trims"):
+            memory.trims, real = 0, memory.release_freed_heap
+
+            def counted():
+                memory.trims += 1
+                return real()
+
+            memory.release_freed_heap = counted
+        return memory.trims
+
+    actors = rollout.actors + learner.actors
+    assert ray.get([a.__ray_call__.remote(count_trims) for a in actors]) == [0] * len(actors)
+    samples = rollout.generate([[1, 5, 6], [1, 7], [1, 8, 9, 10]], params(max_tokens=4), min_version=0)
+    learner.update(samples, [1.0, -1.0, 0.5] * 3)
+    learner.weight_checksums()  # not a batch: no trim
+    assert ray.get([a.__ray_call__.remote(count_trims) for a in actors]) == [1] * len(actors)
+
+
+def test_release_freed_heap_returns_what_malloc_kept():
+    """Free every other one of 1,500 64 KiB blocks (below malloc's mmap threshold: they live in its heap; the live
+    ones keep the freed ones from being the heap's top, which free() alone would give back): malloc keeps ~47 MiB
+    resident until `release_freed_heap` hands it back."""
+    from actors.memory import release_freed_heap
+    if not release_freed_heap():
+        pytest.skip("no glibc malloc_trim here")
+
+    def rss_mib() -> float:
+        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    blocks = [bytearray(64 * 1024) for _ in range(1500)]  # bytearray writes its zeros: the pages are resident
+    del blocks[::2]
+    before = rss_mib()
+    assert release_freed_heap()
+    assert before - rss_mib() > 30, (before, rss_mib())
+    del blocks
+
 def test_reward_actor_scores_like_main_thread(ray_workers):
     """The plain reward actor (math-verify in its pool + format reward, weighted) gives the main thread's scores."""
     cfg, _, _, rewards = ray_workers

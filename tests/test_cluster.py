@@ -73,6 +73,23 @@ def test_auto_transport_follows_placement_and_refusals_name_the_key():
         resolve_transport(cfg_of("rollout.weight_sync=ray"), None)
 
 
+
+def test_local_ray_reports_task_events_only_with_a_dashboard(monkeypatch):
+    """Every task's events go to the GCS for the dashboard's task views, ~3.4 KB each, kept up to 100,000 tasks:
+    the soak's GCS grew +7 % per 100 steps, and 12,000 calls on a bare local Ray took it from 45 to 90 MiB (46 with
+    reporting off). Without the dashboard (the default) nothing reads them, so a local Ray reports none."""
+    import ray
+
+    from actors import placement
+    started = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(placement, "start_local_ray", lambda **kwargs: started.append(kwargs))
+    monkeypatch.delenv(placement.JOB_ENV, raising=False)
+    for dashboard in (False, True):
+        placement.init_ray(load_config(None, [f"ray.dashboard={str(dashboard).lower()}"]))
+    assert started[0]["_system_config"] == {"task_events_report_interval_ms": 0}
+    assert "_system_config" not in started[1] and started[1]["dashboard_host"] == "127.0.0.1"
+
 def test_buckets_round_trip_every_dtype_and_shape():
     g = torch.Generator().manual_seed(0)
     named = [("w", torch.randn(3, 5, generator=g)), ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
