@@ -1,6 +1,7 @@
 """Does the vLLM engine itself keep memory across generate calls? The default job's rollout shape, no Ray.
 
     PYTHONPATH=. python bench/engine_memory.py --steps 90 --every 10 [--no-record] [--reload] [--vary]
+    PYTHONPATH=. python bench/engine_memory.py --steps 80 --every 10 --vary --alternate-trim
 
 Builds one in-process `VLLMEngine` on checkpoints/tiny-arith (the tiny job's engine settings: 256 sequences,
 fp32) and calls `generate` with 32 prompts x 8 samples per step (states recorded unless --no-record; --reload
@@ -51,6 +52,9 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--reload", action="store_true")
+    ap.add_argument("--alternate-trim", action="store_true",
+                    help="every other interval, malloc_trim after each call as the rollout actor does (actors/memory.py), "
+                         "so the cost of trimming is measured side by side with not trimming")
     ap.add_argument("--vary", action="store_true", help="new prompts of random lengths (4-40 tokens) every step, "
                                                         "as a real job's, instead of the same 32 of 20 tokens")
     args = ap.parse_args()
@@ -60,8 +64,8 @@ def main() -> int:
     engine = VLLMEngine(ckpt, max_model_len=128, max_num_seqs=256, dtype="float32", seed=0, kv_cache_gib=1)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 30) for _ in range(20)] for _ in range(32)]
-    print("step  rss_mib  heap_in_use_mib  generate_s (mean over the interval)", flush=True)
-    seconds = []
+    print("step  rss_mib  heap_in_use_mib  generate_s  trim_ms (means over the interval)", flush=True)
+    seconds, trim_s = [], []
     for step in range(1, args.steps + 1):
         if args.vary:
             prompts = [[rng.randrange(3, 30) for _ in range(rng.randrange(4, 41))] for _ in range(32)]
@@ -69,11 +73,16 @@ def main() -> int:
         engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_tokens=32, seed=step,
                                                 record_states=not args.no_record))
         seconds.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        if args.alternate_trim and (step - 1) // args.every % 2 == 1:
+            release_freed_heap()
+        trim_s.append(time.perf_counter() - t0)
         if args.reload:
             engine.load_weights(str(Path(ckpt) / "model.safetensors"), step)
         if step % args.every == 0:
             rss, heap = memory_in_use()
-            print(f"{step:>4}  {rss:7.1f}  {heap:7.1f}  {sum(seconds[-args.every:]) / args.every:6.3f}", flush=True)
+            print(f"{step:>4}  {rss:7.1f}  {heap:7.1f}  {sum(seconds[-args.every:]) / args.every:9.3f}  "
+                  f"{sum(trim_s[-args.every:]) / args.every * 1000:7.1f}", flush=True)
     engine.close()
     return 0
 
