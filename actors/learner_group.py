@@ -72,16 +72,17 @@ class RankActor:
 
     def setup(self, cfg, rank: int, world_size: int, master_addr: str, master_port: int) -> bool:
         from actors.learner import LearnerRank
+        from actors.memory import HeapTrimmer
         self.rank = LearnerRank(cfg, rank, world_size, master_addr, master_port)
+        self.heap = HeapTrimmer(cfg.ray.trim_heap_every)
         return True
 
     def call(self, method: str, *args):
         if self.rank is None:
             raise RuntimeError("learner rank used before setup()")
         out = getattr(self.rank, method)(*args)
-        if method == "update":  # its temporaries are freed: RSS back to the memory in use (actors/memory.py)
-            from actors.memory import release_freed_heap
-            release_freed_heap()
+        if method == "update":  # now and then, malloc's freed heap back to the kernel (actors/memory.py)
+            self.heap.after_batch()
         return out
 
 

@@ -270,11 +270,15 @@ class RolloutActor(EngineHost):
     """`EngineHost` as a Ray actor: the samples it returns carry references to their states, which it put into the
     object store itself (actors/state_plane.py), so states never pass through the driver."""
 
+    def __init__(self, cfg, *args, **kwargs):
+        from actors.memory import HeapTrimmer
+        super().__init__(cfg, *args, **kwargs)
+        self.heap = HeapTrimmer(cfg.ray.trim_heap_every)
+
     def generate(self, prompts: list[list[int]], params, min_version: int | None = None) -> list[Sample]:
-        from actors.memory import release_freed_heap
         from actors.state_plane import publish
         samples = publish(super().generate(prompts, params, min_version))
-        release_freed_heap()  # the batch's temporaries are freed: RSS back to the memory in use (actors/memory.py)
+        self.heap.after_batch()  # now and then, malloc's freed heap back to the kernel (actors/memory.py)
         return samples
 
     def referenced_objects(self) -> int:

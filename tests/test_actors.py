@@ -334,16 +334,17 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
 
 
 
-def test_engines_and_ranks_hand_freed_heap_back_after_each_batch(ray_workers):
+def test_engines_and_ranks_hand_freed_heap_back_every_few_batches(ray_workers):
     """RSS that ratchets up to the largest step seen is malloc keeping freed memory (actors/memory.py): each engine
-    actor trims after every generate, each learner rank after every update, and nothing else does."""
+    actor counts its generate calls, each learner rank its updates, and every `ray.trim_heap_every`-th they give
+    the freed heap back (set to 1 here, inside the actors); other calls count nothing."""
     import ray
     _, rollout, learner, _ = ray_workers
 
-    def count_trims(actor) -> int:  # in the actor (`__ray_call__`; nested, so Ray ships it by value): wrap
-        import actors.memory as memory  # release_freed_heap with a counter on the first call; the count since
+    def count_trims(actor) -> int:  # in the actor (`__ray_call__`; nested, so Ray ships it by value): trim every
+        import actors.memory as memory  # batch, and wrap release_freed_heap with a counter; the count since
         if not hasattr(memory, "trims"):
-            memory.trims, real = 0, memory.release_freed_heap
+            memory.trims, real, actor.heap.every = 0, memory.release_freed_heap, 1
 
             def counted():
                 memory.trims += 1
@@ -358,6 +359,16 @@ def test_engines_and_ranks_hand_freed_heap_back_after_each_batch(ray_workers):
     learner.update(samples, [1.0, -1.0, 0.5] * 3)
     learner.weight_checksums()  # not a batch: no trim
     assert ray.get([a.__ray_call__.remote(count_trims) for a in actors]) == [1] * len(actors)
+
+
+def test_heap_trimmer_trims_every_nth_batch(monkeypatch):
+    import actors.memory as memory
+    trims = []
+    monkeypatch.setattr(memory, "release_freed_heap", lambda: trims.append(1) or True)
+    every3, never = memory.HeapTrimmer(3), memory.HeapTrimmer(0)
+    assert [every3.after_batch() for _ in range(7)] == [False, False, True, False, False, True, False]
+    assert not any(never.after_batch() for _ in range(7)) and len(trims) == 2
+    assert load_config(None, ["ray.trim_heap_every=10"]).ray.trim_heap_every == 10
 
 
 def test_release_freed_heap_returns_what_malloc_kept():

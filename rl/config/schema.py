@@ -337,6 +337,8 @@ class RayConfig:
     num_cpus: Optional[int] = None
     dashboard: bool = False
     colocate: bool = False                # rollout and learner share resources
+    trim_heap_every: int = 10             # engines and learner ranks give malloc's freed heap back every N batches
+                                          # (actors/memory.py; 0: never)
     # Where actors go (docs/CLUSTER.md): the placement group's strategy over the engine and learner bundles, and
     # custom node resources each role needs (`ray start --resources '{"rollout_node": 8}'` on the nodes that may
     # host it; an amount <= what such a node advertises, e.g. {rollout_node: 1}).
@@ -353,6 +355,8 @@ class RayConfig:
                                                 f"come from the role's own keys), got {name}: {amount}")
         if self.num_cpus is not None and self.num_cpus < 1:
             yield "num_cpus", f"must be >= 1 or null, got {self.num_cpus}"
+        if self.trim_heap_every < 0:
+            yield "trim_heap_every", f"must be >= 0 (0: never), got {self.trim_heap_every}"
 
 
 @dataclass
