@@ -9,7 +9,7 @@ loads the checkpoint's weights after every step, as a weight sync does; --vary d
 every step, so batch shapes change as in a real job). Set ONEDNN_PRIMITIVE_CACHE_CAPACITY to compare oneDNN cache
 sizes (the engine sets 64 unless it is set; oneDNN's own default is 1024). Every `--every` steps it runs
 `gc.collect()` and glibc's `malloc_trim(0)` and prints RSS and the malloc heap in use (mallinfo2), so what it
-prints is memory in use, not memory the allocator keeps; and the mean seconds per `generate` call. docs/RELIABILITY.md ("What grows in the rollout actor")
+prints is memory in use, not memory the allocator keeps; and the mean seconds per `generate` call. docs/RELIABILITY.md ("What grew in the rollout actor")
 has the figures; bench/memory_retention.py measures the same inside the Ray rollout actor of a real job.
 """
 from __future__ import annotations
