@@ -14,7 +14,6 @@ but the next batch faults those pages in again: trimming after every batch made 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 
 _libc = None
 
@@ -24,8 +23,8 @@ def release_freed_heap() -> bool:
     global _libc
     if _libc is None:
         try:
-            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _libc.malloc_trim  # noqa: B018  (musl and macOS have no malloc_trim)
+            _libc = ctypes.CDLL(None)  # the symbols this process already has: libc's among them
+            _libc.malloc_trim  # noqa: B018  (only glibc has it: musl and macOS raise AttributeError)
         except (OSError, AttributeError):
             _libc = False
     return bool(_libc and _libc.malloc_trim(0))

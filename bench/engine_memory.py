@@ -9,8 +9,9 @@ loads the checkpoint's weights after every step, as a weight sync does; --vary d
 every step, so batch shapes change as in a real job). Set ONEDNN_PRIMITIVE_CACHE_CAPACITY to compare oneDNN cache
 sizes (the engine sets 64 unless it is set; oneDNN's own default is 1024). Every `--every` steps it runs
 `gc.collect()` and glibc's `malloc_trim(0)` and prints RSS and the malloc heap in use (mallinfo2), so what it
-prints is memory in use, not memory the allocator keeps; and the mean seconds per `generate` call. docs/RELIABILITY.md ("What grew in the rollout actor")
-has the figures; bench/memory_retention.py measures the same inside the Ray rollout actor of a real job.
+prints is memory in use, not memory the allocator keeps; and the mean seconds per `generate` call.
+docs/RELIABILITY.md ("What grew in the rollout actor") has the figures; bench/memory_retention.py measures the
+same inside the Ray rollout actor of a real job.
 """
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def main() -> int:
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--reload", action="store_true")
     ap.add_argument("--alternate-trim", action="store_true",
-                    help="every other interval, malloc_trim after each call as the rollout actor does (actors/memory.py), "
-                         "so the cost of trimming is measured side by side with not trimming")
+                    help="every other interval, malloc_trim after each call (actors/memory.py with "
+                         "ray.trim_heap_every=1), so its cost is measured side by side with not trimming")
     ap.add_argument("--vary", action="store_true", help="new prompts of random lengths (4-40 tokens) every step, "
                                                         "as a real job's, instead of the same 32 of 20 tokens")
     args = ap.parse_args()

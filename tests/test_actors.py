@@ -333,7 +333,6 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
         assert freed(settled(freed)), f"step {step}: state objects outlived their samples"  # ... and gone
 
 
-
 def test_engines_and_ranks_hand_freed_heap_back_every_few_batches(ray_workers):
     """RSS that ratchets up to the largest step seen is malloc keeping freed memory (actors/memory.py): each engine
     actor counts its generate calls, each learner rank its updates, and every `ray.trim_heap_every`-th they give
@@ -388,6 +387,7 @@ def test_release_freed_heap_returns_what_malloc_kept():
     assert release_freed_heap()
     assert before - rss_mib() > 30, (before, rss_mib())
     del blocks
+
 
 def test_reward_actor_scores_like_main_thread(ray_workers):
     """The plain reward actor (math-verify in its pool + format reward, weighted) gives the main thread's scores."""

@@ -73,7 +73,6 @@ def test_auto_transport_follows_placement_and_refusals_name_the_key():
         resolve_transport(cfg_of("rollout.weight_sync=ray"), None)
 
 
-
 def test_local_ray_reports_task_events_only_with_a_dashboard(monkeypatch):
     """Every task's events go to the GCS for the dashboard's task views, ~3.4 KB each, kept up to 100,000 tasks:
     the soak's GCS grew +7 % per 100 steps, and 12,000 calls on a bare local Ray took it from 45 to 90 MiB (46 with
@@ -89,6 +88,7 @@ def test_local_ray_reports_task_events_only_with_a_dashboard(monkeypatch):
         placement.init_ray(load_config(None, [f"ray.dashboard={str(dashboard).lower()}"]))
     assert started[0]["_system_config"] == {"task_events_report_interval_ms": 0}
     assert "_system_config" not in started[1] and started[1]["dashboard_host"] == "127.0.0.1"
+
 
 def test_buckets_round_trip_every_dtype_and_shape():
     g = torch.Generator().manual_seed(0)

@@ -297,4 +297,3 @@ def test_preemption_is_flagged(ckpt, hf_model):
     clean = [(g, w) for g, w in zip(got, want) if not g.preempted]
     assert clean
     assert_same([g for g, _ in clean], [w for _, w in clean])
-
