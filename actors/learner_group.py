@@ -98,6 +98,7 @@ class LearnerGroup:
             raise ValueError("LearnerGroup needs at least one learner actor")
         self.cfg, self.actors = cfg, actors
         self.make_rank, self.supervisor = make_rank, supervisor
+        self.generation = 0  # counts rebuilds: a weight transport set up with the old ranks sets up again
         self._setup()
 
     def _setup(self) -> None:
@@ -117,6 +118,7 @@ class LearnerGroup:
         for a in self.actors:
             kill(a)
         self.actors = [self.make_rank(r) for r in range(len(self.actors))]
+        self.generation += 1
         self._setup()
         raise LearnerRebuilt(f"learner rank {dead} died during {method}; the group was rebuilt")
 

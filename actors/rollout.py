@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from actors.supervision import actor_class, describe, gather, kill
+from actors.supervision import actor_class, describe, gather, kill, lost_object
 from rl.batch import Sample
 from rl.workers import tensor_checksums
 
@@ -189,6 +189,7 @@ class RolloutFleet:
         self.make_actor, self.supervisor = make_actor, supervisor
         self.transport = transport or FileSync()
         self.last_sync: tuple | None = None
+        self.state_owner = None  # the job's StateOwner actor, when `build_workers` made one (actors/state_plane.py)
         self._pids: list[int | None] = [None] * len(actors)
 
     def sync_weights(self, learner, version: int, weights_path: str) -> list[int]:
@@ -227,8 +228,8 @@ class RolloutFleet:
         """A new actor for engine k at the current weights and version; raises when it may not be replaced."""
         import ray
         what = f"rollout actor {k}" + (f" (pid {self._pids[k]})" if self._pids[k] else "")
-        if self.make_actor is None or self.supervisor is None:
-            raise error
+        if self.make_actor is None or self.supervisor is None or lost_object(error):
+            raise error  # (a lost object the call fetched, e.g. weights whose owner died: the engine is alive)
         if not getattr(self.transport, "replaceable", True):  # vLLM's native transfer, once set up
             raise self.transport.lost_engine(f"{what} died during {during} ({describe(error)})")
         self.supervisor.replacing("rollout", what, during, error)
@@ -268,16 +269,18 @@ class RolloutFleet:
 
 class RolloutActor(EngineHost):
     """`EngineHost` as a Ray actor: the samples it returns carry references to their states, which it put into the
-    object store itself (actors/state_plane.py), so states never pass through the driver."""
+    object store itself (actors/state_plane.py), so states never pass through the driver; `state_owner` (the
+    job's `StateOwner`) owns them, so they outlive this actor."""
 
-    def __init__(self, cfg, *args, **kwargs):
+    def __init__(self, cfg, *args, state_owner=None, **kwargs):
         from actors.memory import HeapTrimmer
         super().__init__(cfg, *args, **kwargs)
         self.heap = HeapTrimmer(cfg.ray.trim_heap_every)
+        self.state_owner = state_owner  # owns the states this actor puts, so they outlive it (actors/state_plane.py)
 
     def generate(self, prompts: list[list[int]], params, min_version: int | None = None) -> list[Sample]:
         from actors.state_plane import publish
-        samples = publish(super().generate(prompts, params, min_version))
+        samples = publish(super().generate(prompts, params, min_version), self.state_owner)
         self.heap.after_batch()  # now and then, malloc's freed heap back to the kernel (actors/memory.py)
         return samples
 

@@ -16,8 +16,15 @@ reference shape in bf16). Samples go through the driver (rewards, advantages); t
 Objects are stored as numpy arrays (numpy has no bf16: bf16 goes as int16 bits, fp8 as its uint8 packing) because
 Ray hands numpy arrays out of its shared memory zero-copy, while a pickled torch tensor is copied. An object lives
 while some sample refers to it (Ray counts references across processes): the driver drops a step's samples after
-the update, and the objects go. Their owner is the rollout actor that put them, so an engine actor that dies
-takes its batch's states with it (a fetch then raises Ray's ObjectLostError, never wrong data).
+the update, and the objects go.
+
+Ownership: Ray drops an object when its owner process dies, and by default the owner is the process that put it.
+The rollout actor puts the states but does not own them: a `StateOwner` actor (one per job, created with the
+fleet, on the driver's node) owns them (`ray.put(..., _owner=...)`), so a batch already generated and queued,
+or between `generate` and the ranks' fetch, keeps its states when its engine's actor is killed; the bytes stay
+in the engine node's shared memory. A fetch that still finds an object lost (the owner's or that node's death)
+raises Ray's ObjectLostError, never wrong data, and the learner group treats it as a death: rebuilt, restored
+from the last checkpoint (actors/supervision.py `lost_object`).
 
 In one process (`actors/local.py`) samples keep their tensors and none of this runs.
 """
@@ -65,15 +72,42 @@ def from_carrier(array) -> torch.Tensor:
         return torch.from_numpy(array).view(_FROM_CARRIER[str(array.dtype)])
 
 
-def publish(samples: list[Sample]) -> list[Sample]:
-    """In the rollout actor: each sample's states into the object store, a `StateRef` in their place."""
+def publish(samples: list[Sample], owner=None) -> list[Sample]:
+    """In the rollout actor: each sample's states into the object store, a `StateRef` in their place. `owner`:
+    the `StateOwner` actor that owns the objects (None: this process owns them and they die with it)."""
     import ray
     for s in samples:
         if isinstance(s.states, torch.Tensor):
             array = to_carrier(s.states)
-            s.states = StateRef(ray.put(array), rows=int(s.states.shape[0]), width=width(s.states),
-                                nbytes=int(array.nbytes))
+            handle = ray.put(array) if owner is None else ray.put(array, _owner=owner)
+            s.states = StateRef(handle, rows=int(s.states.shape[0]), width=width(s.states), nbytes=int(array.nbytes))
     return samples
+
+
+class StateOwner:
+    """Owns the recorded states the rollout actors put (`publish`), so that they outlive the actor that put them.
+    Does nothing else: an owner keeps the objects' reference counts and locations, the bytes stay where they were
+    put."""
+
+    def alive(self) -> bool:
+        return True
+
+    def owned_objects(self) -> int:
+        """Entries in this process's reference table: one per live state object (a leak check)."""
+        import ray
+        return len(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
+
+
+def start_state_owner():
+    """The job's `StateOwner` actor, on the driver's node (soft: elsewhere if that node cannot take it), taking no
+    CPU; its process exits with its node's raylet."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from actors.supervision import actor_class
+    here = ray.get_runtime_context().get_node_id()
+    return actor_class(StateOwner).options(
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True)).remote()
 
 
 def fetch(samples: list[Sample], rows) -> FetchStats:

@@ -59,6 +59,21 @@ class Supervisor:
         self.faults.record(kind, f"{died}; replacing it ({n} of at most {limit})")
 
 
+def lost_object(error: BaseException) -> bool:
+    """Ray lost an object a call needed (`ObjectLostError`: its owner died, `OwnerDiedError`, or every copy went
+    with a node), as the call's own error or as the cause Ray wrapped in a RayTaskError. The call cannot finish,
+    and calling again does not bring the object back: a death, not a method's error."""
+    from ray.exceptions import ObjectLostError
+    return isinstance(error, ObjectLostError) or isinstance(getattr(error, "cause", None), ObjectLostError)
+
+
+def is_death(error: BaseException) -> bool:
+    """What `gather` hands to `on_death`: the actor's process is gone (`RayActorError`), or an object its call
+    fetched was lost (`lost_object`)."""
+    from ray.exceptions import RayActorError
+    return isinstance(error, RayActorError) or lost_object(error)
+
+
 def describe(cause: BaseException) -> str:
     """The first line of Ray's death notice (it carries the exit detail and the node)."""
     text = str(cause).strip().splitlines()
@@ -68,13 +83,12 @@ def describe(cause: BaseException) -> str:
 def gather(submit, n: int, on_death, error_grace_s: float = 0.0) -> list:
     """Results of `submit(k)` for k in range(n) (each an ObjectRef of one actor call), in order.
 
-    When the actor behind call k died, `on_death(k, error)` replaces it and returns the ObjectRef that stands for
-    call k now (or raises). An error raised by a method is re-raised as Ray raises it, after up to
+    When the actor behind call k died, or an object its call fetched was lost (`is_death`), `on_death(k, error)`
+    replaces it and returns the ObjectRef that stands for call k now (or raises). An error raised by a method is re-raised as Ray raises it, after up to
     `error_grace_s` seconds more for the other calls: a collective fails on every rank when one rank dies, and
     the death, noticed a moment later, is what must be handled.
     """
     import ray
-    from ray.exceptions import RayActorError
     refs = {submit(k): k for k in range(n)}
     out: list = [None] * n
     error, deadline = None, None
@@ -91,9 +105,10 @@ def gather(submit, n: int, on_death, error_grace_s: float = 0.0) -> list:
             k = refs.pop(ref)
             try:
                 out[k] = ray.get(ref)
-            except RayActorError as e:
-                refs[on_death(k, e)] = k
             except Exception as e:
+                if is_death(e):
+                    refs[on_death(k, e)] = k
+                    continue
                 if error is None:
                     error, deadline = e, time.monotonic() + error_grace_s
     if error is not None:

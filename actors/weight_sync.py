@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from actors.supervision import describe
+from actors.supervision import describe, lost_object
 from rl.faults import RunStopped
 
 TRANSPORTS = ("file", "ray", "nccl", "ipc", "native_ray")
@@ -77,6 +77,7 @@ def resolve_transport(cfg, placement) -> tuple[str, str]:
 def attach_transport(cfg, rollout, learner, transport: str, why: str, log=print) -> None:
     """Give the rollout workers their transport (their `sync_weights` uses it) and say which one it is."""
     rollout.transport = make_transport(cfg, transport)
+    rollout.transport.log = log
     log(f"weight sync: {transport} ({why})")
 
 
@@ -160,7 +161,14 @@ class RaySync:
 
     def push(self, learner, rollout, version: int, weights_path: str) -> list[int]:
         # the buckets are owned by rank 0's process; the driver only passes their references on
-        return rollout.load_weights(RayBuckets(learner.export_buckets(self.bucket_bytes)), version)
+        try:
+            return rollout.load_weights(RayBuckets(learner.export_buckets(self.bucket_bytes)), version)
+        except Exception as e:
+            if not lost_object(e):
+                raise
+            # rank 0 died after putting them: asking the group again finds the death (the group is rebuilt and
+            # raises LearnerRebuilt: the loop restores the last checkpoint), or exports them anew
+            return rollout.load_weights(RayBuckets(learner.export_buckets(self.bucket_bytes)), version)
 
 
 # ---- vLLM's native weight transfer (nccl, ipc) and its CPU check (native_ray) ---------------------------------
@@ -176,13 +184,35 @@ class NativeSync:
     push checks first that every engine is alive, and rank 0's client reports an engine that dies during the
     transfer as `EngineLost`; both stop the job."""
 
-    def __init__(self, backend: str, bucket_bytes: int):
-        self.name, self.bucket_bytes, self.started = backend, bucket_bytes, False
+    def __init__(self, backend: str, bucket_bytes: int, log=print):
+        self.name, self.bucket_bytes, self.started, self.log = backend, bucket_bytes, False, log
+        self.generation = 0      # the learner group's generation the transfer was set up with (rebuilds count up)
+        self.fallback = None     # RaySync, once a rebuilt learner group could not set up vLLM's transfer again
 
     @property
     def replaceable(self) -> bool:
-        """Whether a dead engine may be replaced: only before the transfer group exists."""
-        return not self.started
+        """Whether a dead engine may be replaced: before the transfer group exists, or once the weights go through
+        Ray's object store instead (`fallback`: replacements reload the last sync)."""
+        return not self.started or self.fallback is not None
+
+    def _after_rebuild(self, learner) -> None:
+        """The learner group was rebuilt since the transfer was set up: its new ranks hold no transfer engine and
+        the engines' side still points at the dead rank 0. native_ray sets the transfer up again with the new ranks
+        (its engine side is plain Python state, renewed by `init`); nccl and ipc fall back to the ray transport for
+        the rest of the job, saying so (an NCCL group cannot take a new rank 0 in place of a dead one)."""
+        generation = getattr(learner, "generation", 0)
+        if not self.started or generation == self.generation:
+            return
+        self.generation = generation
+        if self.name == "native_ray":
+            self.started = False
+            self.log(f"weight sync: the learner group was rebuilt; rollout.weight_sync={self.name}: setting up the "
+                     f"transfer again with the new ranks")
+            return
+        self.fallback = RaySync(self.bucket_bytes)
+        self.log(f"weight sync: the learner group was rebuilt and rollout.weight_sync={self.name}'s transfer group "
+                 f"cannot take its new rank 0: weights go through Ray's object store (rollout.weight_sync: ray) "
+                 f"for the rest of this job; `fbrl train --resume RUN_DIR` sets up {self.name} again")
 
     def lost_engine(self, what: str) -> RunStopped:
         return RunStopped(f"{what}; rollout.weight_sync={self.name}: a new engine cannot join vLLM's weight-transfer "
@@ -191,6 +221,9 @@ class NativeSync:
                           f"reload the last sync)")
 
     def push(self, learner, rollout, version: int, weights_path: str) -> list[int]:
+        self._after_rebuild(learner)
+        if self.fallback is not None:
+            return self.fallback.push(learner, rollout, version, weights_path)
         if self.started:
             from ray.exceptions import RayActorError
             try:
@@ -203,7 +236,7 @@ class NativeSync:
                 client = EngineFleetClient(rollout.actors, per_engine_rank=self.name == "nccl")
                 learner.start_native_sync(self.name, client, {"world_size": 1 + len(rollout.actors),
                                                               "bucket_bytes": self.bucket_bytes})
-                self.started = True
+                self.started, self.generation = True, getattr(learner, "generation", 0)
             learner.native_send()
         except EngineLost as e:  # died after the check above, during the transfer (Ray wraps it: RayTaskError.cause)
             raise self.lost_engine(f"{getattr(e, 'cause', e)} (weight sync to version {version})") from None

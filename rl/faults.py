@@ -116,6 +116,14 @@ def is_nonfinite(learner_metrics: dict) -> bool:
     return norm is not None and not math.isfinite(norm)
 
 
+def partly_applied(learner_metrics: dict) -> bool:
+    """A non-finite update whose earlier optimizer steps were applied (`algo.mini_batches` or `algo.ppo_epochs`
+    > 1): the weights moved, so the step counts as a new policy version (synced and tagged) although one of its
+    optimizer steps was skipped."""
+    steps, skipped = learner_metrics.get("optimizer_steps", 0), learner_metrics.get("nonfinite_steps", 0)
+    return is_nonfinite(learner_metrics) and steps > skipped
+
+
 def injected(name: str) -> set[int]:
     """Fault injection for tests and the soak benchmark: `FBRL_INJECT_<name>=2,5` names the calls (1-based) of a
     worker method that fail on purpose (the workers say which). Empty unless the variable is set."""

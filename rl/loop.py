@@ -33,7 +33,7 @@ from rl.config import Config
 from rl.data.loaders import PromptSampler, encode_prompt, load_task_split, reward_columns
 from rl.data.prompts import PromptFitter, prompt_token_limit
 from rl.decode_modes import rl_modes
-from rl.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, is_nonfinite
+from rl.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, is_nonfinite, partly_applied
 from rl.mismatch_parts import diagnostic_rows
 from rl.rollout_queue import RolloutBatch, RolloutQueue, Serialized, split_stale, staleness_metrics
 from rl.run import RunDir
@@ -153,6 +153,7 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
                            first_step=step + 1, last_step=cfg.train.steps, max_staleness=max_staleness,
                            checkpoint_every=cfg.train.checkpoint_every, published_step=step, version=version,
                            background=job.background_rollouts)
+    unsaved = None  # the state of the last step completed in this pass, when it was not checkpointed
     with batches:
         while step < cfg.train.steps:
             step += 1
@@ -160,7 +161,10 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
 
             # 1-2. rollouts (G samples per prompt) and rewards, made by policy `version` - max_staleness or newer;
             # a sample more than max_staleness versions behind the learner never reaches it
-            batch, time_wait = batches.take(step)
+            try:
+                batch, time_wait = batches.take(step)
+            except RunStopped as e:  # raised while making this batch (the producer thread's included)
+                raise _stopped_between(e, run, learner, step - 1, unsaved) from None
             fresh, stale_dropped = split_stale(batch.samples, version, max_staleness)
             batch = batch.select(fresh)
             samples = batch.samples
@@ -201,7 +205,14 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
                 kept = keep.nonzero().flatten().tolist()
                 learner_metrics = learner.update([samples[i] for i in kept], advantages[kept].tolist())
             time_learner = time.perf_counter() - t0
-            nonfinite = is_nonfinite(learner_metrics)  # the optimizer step was skipped: the weights did not change
+            # every optimizer step skipped: the weights did not change. Some applied (mini_batches / ppo_epochs > 1):
+            # they moved, so this is a new version like any update (synced, tagged), never new weights under V
+            partial = partly_applied(learner_metrics)
+            if partial:
+                faults.record("partly_nonfinite_steps", f"step {step}: loss or gradients not finite in "
+                              f"{learner_metrics['nonfinite_steps']:.0f} of {learner_metrics['optimizer_steps']:.0f} "
+                              f"optimizer steps; those skipped, the others applied: the weights are a new version")
+            nonfinite = is_nonfinite(learner_metrics) and not partial
             skip = skip or nonfinite
             t0 = time.perf_counter()
             if not skip:
@@ -240,6 +251,7 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
             checkpointed = cfg.train.checkpoint_every > 0 and (on_schedule or step == cfg.train.steps)
             if checkpointed:
                 run.save_checkpoint(step, learner, state)
+            unsaved = None if checkpointed else state
             if step == cfg.train.steps or on_schedule:
                 # RUN_DIR/policy/: the current weights as a save_pretrained dir, exported here (only the file
                 # transport writes the weights file at every sync)
@@ -266,6 +278,15 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
                 raise stop if isinstance(stop, RunStopped) else RunStopped(
                     f"{stop}: stopped after step {step}, which is checkpointed; `fbrl train --resume {run.path}` "
                     f"continues")
+
+
+def _stopped_between(stop: RunStopped, run: RunDir, learner: LearnerWorkers, last: int, unsaved) -> RunStopped:
+    """A stop raised before step `last` + 1 had its batch: step `last` checkpointed (when it was not: `unsaved` is
+    its state) and the stop said so."""
+    if unsaved is not None:
+        run.save_checkpoint(last, learner, unsaved)
+    where = f"stopped after step {last}, which is checkpointed" if last else "stopped before step 1"
+    return RunStopped(f"{stop.reason}; {where}", stop.resumable, stop.exit_code)
 
 
 def generate_batch(cfg: Config, fitter: PromptFitter, sampler: PromptSampler, rollout: RolloutWorkers, eos: int,

@@ -38,6 +38,7 @@ from typing import Callable
 import torch
 
 from rl.batch import Sample
+from rl.faults import RunStopped
 
 
 @dataclass
@@ -214,6 +215,8 @@ class RolloutQueue:
                 self._cond.notify_all()
 
     def _raise_if_failed(self) -> None:
+        if isinstance(self._error, RunStopped):  # a clear stop (a restart bound, a lost engine) stays one
+            raise self._error
         if self._error is not None:
             raise RuntimeError(f"rollout producer failed: {type(self._error).__name__}: {self._error}") \
                 from self._error

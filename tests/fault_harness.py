@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -196,3 +197,103 @@ def no_processes_left(mark: str, timeout: float = 15, only: tuple[str, ...] | No
             os.kill(pid, signal.SIGKILL)
         raise AssertionError(f"processes left after the job: {procs}") from None
     return time.monotonic() - t0
+
+
+# ---- a job driven from the test's own process, and what a test records ------------------------------------------
+class Job:
+    """One training job on the real stack, driven from this process (so faults can be timed to a call)."""
+
+    def __init__(self, run_dir: Path, *overrides: str):
+        from actors.placement import build_workers
+        from rl.config import load_config
+        from rl.data.tokenizer import load_tokenizer
+        from rl.faults import FaultLog
+        for k, v in ENV.items():
+            os.environ.setdefault(k, v)
+        self.run_dir = run_dir
+        self.cfg = load_config(CONFIG, [*SMALL, f"train.run_dir={run_dir}", *overrides])
+        self.lines: list[str] = []
+        self.faults = FaultLog(self.log)
+        self.rollout, self.learner, self.rewards = build_workers(self.cfg, True, self.faults)
+        self.tokenizer = load_tokenizer(self.cfg.model.path)
+        self.seen: list[dict] = []  # every completed step's metrics, in order (steps run again appear twice)
+        self.kills: list[tuple[str, int, int]] = []  # (method, step, pid)
+        self.after_step: list = []  # callbacks run in the loop's thread once a step is logged: f(metrics)
+
+    def log(self, line: str) -> None:
+        self.lines.append(line)
+        print(line, flush=True)
+
+    def kill_during(self, owner, method: str, step: int, pid_of, delay_s: float = 0.05) -> None:
+        """SIGKILL the process `pid_of()` names `delay_s` after `owner.method` is first called in step `step`
+        (the call is then in flight: the kill lands mid-generate / mid-update / mid-score)."""
+        original = getattr(owner, method)
+
+        def wrapped(*args, **kwargs):
+            if not self.kills and len(self.seen) == step - 1:
+                pid = pid_of()
+                self.kills.append((method, step, pid))
+                threading.Timer(delay_s, os.kill, (pid, signal.SIGKILL)).start()
+            return original(*args, **kwargs)
+
+        setattr(owner, method, wrapped)
+
+    def train(self, **overrides):
+        from rl.loop import train
+        from rl.run import RunDir
+        cfg = self.cfg
+        if overrides:
+            from dataclasses import replace
+            cfg = replace(cfg, train=replace(cfg.train, **overrides))
+        return train(cfg, self.tokenizer, self.rollout, self.learner, self.rewards, RunDir(str(self.run_dir)),
+                     log=self.log, progress=self._progress, faults=self.faults)
+
+    def _progress(self, metrics: dict) -> None:
+        self.seen.append(metrics)
+        for f in self.after_step:
+            f(metrics)
+
+    def kill_after(self, step: int, pid_of, what: str = "rollout actor") -> None:
+        """SIGKILL the process `pid_of()` names once step `step` is logged (first time only), and wait until it is
+        gone before the loop goes on: at max_staleness >= 1 the next batch is then already made and queued."""
+        def kill(metrics):
+            if metrics["step"] == step and not self.kills:
+                pid = pid_of()
+                self.kills.append((f"after step {step}", step, pid))
+                os.kill(pid, signal.SIGKILL)
+                wait_for(lambda: not alive(pid), 30, f"the {what} (pid {pid}) to exit")
+        self.after_step.append(kill)
+
+    def fault_lines(self) -> list[str]:
+        return [x for x in self.lines if x.startswith("fault:")]
+
+
+@pytest.fixture
+def job(tmp_path):
+    import ray
+    jobs = []
+
+    def make(*overrides, name="run"):
+        jobs.append(Job(tmp_path / name, *overrides))
+        return jobs[-1]
+
+    try:
+        yield make
+    finally:
+        ray.shutdown()
+
+
+# ---- what each test measured, for docs/RELIABILITY.md's table (bench/reliability_table.py) ------------------------
+@pytest.fixture
+def fault_record(request):
+    """`record(fault=..., outcome=..., steps_lost=..., data_lost=...)`, called at the end of a test (after its
+    assertions: only a passed test records). With FBRL_FAULT_TABLE=PATH, appends one JSON line to PATH with the
+    test's name, CI or slow, and its wall seconds (setup to teardown: Ray's shutdown and both runs included)."""
+    t0, fields = time.monotonic(), {}
+    yield fields.update
+    path = os.environ.get("FBRL_FAULT_TABLE")
+    if path and fields:
+        kind = "slow" if request.node.get_closest_marker("slow") else "CI"
+        with open(path, "a") as f:
+            f.write(json.dumps({"test": request.node.name, "kind": kind,
+                                "wall_s": round(time.monotonic() - t0, 1), **fields}) + "\n")

@@ -28,91 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from fault_harness import (CONFIG, ENV, OUR_ACTORS, SMALL, alive, check_checkpoints, data_lost, descendants,
-                           expected_digests, line_with, metrics_of, no_processes_left, output, quoted,
-                           same_weights, start_train, steps_lost, steps_logged, wait_for, write_jsonl_task)
-
-
-class Job:
-    """One training job on the real stack, driven from this process (so faults can be timed to a call)."""
-
-    def __init__(self, run_dir: Path, *overrides: str):
-        from actors.placement import build_workers
-        from rl.config import load_config
-        from rl.data.tokenizer import load_tokenizer
-        from rl.faults import FaultLog
-        for k, v in ENV.items():
-            os.environ.setdefault(k, v)
-        self.run_dir = run_dir
-        self.cfg = load_config(CONFIG, [*SMALL, f"train.run_dir={run_dir}", *overrides])
-        self.lines: list[str] = []
-        self.faults = FaultLog(self.log)
-        self.rollout, self.learner, self.rewards = build_workers(self.cfg, True, self.faults)
-        self.tokenizer = load_tokenizer(self.cfg.model.path)
-        self.seen: list[dict] = []  # every completed step's metrics, in order (steps run again appear twice)
-        self.kills: list[tuple[str, int, int]] = []  # (method, step, pid)
-
-    def log(self, line: str) -> None:
-        self.lines.append(line)
-        print(line, flush=True)
-
-    def kill_during(self, owner, method: str, step: int, pid_of, delay_s: float = 0.05) -> None:
-        """SIGKILL the process `pid_of()` names `delay_s` after `owner.method` is first called in step `step`
-        (the call is then in flight: the kill lands mid-generate / mid-update / mid-score)."""
-        original = getattr(owner, method)
-
-        def wrapped(*args, **kwargs):
-            if not self.kills and len(self.seen) == step - 1:
-                pid = pid_of()
-                self.kills.append((method, step, pid))
-                threading.Timer(delay_s, os.kill, (pid, signal.SIGKILL)).start()
-            return original(*args, **kwargs)
-
-        setattr(owner, method, wrapped)
-
-    def train(self, **overrides):
-        from rl.loop import train
-        from rl.run import RunDir
-        cfg = self.cfg
-        if overrides:
-            from dataclasses import replace
-            cfg = replace(cfg, train=replace(cfg.train, **overrides))
-        return train(cfg, self.tokenizer, self.rollout, self.learner, self.rewards, RunDir(str(self.run_dir)),
-                     log=self.log, progress=self.seen.append, faults=self.faults)
-
-    def fault_lines(self) -> list[str]:
-        return [x for x in self.lines if x.startswith("fault:")]
-
-
-@pytest.fixture
-def job(tmp_path):
-    import ray
-    jobs = []
-
-    def make(*overrides, name="run"):
-        jobs.append(Job(tmp_path / name, *overrides))
-        return jobs[-1]
-
-    try:
-        yield make
-    finally:
-        ray.shutdown()
-
-
-# ---- what each test measured, for docs/RELIABILITY.md's table (bench/reliability_table.py) ------------------------
-@pytest.fixture
-def fault_record(request):
-    """`record(fault=..., outcome=..., steps_lost=..., data_lost=...)`, called at the end of a test (after its
-    assertions: only a passed test records). With FBRL_FAULT_TABLE=PATH, appends one JSON line to PATH with the
-    test's name, CI or slow, and its wall seconds (setup to teardown: Ray's shutdown and both runs included)."""
-    t0, fields = time.monotonic(), {}
-    yield fields.update
-    path = os.environ.get("FBRL_FAULT_TABLE")
-    if path and fields:
-        kind = "slow" if request.node.get_closest_marker("slow") else "CI"
-        with open(path, "a") as f:
-            f.write(json.dumps({"test": request.node.name, "kind": kind,
-                                "wall_s": round(time.monotonic() - t0, 1), **fields}) + "\n")
+from fault_harness import (CONFIG, OUR_ACTORS, SMALL, alive, check_checkpoints, data_lost, descendants,  # noqa: F401
+                           expected_digests, fault_record, job, line_with, metrics_of, no_processes_left, output,
+                           quoted, same_weights, start_train, steps_lost, steps_logged, wait_for, write_jsonl_task)
 
 
 # ---- in CI: the two kills the issue names ------------------------------------------------------------------------
