@@ -193,16 +193,12 @@ def create_placement(cfg) -> Placement:
 
 def start_rollout_fleet(cfg, placement: Placement, weight_sync: str = "file", supervisor=None):
     from actors.rollout import RolloutFleet, rollout_actor_class
-    from actors.state_plane import start_state_owner
     cls = rollout_actor_class()
-    owner = start_state_owner()  # owns every engine's recorded states: they outlive a replaced engine
 
     def make(i):  # engine i, on its bundle; also what replaces it (actors/supervision.py)
-        return cls.options(**placement.rollout[i]).remote(cfg, i, None, weight_sync, state_owner=owner)
+        return cls.options(**placement.rollout[i]).remote(cfg, i, None, weight_sync)
 
-    fleet = RolloutFleet([make(i) for i in range(len(placement.rollout))], make, supervisor)
-    fleet.state_owner = owner
-    return fleet
+    return RolloutFleet([make(i) for i in range(len(placement.rollout))], make, supervisor)
 
 
 def start_learner_group(cfg, placement: Placement, supervisor=None):

@@ -5,8 +5,10 @@ pure-torch reference engine (`rollout.torch_engine.TorchEngine`, `rollout.engine
 engine in the process it lives in; `RolloutActor` is the same class as a Ray actor (vLLM in-process inside it:
 `VLLM_ENABLE_V1_MULTIPROCESSING=0`, the "uni" executor, so the engine starts in seconds and tensors stay in one
 process). `RolloutFleet` splits a request's prompts into contiguous chunks, one per engine, and concatenates the
-samples back in prompt order. Recorded states do not come back with them: the actor puts them into Ray's object store
-itself and the samples carry references (actors/state_plane.py), which the learner ranks resolve, each for its rows.
+samples back in prompt order. Recorded states do not come back with them: each chunk's states are one object, the
+call's second return value, left in the object store of the engine's node and owned by the driver (so they outlive
+the actor), and the samples carry references (actors/state_plane.py), which the learner ranks resolve, each for its
+rows.
 
 Seeds: a chunk starting at prompt `c` runs with `seed + c * n`. vLLM seeds sample j of a request with `seed + j`,
 so every sample gets the seed it would get from one engine serving the whole request (the fleet's output does not
@@ -189,25 +191,28 @@ class RolloutFleet:
         self.make_actor, self.supervisor = make_actor, supervisor
         self.transport = transport or FileSync()
         self.last_sync: tuple | None = None
-        self.state_owner = None  # the job's StateOwner actor, when `build_workers` made one (actors/state_plane.py)
         self._pids: list[int | None] = [None] * len(actors)
 
     def sync_weights(self, learner, version: int, weights_path: str) -> list[int]:
         return self.transport.push(learner, self, version, weights_path)
 
     def generate(self, prompts: list[list[int]], params, min_version: int) -> list[Sample]:
+        from actors.state_plane import attach
         chunks = split_prompts(len(prompts), len(self.actors))
+        states = {}  # chunk -> the reference to its states (the call's second return value, owned here)
 
         def submit(k):
             s, e = chunks[k]
-            return self.actors[k].generate.remote(prompts[s:e], chunk_params(params, s), min_version)
+            samples, states[k] = self.actors[k].generate_packed.options(num_returns=2).remote(
+                prompts[s:e], chunk_params(params, s), min_version)
+            return samples
 
         def on_death(k, error):  # the chunk runs again on the replacement, with the same seeds
             self._replace(k, "generate", error)
             return submit(k)
 
         outs = gather(submit, len(chunks), on_death)
-        return merge_chunks([(s, out) for (s, _), out in zip(chunks, outs)])
+        return merge_chunks([(s, attach(out, states[k])) for k, ((s, _), out) in enumerate(zip(chunks, outs))])
 
     def load_weights(self, weights, version: int) -> list[int]:
         """Every engine loads the weights as `version`: a file path is read on each engine's node (one node, or a
@@ -268,25 +273,34 @@ class RolloutFleet:
 
 
 class RolloutActor(EngineHost):
-    """`EngineHost` as a Ray actor: the samples it returns carry references to their states, which it put into the
-    object store itself (actors/state_plane.py), so states never pass through the driver; `state_owner` (the
-    job's `StateOwner`) owns them, so they outlive this actor."""
+    """`EngineHost` as a Ray actor: the samples it returns carry references to their states, which stay in the
+    object store of this actor's node (actors/state_plane.py), so states never pass through the driver."""
 
-    def __init__(self, cfg, *args, state_owner=None, **kwargs):
+    def __init__(self, cfg, *args, **kwargs):
         from actors.memory import HeapTrimmer
         super().__init__(cfg, *args, **kwargs)
         self.heap = HeapTrimmer(cfg.ray.trim_heap_every)
-        self.state_owner = state_owner  # owns the states this actor puts, so they outlive it (actors/state_plane.py)
 
     def generate(self, prompts: list[list[int]], params, min_version: int | None = None) -> list[Sample]:
+        """Samples whose states are objects this actor put and owns (they die with it): for direct calls."""
         from actors.state_plane import publish
-        samples = publish(super().generate(prompts, params, min_version), self.state_owner)
+        samples = publish(super().generate(prompts, params, min_version))
         self.heap.after_batch()  # now and then, malloc's freed heap back to the kernel (actors/memory.py)
         return samples
 
+    def generate_packed(self, prompts: list[list[int]], params, min_version: int | None = None):
+        """(samples, their states as one array or None): what `RolloutFleet` calls, with `num_returns=2`, so the
+        states are a return value of their own, owned by the caller and kept when this actor dies
+        (actors/state_plane.py)."""
+        from actors.state_plane import pack
+        out = pack(super().generate(prompts, params, min_version))
+        self.heap.after_batch()
+        return out
+
     def referenced_objects(self) -> int:
-        """Entries in this process's Ray reference table. As the owner of the state objects it put, it keeps an
-        entry for each while any sample, in any process, still refers to it: a leak check (tests/test_actors.py)."""
+        """Entries in this process's Ray reference table: a leak check (tests/test_actors.py). The fleet's calls
+        (`generate_packed`) leave none behind (their states are owned by the caller); `generate`'s objects are
+        owned here, one entry each while any sample, in any process, still refers to it."""
         import ray
         return len(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
 

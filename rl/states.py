@@ -76,8 +76,10 @@ def width(stored: torch.Tensor) -> int:
 class StateRef:
     """A sample's recorded states held elsewhere: `handle` is opaque here (a Ray ObjectRef, made and resolved by
     actors/state_plane.py); `rows`, `width` (d) and `nbytes` describe what it stands for, so a learner can shape a
-    batch and weigh rows without fetching anything."""
+    batch and weigh rows without fetching anything. `start`: the sample's first row in the object (one object may
+    hold the states of several samples, one after the other)."""
     handle: object
     rows: int
     width: int
     nbytes: int
+    start: int = 0

@@ -308,8 +308,13 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
     monkeypatch.undo()
     del samples, handles
 
-    def owned() -> int:  # the engine actors own the state objects: their reference tables list each live one
-        return sum(real_get([a.referenced_objects.remote() for a in rollout.actors]))
+    def owned() -> int:  # the driver owns the state objects (the engines' second return value): its reference
+        # table lists each live one; the engine actors' tables hold none of them (see the end)
+        table = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
+        return sum(1 for k in table if k.hex() in state_ids)
+
+    state_ids: set[str] = set()
+    in_engines = sum(real_get([a.referenced_objects.remote() for a in rollout.actors]))
 
     def settled(done) -> int:  # Ray frees asynchronously (reference-count messages between processes)
         gc.collect()
@@ -325,12 +330,15 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
     # engine actor and not in the ranks (a rank that kept a fetched array would keep its object alive)
     for step in range(3):
         samples = rollout.generate(prompts, params(max_tokens=8, seed=step), min_version=0)
-        stored = lambda n, k=len(samples): n >= baseline + k
+        state_ids |= {s.states.handle.hex() for s in samples}
+        stored = lambda n, k=len({s.states.handle for s in samples}): n >= baseline + k
         assert stored(settled(stored)), f"step {step}: the states are not in the store"  # the step's states ...
         learner.update(samples, [1.0, -1.0] * 5)
         del samples
         freed = lambda n: n <= baseline
         assert freed(settled(freed)), f"step {step}: state objects outlived their samples"  # ... and gone
+    # the engine actors' reference tables stay flat: they own none of the states (the soak's memory-store entries)
+    assert sum(real_get([a.referenced_objects.remote() for a in rollout.actors])) <= in_engines + 2
 
 
 def test_engines_and_ranks_hand_freed_heap_back_every_few_batches(ray_workers):

@@ -119,6 +119,29 @@ def test_fetch_leaves_rows_that_hold_tensors_alone():
         assert fetch(samples, [0]).rows == 0 and "ray" not in sys.modules
 
 
+def test_pack_puts_a_chunk_in_one_array_and_fetch_slices_each_row_back(monkeypatch):
+    """The fleet's form: an engine chunk's states are one array (the actor call's second return value), each sample a
+    (start, rows) slice of it; a rank's fetch gets each object once and puts exactly each sample's rows back."""
+    import ray
+
+    from actors import state_plane as plane
+    samples = fake_samples()
+    want = [s.states.clone() for s in samples]
+    packed, array = plane.pack(samples)
+    assert array.shape[0] == sum(t.shape[0] for t in want)
+    assert [s.states.start for s in packed] == [sum(t.shape[0] for t in want[:i]) for i in range(len(want))]
+    plane.attach(packed, "object-1")
+    store, asked = {"object-1": array}, []
+    monkeypatch.setattr(ray, "get", lambda handles: asked.append(list(handles)) or [store[h] for h in handles])
+    stats = plane.fetch(packed, [1, 3, 3])
+    assert asked == [["object-1"]] and stats.rows == 2
+    assert stats.nbytes == want[1].numel() * 4 + want[3].numel() * 4
+    for i in (1, 3):
+        assert torch.equal(packed[i].states, want[i])
+    assert isinstance(packed[0].states, sf.StateRef) and packed[0].states.handle == "object-1"
+    assert plane.pack([s for s in fake_samples() if False]) == ([], None)
+
+
 OVERRIDES = [[], ["algo.mini_batches=2"], ["algo.kl_coef=0.1"], ["algo.ppo_epochs=2"]]
 
 
