@@ -16,6 +16,7 @@ actors/console.py; the plots (written during the run) are rl/plots.py.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -76,7 +77,7 @@ def prepare(args):
     from actors.preflight import check_job
     from rl.config import ConfigError
     from rl.config.secrets import REDACTED
-    from rl.run import RunDir
+    from rl.run import RunDir, durable_run_dir
 
     config_path, cfg, run_dir = load_train_config(args)
     if args.resume:
@@ -87,6 +88,10 @@ def prepare(args):
                               f"config that holds them: fbrl train CONFIG --resume {args.resume}")
     tokenizer = check_job(cfg)
     if not args.resume:
+        # inside `ray job submit` the working dir is Ray's temporary copy: the run goes somewhere that lasts
+        durable = durable_run_dir(cfg.train.run_dir, os.getcwd())
+        if durable != cfg.train.run_dir:
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, run_dir=durable))
         run_dir = RunDir.new(cfg.train.run_dir, overwrite=args.overwrite)
     return cfg, config_path, run_dir, tokenizer
 
@@ -134,7 +139,7 @@ def run(args) -> int:
     from rl.decode_modes import mode_warning
     from rl.loop import train
     from rl.plots import LivePlots
-    print(f"fbrl train: {config_path} -> {run_dir.path}", flush=True)
+    print(f"fbrl train: {config_path} -> {run_dir.path.absolute()}", flush=True)  # first: where results land
     for wanted, key in ((cfg.rollout.decode_mode, "rollout.decode_mode"),
                         (cfg.train.eval_decode_modes, "train.eval_decode_modes")):
         warning = mode_warning(cfg.model.path, wanted, key)

@@ -45,6 +45,31 @@ POLICY_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_to
                           "vocab.json", "merges.txt", "tokenizer.model")
 
 
+RUNS_ENV = "FBRL_RUNS_DIR"  # where a run without train.run_dir goes inside `ray job submit` (default ~/fbrl-runs)
+
+
+def in_ray_working_dir(cwd: str | Path) -> bool:
+    """Whether `cwd` is Ray's per-session copy of a job's working directory (`ray job submit --working-dir`:
+    <ray temp>/session_*/runtime_resources/working_dir_files/_ray_pkg_*), which goes when the cluster restarts."""
+    parts = Path(cwd).resolve().parts
+    return "runtime_resources" in parts and "working_dir_files" in parts
+
+
+def durable_run_dir(run_dir: str | None, cwd: str | Path, env=os.environ) -> str | None:
+    """`train.run_dir` as a job may use it. Outside Ray's working-dir copy: unchanged. Inside it (a submitted job):
+    an absolute path stays; none becomes `$FBRL_RUNS_DIR/<time>` (default `~/fbrl-runs/<time>`, on the driver's
+    node); a relative one is refused (RunDirError naming the key), as it would land in the copy."""
+    if not in_ray_working_dir(cwd) or (run_dir and Path(run_dir).is_absolute()):
+        return run_dir
+    if run_dir:
+        raise RunDirError(f"train.run_dir={run_dir} is relative, and this job runs in Ray's copy of its working "
+                          f"directory ({Path(cwd).resolve()}), which Ray deletes when the cluster restarts: give an "
+                          f"absolute path on storage that lasts (shared by the nodes for rollout.weight_sync: file), or "
+                          f"leave it unset for ${RUNS_ENV}/<time> (default ~/fbrl-runs/<time>)")
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return str((Path(env.get(RUNS_ENV) or Path.home() / "fbrl-runs")).expanduser().absolute() / stamp)
+
+
 class RunDir:
     def __init__(self, path: str | None):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -451,17 +451,24 @@ def test_ray_job_submit_on_two_nodes(tmp_path):
         # the engines' node cannot see RUN_DIR: weights must reach it over the network (where unshare works; it
         # does on this machine, and the job then fails with rollout.weight_sync=file: "mutation" in the commit)
         assert seen_on_gen == ([] if cluster.hidden else ["on_the_head"]), seen_on_gen
-        run_dir = tmp_path / "run"
+        # no train.run_dir, as docs/CLUSTER.md submits it: the job runs in Ray's copy of the working dir and must
+        # put its run somewhere that lasts ($FBRL_RUNS_DIR here, ~/fbrl-runs by default) and say where first
+        runs = tmp_path / "runs"
         sub_id = f"fbrl-test-{os.getpid()}-{int(time.time())}"
-        runtime_env = {"excludes": [".git", "runs", ".venv", "wandb", "__pycache__"]}
+        runtime_env = {"excludes": [".git", "runs", ".venv", "wandb", "__pycache__"],
+                       "env_vars": {"FBRL_RUNS_DIR": str(runs)}}
         submit = cluster._run(
             [str(VENV_BIN / "ray"), "job", "submit", f"--address={cluster.dashboard}", f"--submission-id={sub_id}",
              f"--working-dir={ROOT}", f"--runtime-env-json={json.dumps(runtime_env)}", "--",
-             "fbrl", "train", "configs/tiny.yaml", f"run_dir={run_dir}", "train.steps=2", "train.eval_every=0",
-             "train.checkpoint_every=0", "train.prompts_per_step=8", "logging.progress=false",
+             "fbrl", "train", "configs/tiny.yaml", "train.steps=2", "train.eval_every=0",
+             "train.checkpoint_every=2", "train.prompts_per_step=8", "logging.progress=false",
              "ray.rollout_resources={gen: 1}", "ray.learner_resources={train: 1}", "ray.reward_resources={train: 1}"],
             timeout=900, check=False)
         logs = _plain(submit.stdout + submit.stderr)
+        said = re.search(r"fbrl train: configs/tiny.yaml -> (\S+)", logs)
+        assert said, logs[-6000:]
+        run_dir = Path(said.group(1))
+        assert run_dir.parent == runs and cluster.temp not in str(run_dir), run_dir   # not in Ray's session copy
         status = cluster._run([str(VENV_BIN / "ray"), "job", "status", f"--address={cluster.dashboard}", sub_id],
                               check=False)
         assert f"Job '{sub_id}' succeeded" in _plain(status.stdout + status.stderr), logs[-6000:]   # = SUCCEEDED
@@ -488,6 +495,7 @@ def test_ray_job_submit_on_two_nodes(tmp_path):
         # got every version; RUN_DIR/policy (written at the end by learner rank 0 and the driver, both on the head)
         assert "weight sync: ray (auto: engines on other nodes than learner rank 0)" in logs
         assert (run_dir / "policy" / "model.safetensors").is_file()
+        assert (run_dir / "config.yaml").is_file() and (run_dir / "checkpoints" / "latest").is_file()
     finally:
         pids = cluster.stop()
     assert pids and not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]

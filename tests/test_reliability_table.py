@@ -75,5 +75,18 @@ def test_the_page_holds_a_generated_row_for_each_fault_test():
     generated = page.split(table.BEGIN)[1].split(table.END)[0]
     rows = re.findall(r"^\| .*?\(`(test_\w+)(?:\[[^\]`]*\])?`; (?:\*\*CI\*\*|slow); \d+ s\)", generated, re.M)
     in_page = [name for i, name in enumerate(rows) if name not in rows[:i]]
-    in_tests = re.findall(r"^def (test_\w+)\(", (ROOT / "tests" / "test_faults.py").read_text(), re.M)
+    in_tests = [name for path in table.TESTS
+                for name in re.findall(r"^def (test_\w+)\(", (ROOT / path).read_text(), re.M)]
     assert in_page == in_tests and len(in_tests) >= 8
+
+
+def test_an_update_replaces_its_rows_and_keeps_the_others():
+    """`--update`: the rows of the tests run replace theirs (or are added in test order); the others stay."""
+    a, b = table.render(RECORDS)[2:]
+    page = f"{table.BEGIN}\n" + "\n".join(table.HEADER + [a, b]) + f"\n\nnote\n{table.END}\n"
+    new_b = b.replace("62 s", "70 s")
+    ids = ["tests/test_faults.py::test_rollout_actor_killed_mid_generate",
+           "tests/test_faults_async.py::test_reward_failing_on_every_row_stops_the_job"]
+    assert table.merged(page, [new_b], ids) == table.HEADER + [a, new_b]
+    with pytest.raises(ValueError, match="no row for test_new"):
+        table.merged(page, [new_b], ids + ["tests/test_faults_async.py::test_new"])

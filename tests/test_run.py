@@ -2,6 +2,7 @@
 refuses a changed experiment, naming the field."""
 import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,3 +70,20 @@ def test_metrics_truncated_to_checkpoint_on_resume(tmp_path):
     run.truncate_metrics_after(2)
     assert [r["step"] for r in run.read_metrics()] == [1, 2]
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+
+
+def test_a_submitted_job_puts_its_run_where_it_lasts(tmp_path):
+    """Inside Ray's copy of a job's working dir (`ray job submit --working-dir`), a run without train.run_dir goes
+    to $FBRL_RUNS_DIR/<time>, a relative one is refused naming the key, an absolute one stays; elsewhere nothing
+    changes."""
+    from rl.run import RunDirError, durable_run_dir
+    copy = tmp_path / "session_x" / "runtime_resources" / "working_dir_files" / "_ray_pkg_abc"
+    copy.mkdir(parents=True)
+    env = {"FBRL_RUNS_DIR": str(tmp_path / "runs")}
+    derived = Path(durable_run_dir(None, copy, env))
+    assert derived.is_absolute() and derived.parent == tmp_path / "runs"
+    assert durable_run_dir("/data/run1", copy, env) == "/data/run1"
+    with pytest.raises(RunDirError, match=r"train.run_dir=runs/x is relative.*Ray's copy"):
+        durable_run_dir("runs/x", copy, env)
+    assert durable_run_dir(None, tmp_path, env) is None and durable_run_dir("runs/x", tmp_path, env) == "runs/x"
+    assert str(Path(durable_run_dir(None, copy, {})).parent) == str(Path.home() / "fbrl-runs")
