@@ -154,14 +154,15 @@ def policy_loss_config(algo_cfg, max_tokens: int) -> algos.PolicyLossConfig:
         eps_low=algo_cfg.eps_low, eps_high=algo_cfg.eps_high, clip_ratio_c=algo_cfg.clip_ratio_c,
         agg_mode=algo_cfg.loss_agg, max_length=max_tokens, kl_coef=algo_cfg.kl_coef,
         kl_estimator=algo_cfg.kl_estimator, is_mode=is_correction_mode(algo_cfg), is_level=algo_cfg.tis_level,
-        is_cap=algo_cfg.tis_cap or 2.0, is_bounds=tuple(algo_cfg.tis_bounds))
+        is_cap=algo_cfg.tis_cap if isinstance(algo_cfg.tis_cap, (int, float)) else 2.0,
+        is_bounds=tuple(algo_cfg.tis_bounds))
 
 
 def is_correction_mode(algo_cfg) -> str | None:
     """The off-policy correction in force: `truncate` needs `algo.tis_cap`; `mask` and `mis` use
     `algo.tis_bounds` and are on whenever chosen."""
-    if algo_cfg.tis_mode == "truncate":
-        return "truncate" if algo_cfg.tis_cap is not None else None
+    if algo_cfg.tis_mode == "truncate":  # (an unresolved `auto`, outside load_config: off)
+        return "truncate" if isinstance(algo_cfg.tis_cap, (int, float)) else None
     return algo_cfg.tis_mode
 
 

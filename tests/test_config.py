@@ -117,3 +117,17 @@ def test_every_section_rule_runs():
     from rl.config.schema import RewardConfig
     problems = dict(RewardConfig(accuracy="  ", timeout_s=0).validate())
     assert set(problems) == {"accuracy", "timeout_s"}, problems
+
+
+def test_an_offpolicy_correction_is_on_whenever_samples_can_be_stale():
+    """`algo.tis_cap: auto` (the default): token TIS at 2.0 from max_staleness 1, off at 0; a set number or null
+    stays as set; config.yaml gets the value in force."""
+    from rl.learner import is_correction_mode
+    for s, cap in ((0, None), (1, 2.0), (2, 2.0)):
+        cfg = load_config(None, [f"train.max_staleness={s}"])
+        assert cfg.algo.tis_cap == cap and is_correction_mode(cfg.algo) == (None if cap is None else "truncate")
+        assert cfg.to_dict()["algo"]["tis_cap"] == cap
+    assert load_config(None, ["train.max_staleness=1", "algo.tis_cap=null"]).algo.tis_cap is None
+    assert load_config(None, ["algo.tis_cap=3.0"]).algo.tis_cap == 3.0
+    with pytest.raises(ConfigError, match="tis_cap"):
+        load_config(None, ["algo.tis_cap=-1"])

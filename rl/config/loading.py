@@ -265,6 +265,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
     origins_after = dict(origins)
     cfg = _config_and_origins(data, overrides, origins_after)
     resolve_packaged_paths(cfg, origins_after, packaged)
+    from rl.config.offpolicy import resolve_auto_correction
+    resolve_auto_correction(cfg)
     return cfg
 
 
