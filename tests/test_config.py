@@ -131,3 +131,12 @@ def test_an_offpolicy_correction_is_on_whenever_samples_can_be_stale():
     assert load_config(None, ["algo.tis_cap=3.0"]).algo.tis_cap == 3.0
     with pytest.raises(ConfigError, match="tis_cap"):
         load_config(None, ["algo.tis_cap=-1"])
+
+
+def test_resume_of_an_async_run_locks_the_checkpoint_schedule():
+    """At max_staleness >= 1 the checkpoint schedule decides which weights make a batch (a batch never crosses a
+    checkpoint), so changing train.checkpoint_every on resume is refused, naming it; at s = 0 it is not."""
+    a = load_config(None, ["train.max_staleness=1", "train.checkpoint_every=2"])
+    with pytest.raises(ConfigError, match=r"train.checkpoint_every: 2 -> 4"):
+        check_resume(a, load_config(None, ["train.max_staleness=1", "train.checkpoint_every=4"]))
+    check_resume(load_config(None, ["train.checkpoint_every=2"]), load_config(None, ["train.checkpoint_every=4"]))

@@ -440,8 +440,15 @@ def diff_configs(a: Config, b: Config, keys: tuple[str, ...] | list[str] | None 
     return out
 
 
+# Fields that set which weights make which batch when batches are made ahead (`train.max_staleness` >= 1: a batch
+# never crosses a checkpoint, rl/rollout_queue.py `gate_step`): locked on resume of an asynchronous run only.
+RESUME_LOCKED_ASYNC = ("train.checkpoint_every",)
+
+
 def check_resume(saved: Config, current: Config, locked: tuple[str, ...] = RESUME_LOCKED) -> None:
     """Refuse to resume when a locked field changed; the error names every changed field."""
+    if locked is RESUME_LOCKED and max(saved.train.max_staleness, current.train.max_staleness) >= 1:
+        locked = RESUME_LOCKED + RESUME_LOCKED_ASYNC
     changed = diff_configs(saved, current, locked)
     if changed:
         lines = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in
