@@ -34,7 +34,7 @@ from rl.data.loaders import PromptSampler, encode_prompt, load_task_split, rewar
 from rl.data.prompts import PromptFitter, prompt_token_limit
 from rl.decode_modes import rl_modes
 from rl.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, is_nonfinite, partly_applied
-from rl.mismatch_parts import diagnostic_rows
+from rl.mismatch_parts import diagnostic_rows, within_token_budget
 from rl.rollout_queue import RolloutBatch, RolloutQueue, Serialized, split_stale, staleness_metrics
 from rl.run import RunDir
 from rl.states import params_states_dtype
@@ -193,7 +193,9 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
             t0 = time.perf_counter()
             parts = {}
             if cfg.train.mismatch_parts_frac > 0:
-                diag = diagnostic_rows(len(samples), cfg.train.mismatch_parts_frac, cfg.train.seed, step)
+                diag = within_token_budget(
+                    diagnostic_rows(len(samples), cfg.train.mismatch_parts_frac, cfg.train.seed, step),
+                    [s.response_len for s in samples], cfg.train.mismatch_parts_max_tokens)
                 parts = learner.mismatch_parts([samples[i] for i in diag], version)
             time_parts = time.perf_counter() - t0
 

@@ -48,6 +48,20 @@ def diagnostic_rows(n_rows: int, frac: float, seed: int, step: int) -> list[int]
     return sorted(random.Random(f"fbrl-mismatch-parts:{seed}:{step}").sample(range(n_rows), k))
 
 
+def within_token_budget(rows: list[int], lengths: list[int], max_tokens: int) -> list[int]:
+    """The first of `rows` (already a seeded draw) whose response tokens add up to at most `max_tokens`; always the
+    first row, so the parts are measured every step (0: no budget)."""
+    if max_tokens <= 0:
+        return rows
+    out, used = [], 0
+    for r in rows:
+        if out and used + lengths[r] > max_tokens:
+            break
+        out.append(r)
+        used += lengths[r]
+    return out
+
+
 class WeightHistory:
     """CPU copies of the policy's weights by version, the newest `keep` versions."""
 

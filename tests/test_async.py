@@ -143,6 +143,15 @@ def test_mismatch_decomposition_by_hand():
     assert out["staleness"] == pytest.approx(0.4 / 2) and out["estimator"] == pytest.approx(0.03 / 3)
 
 
+def test_diagnostic_rows_stay_within_the_token_budget():
+    from rl.mismatch_parts import within_token_budget
+    lengths = [10, 40, 30, 5, 50]
+    assert within_token_budget([0, 1, 2, 3], lengths, 80) == [0, 1, 2]   # 80 tokens; row 3 would make 85
+    assert within_token_budget([4, 0], lengths, 20) == [4]                # the first row always: parts every step
+    assert within_token_budget([0, 1, 2], lengths, 0) == [0, 1, 2]        # 0: no budget
+    assert within_token_budget([], lengths, 10) == []
+
+
 def test_weight_history_keeps_the_last_versions():
     h = WeightHistory(2)
     for v in (1, 2, 3):

@@ -44,16 +44,20 @@ def resolve_auto_correction(cfg) -> None:
 
 @dataclass
 class AsyncTraining:
-    """`train.max_staleness`, `train.mismatch_parts_frac`."""
+    """`train.max_staleness`, `train.mismatch_parts_frac`, `train.mismatch_parts_max_tokens`."""
     # Asynchronous training (rl/rollout_queue.py): the engines generate the next batches while the learner trains;
     # a sample made by policy version v is trained while the learner holds v..v+s and never later. 0: synchronous.
     max_staleness: int = 0
     # Share of each step's rows on which the mismatch is taken apart (engine / staleness / estimator, exact
     # log-probs: rl/mismatch_parts.py); keeps a CPU copy of the last max_staleness + 1 versions' weights. 0: off.
     mismatch_parts_frac: float = 0.0625
+    # ... and at most this many response tokens of them (the exact recurrences cost per token; 0: no budget)
+    mismatch_parts_max_tokens: int = 1024
 
     def validate_async(self):
         if self.max_staleness < 0:
             yield "max_staleness", f"must be >= 0 (0: synchronous), got {self.max_staleness}"
+        if self.mismatch_parts_max_tokens < 0:
+            yield "mismatch_parts_max_tokens", f"must be >= 0 (0: no budget), got {self.mismatch_parts_max_tokens}"
         if not 0.0 <= self.mismatch_parts_frac <= 1.0:
             yield "mismatch_parts_frac", f"expected a fraction in [0, 1], got {self.mismatch_parts_frac}"
