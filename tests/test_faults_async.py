@@ -61,6 +61,7 @@ def test_rollout_actor_killed_with_batches_queued(job, staleness, estimator, fau
         steps_lost=steps_lost(steps), data_lost=data_lost(rows, want))
 
 
+@pytest.mark.slow  # (~2-3 min: the CI suite keeps the s = 1 rollout kill; the rebuild at s = 0 is in CI under file)
 def test_learner_rank_killed_under_native_ray(job, fault_record):
     """Rank 1 dies during step 4's update with `rollout.weight_sync=native_ray` (vLLM's native transfer lifecycle,
     the CPU check of nccl / ipc). The rebuilt group has no transfer engine and the engines' side still points at
