@@ -84,16 +84,17 @@ def row_test(row: str) -> str | None:
     return m.group(1) if m else None
 
 
-def merged(page: str, new_rows: list[str], ids: list[str]) -> list[str]:
-    """The page's table with `new_rows` in place of the rows of the same tests (or added), every other row kept,
-    in the order of `ids`; refused when a test would be left without a row."""
+def merged(page: str, new_rows: list[str], ids: list[str]) -> tuple[list[str], list[str]]:
+    """(the page's table with `new_rows` in place of the rows of the same tests (or added), every other row kept,
+    in the order of `ids`; the cases of `ids` with no row). Refused when a test function would have no row."""
     old = [x for x in page.split(BEGIN)[1].split(END)[0].splitlines() if row_test(x)]
     by_test = {row_test(x): x for x in old} | {row_test(x): x for x in new_rows}
     names = [i.split("::")[-1] for i in ids]
-    missing = [n for n in names if n not in by_test]
+    with_row = {n.split("[")[0] for n in by_test}
+    missing = list(dict.fromkeys(n.split("[")[0] for n in names if n.split("[")[0] not in with_row))
     if missing:
         raise ValueError(f"no row for {', '.join(missing)}: run them too (--update ID ...)")
-    return list(HEADER) + [by_test[n] for n in names]
+    return list(HEADER) + [by_test[n] for n in names if n in by_test], [n for n in names if n not in by_test]
 
 
 def run_tests(records: Path, retries: int, ids: list[str] | None = None) -> tuple[list[str], float, list[str]]:
@@ -153,14 +154,16 @@ def main() -> int:
                    else "No test needed a second attempt."))
     if args.update is not None:  # these rows replaced, the others and the note below the table kept
         page = doc.read_text()
-        rows = merged(page, render(records)[len(HEADER):], collect())
+        rows, unrun = merged(page, render(records)[len(HEADER):], collect())
         old_note = [x for x in page.split(BEGIN)[1].split(END)[0].splitlines()[1:] if x.strip() and not row_test(x)
                     and x not in HEADER]
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         names = ", ".join(f"`{r['test']}`" for r in records)
         lines = rows + ["", *old_note, "", f"Rows of {names} (re)generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
                         f"by `python bench/reliability_table.py --update` ({note} load average {load}, on "
-                        f"{os.cpu_count()} cores); the other rows are those of the run above."]
+                        f"{os.cpu_count()} cores); the other rows are those of the run above."
+                        + (f" Not in the table yet (no run recorded): {', '.join(f'`{n}`' for n in unrun)}."
+                           if unrun else "")]
         doc.write_text(rewrite(page, lines))
         print("\n".join(lines))
         return 0

@@ -87,6 +87,9 @@ def test_an_update_replaces_its_rows_and_keeps_the_others():
     new_b = b.replace("62 s", "70 s")
     ids = ["tests/test_faults.py::test_rollout_actor_killed_mid_generate",
            "tests/test_faults_async.py::test_reward_failing_on_every_row_stops_the_job"]
-    assert table.merged(page, [new_b], ids) == table.HEADER + [a, new_b]
+    assert table.merged(page, [new_b], ids) == (table.HEADER + [a, new_b], [])
+    case = ids[0] + "[2]"   # a case of a test that has a row: listed as not run yet, not refused
+    assert table.merged(page, [new_b], ids + [case]) == (table.HEADER + [a, new_b],
+                                                          ["test_rollout_actor_killed_mid_generate[2]"])
     with pytest.raises(ValueError, match="no row for test_new"):
         table.merged(page, [new_b], ids + ["tests/test_faults_async.py::test_new"])
