@@ -68,6 +68,7 @@ def test_learner_rank_killed_under_native_ray(job, fault_record):
     the dead rank 0: the transport sets the transfer up again with the new ranks at the next sync. The job
     completes as under the ray transport: step 3 run again from the step-2 checkpoint, weights equal."""
     j = job("train.steps=5", "train.checkpoint_every=2", "rollout.weight_sync=native_ray")
+    j.rollout.transport.log = j.log  # (the transport's lines go to the job's log, as `fbrl train` prints them)
     j.kill_during(j.learner, "update", 4, lambda: j.learner.pids()[1])
     j.train()
     seen = [m["step"] for m in j.seen]
