@@ -311,7 +311,7 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
     def owned() -> int:  # the driver owns the state objects (the engines' second return value): its reference
         # table lists each live one; the engine actors' tables hold none of them (see the end)
         table = ray._private.worker.global_worker.core_worker.get_all_reference_counts()
-        return sum(1 for k in table if k.hex() in state_ids)
+        return sum(1 for k in table if (k.decode() if isinstance(k, bytes) else str(k)) in state_ids)  # hex ids
 
     state_ids: set[str] = set()
     in_engines = sum(real_get([a.referenced_objects.remote() for a in rollout.actors]))
