@@ -17,11 +17,15 @@ base weights and the fusion's frozen original, i.e. the starting policy, with no
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+from pathlib import Path
 
 import torch
 
 ADAPTER = "default"  # peft's adapter name
 FUSION = "fusion"    # the FBT's fusion module (rl/model.py)
+ADAPTER_FILE = "adapter_model.safetensors"  # peft's file name in an adapter directory
 _LORA_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector.")
 
 
@@ -107,8 +111,27 @@ class LoraPolicy:
 
     # -- files ------------------------------------------------------------------------------------------------
     def save_adapter(self, directory: str) -> None:
-        """peft's adapter directory (adapter_config.json + adapter_model.safetensors: A, B and the trained fusion)."""
-        self.peft_model.save_pretrained(str(directory))
+        """peft's adapter directory (adapter_config.json + adapter_model.safetensors: A, B and the trained fusion),
+        written beside it and swapped in, so a reader never sees half of one."""
+        final = Path(directory)
+        tmp, old = final.with_name(f".{final.name}.tmp-{os.getpid()}"), final.with_name(f".{final.name}.old")
+        shutil.rmtree(tmp, ignore_errors=True)
+        self.peft_model.save_pretrained(str(tmp))
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+
+    @torch.no_grad()
+    def load_adapter(self, directory: str) -> None:
+        """Set the adapters (and the trained fusion) from a `save_adapter` directory (safetensors, never pickle)."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+        result = set_peft_model_state_dict(self.peft_model, load_file(str(Path(directory) / ADAPTER_FILE)))
+        if result.unexpected_keys:
+            raise ValueError(f"{directory}: adapters do not fit the model (learner.lora changed?): "
+                             f"unexpected {sorted(result.unexpected_keys)[:4]}")
 
 
 class MergedWeights:
