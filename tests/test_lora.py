@@ -287,3 +287,32 @@ def test_torch_learner_lora_checkpoint_resume_is_exact(tiny_ckpt, tmp_path):
     got = b.full_state()
     assert all(torch.equal(want[k], got[k]) for k in want)
     assert (tmp_path / "ckpt" / "adapter" / "adapter_config.json").is_file()
+
+
+# ---- fbrl pretrain with the same section -----------------------------------------------------------------------
+def test_pretrain_trains_adapters_and_fusion_and_saves_merged_plus_adapter(tmp_path):
+    """`fbrl pretrain learner.lora=...`: the saved checkpoint is the merged model (a plain FBT), its adapter/ holds
+    peft's files; the embedding and norms are the starting model's, the adapted weights and the fusion moved."""
+    import json
+
+    from actors.cli import main
+    from actors.learner import load_policy
+    rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(200)]
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    start = tmp_path / "start"
+    tiny_model().save_pretrained(str(start))
+    from rl.data.tokenizer import build_tokenizer
+    build_tokenizer().save_pretrained(str(start))
+    rc = main(["pretrain", f"model.path={start}", "data.task=jsonl", f"data.train_path={tmp_path / 'd.jsonl'}",
+               f"data.test_path={tmp_path / 'd.jsonl'}", "pretrain.steps=6", "pretrain.batch_size=8",
+               "pretrain.seq_len=16", "pretrain.lr=1e-2", "pretrain.warmup=0", "pretrain.eval_every=6",
+               "pretrain.val_batches=1", f"pretrain.out_dir={tmp_path / 'ckpt'}", "pretrain.threads=1",
+               "pretrain.pass_schedule=[[0.5,1],[1.0,2]]", "logging.progress=false",
+               "learner.lora={rank: 4, alpha: 8}"])
+    assert rc == 0
+    before, after = dict(tiny_model().named_parameters()), dict(load_policy(str(tmp_path / "ckpt")).named_parameters())
+    assert set(before) == set(after)
+    same = {k for k in before if torch.equal(before[k], after[k])}
+    assert {"model.embed_tokens.weight", "model.norm.weight"} <= same
+    assert "model.layers.0.self_attn.q_proj.weight" not in same and "fusion.w_u.weight" not in same
+    assert (tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors").is_file()
