@@ -316,3 +316,61 @@ def test_pretrain_trains_adapters_and_fusion_and_saves_merged_plus_adapter(tmp_p
     assert {"model.embed_tokens.weight", "model.norm.weight"} <= same
     assert "model.layers.0.self_attn.q_proj.weight" not in same and "fusion.w_u.weight" not in same
     assert (tmp_path / "ckpt" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+# ---- engines receive the merged weights ------------------------------------------------------------------------
+ALPHABET = "0123456789+-*/=()?., \\boxed{}Whatisnum\n"
+
+
+@pytest.fixture(scope="module")
+def engine_ckpt(tmp_path_factory):
+    """A tiny FBT both engines serve (vLLM's CPU attention wants head_dim 64), with the char tokenizer."""
+    from transformers import LlamaConfig
+
+    from rl.data.tokenizer import build_tokenizer
+    from rl.model import fbt_config_from
+    path = tmp_path_factory.mktemp("tiny_lora_engine")
+    tok = build_tokenizer(alphabet=ALPHABET)
+    base = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=128,
+                       tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                       pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = FBTLlamaForCausalLM(fbt_config_from(base, "gate_product"))
+    with torch.no_grad():
+        model.fusion.w_u.weight.mul_(4.0)
+    model.save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("engine", ["torch", "vllm"])
+def test_engines_serve_the_base_model_from_a_lora_learner_at_init(engine_ckpt, tmp_path, engine):
+    """Adapters at init (B = 0): the merged weights a LoRA learner syncs are the base model's, so the engine's
+    checksums are unchanged after the sync, it samples the same tokens with the same log-probs in every decode
+    mode, and the learner's exact log-probs match the engine's (the torch engine within the estimators' 1e-5, vLLM
+    within tests/test_vllm_engine.py's 1e-4)."""
+    from actors.local import LocalLearner, LocalRollout
+    from rl.batch import SamplingParams as Params
+    cfg = rank_cfg(engine_ckpt, f"rollout.engine={engine}", "rollout.vllm.max_num_seqs=8",
+                   "likelihood.estimator=exact")
+    rollout, learner = LocalRollout(cfg), LocalLearner(cfg, "deepspeed")
+    before = rollout.weight_checksums()
+    assert learner.weight_checksums() == pytest.approx(before, rel=1e-12)
+    prompts = [[1, 5, 6, 7], [1, 8, 9], [1, 10, 11, 12, 13]]
+    args = dict(n=2, temperature=1.0, max_tokens=6, stop_token_ids=(), seed=7, record_states=True)
+    first = {m: rollout.generate(prompts, Params(decode_mode=m, **args), min_version=0) for m in MODES}
+    assert rollout.load_weights(learner.export_weights(str(tmp_path / "w.safetensors")), 1) == [1]
+    assert rollout.weight_checksums() == before
+    tol = 1e-5 if engine == "torch" else 1e-4
+    for mode in MODES:
+        again = rollout.generate(prompts, Params(decode_mode=mode, **args), min_version=1)
+        assert [s.response_ids for s in again] == [s.response_ids for s in first[mode]]
+        assert [s.logprobs for s in again] == [s.logprobs for s in first[mode]]
+        batch = collate(again, with_states=True)
+        with torch.no_grad():
+            lp = get_estimator("exact")(learner.rank.policy, batch, mode).logprobs
+        engine_lp = batch.engine_logprobs * batch.response_mask
+        assert ((lp - engine_lp) * batch.response_mask).abs().max() < tol, mode
+    rollout.close()
+    learner.close()
