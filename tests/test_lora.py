@@ -97,8 +97,9 @@ def test_adapters_and_fusion_train_everything_else_is_frozen():
     # every default target of every layer is adapted
     assert sum(n.endswith("lora_A.default.weight") for n in trainable) == 7 * 2
     # A is drawn from the seed, whatever the process's RNG did before (ranks and rebuilt learners agree)
+    model = tiny_model()
     torch.manual_seed(123)
-    again = dict(wrapped().model.named_parameters())
+    again = dict(LoraPolicy.wrap(model, lora_cfg()).model.named_parameters())
     assert all(torch.equal(p, again[n]) for n, p in lora.model.named_parameters())
     frozen_fusion = LoraPolicy.wrap(tiny_model(), lora_cfg("learner.lora.train_fusion=false"))
     assert not any(p.requires_grad for n, p in frozen_fusion.model.named_parameters() if "fusion" in n)
