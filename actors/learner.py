@@ -241,6 +241,22 @@ class _EngineUpdater(PolicyUpdater):
         return self.engine(super()._micro_loss, micro, tokens, seqs)
 
 
+class MergedWeights:
+    """A LoRA learner's merged weights as the `WeightSource` vLLM's native trainer transfer iterates (duck-typed as
+    actors/weight_sync.py's `GatheredWeights`: `metadata()` and `__iter__`, the same names and order)."""
+
+    def __init__(self, lora):
+        self.lora = lora  # rl.lora.LoraPolicy
+
+    def metadata(self) -> list:
+        from actors.weight_sync import ParamMeta
+        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.lora.merged_tensors()]
+
+    def __iter__(self):
+        for name, t in self.lora.merged_tensors():
+            yield name, t.clone()
+
+
 # ---- one rank ---------------------------------------------------------------------------------------------------
 class LearnerRank:
     """One data-parallel rank. Every method that touches weights is collective under ZeRO-3 (parameters are
@@ -396,7 +412,7 @@ class LearnerRank:
         """Set up vLLM's trainer-side weight transfer (`backend`: nccl, ipc, native_ray) on this rank; rank 0 opens
         it with the engines (`client`) and is the sender; every rank iterates the same `GatheredWeights`."""
         from actors.weight_sync import GatheredWeights, trainer_transfer
-        source = self.lora.weight_source() if self.lora is not None else GatheredWeights(self.policy, self._gathered)
+        source = MergedWeights(self.lora) if self.lora is not None else GatheredWeights(self.policy, self._gathered)
         self.transfer = trainer_transfer(backend, self.rank, client, source, init, master)
 
     def native_send(self) -> None:
@@ -406,7 +422,8 @@ class LearnerRank:
     # -- checkpoints -----------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
         """`directory/model/` (save_pretrained + tokenizer: a loadable checkpoint) and `directory/deepspeed/`
-        (DeepSpeed's own: module, fp32 master weights and optimizer partitions of every rank). Collective.
+        (DeepSpeed's own: module, fp32 master weights and optimizer partitions of every rank); a LoRA learner's
+        model/ is the merged model, and `directory/adapter/` holds its adapters in peft's format. Collective.
         The caller makes `directory` atomic; with several nodes it must be on a shared filesystem."""
         state = self.full_state()
         if self.rank == 0:

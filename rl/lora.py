@@ -105,10 +105,6 @@ class LoraPolicy:
             if out is not None:
                 yield out, merged.get(out, p).detach()
 
-    def weight_source(self) -> "MergedWeights":
-        """The merged weights as the `WeightSource` vLLM's native trainer transfer iterates (actors/weight_sync.py)."""
-        return MergedWeights(self)
-
     # -- files ------------------------------------------------------------------------------------------------
     def save_adapter(self, directory: str) -> None:
         """peft's adapter directory (adapter_config.json + adapter_model.safetensors: A, B and the trained fusion),
@@ -132,22 +128,6 @@ class LoraPolicy:
         if result.unexpected_keys:
             raise ValueError(f"{directory}: adapters do not fit the model (learner.lora changed?): "
                              f"unexpected {sorted(result.unexpected_keys)[:4]}")
-
-
-class MergedWeights:
-    """`metadata()` and `__iter__` over a LoRA policy's merged weights, in the same order (duck-typed like
-    actors/weight_sync.py's `GatheredWeights`); each tensor a copy on the learner's device."""
-
-    def __init__(self, lora: LoraPolicy):
-        self.lora = lora
-
-    def metadata(self) -> list:
-        from actors.weight_sync import ParamMeta
-        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.lora.merged_tensors()]
-
-    def __iter__(self):
-        for name, t in self.lora.merged_tensors():
-            yield name, t.clone()
 
 
 def maybe_wrap(model, lora_cfg, seed: int = 0) -> tuple[object, LoraPolicy | None]:

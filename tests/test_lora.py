@@ -181,10 +181,14 @@ def test_adapter_directory_loads_with_peft(tmp_path):
     lora, samples = wrapped(), rollouts("soft")
     lora_update(lora, samples, "soft")
     lora.save_adapter(str(tmp_path / "adapter"))
-    loaded = PeftModel.from_pretrained(tiny_model(), str(tmp_path / "adapter")).get_base_model().eval()
+    peft_model = PeftModel.from_pretrained(tiny_model(), str(tmp_path / "adapter"))
+    loaded = peft_model.get_base_model().eval()
     got, want = logprobs(loaded, samples, "soft", "exact"), logprobs(lora.model, samples, "soft", "exact")
     assert (got - want).abs().max() <= REF_TOL  # same values; loaded frozen (the kernel note above)
     assert (want - logprobs(tiny_model(), samples, "soft", "exact")).abs().max() > 100 * TOL
+    # peft's own merge (docs/LORA.md's recipe) gives the merged tensors the learner exports
+    merged, ours = dict(peft_model.merge_and_unload().named_parameters()), dict(lora.merged_tensors())
+    assert set(merged) == set(ours) and max(float((merged[k] - ours[k]).abs().max()) for k in ours) < 1e-6
 
 
 # ---- the DeepSpeed learner rank (ZeRO-2, world size 1) -------------------------------------------------------
