@@ -44,6 +44,7 @@ from rl.decode_modes import record_rl_mode
 from rl.latent_metrics import latent_metrics
 from rl.faults import injected
 from rl.learner import PolicyUpdater, rows_read
+from rl.lora import maybe_wrap, reference_scope
 from rl.mismatch_parts import MismatchProbe
 from rl.workers import tensor_checksums
 
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model")
 DS_SUBDIR, MODEL_SUBDIR, DS_TAG = "deepspeed", "model", "state"
+ADAPTER_SUBDIR = "adapter"  # a LoRA learner's adapters in peft's format, beside model/ (rl/lora.py)
 
 
 # ---- process setup ------------------------------------------------------------------------------------------
@@ -224,8 +226,8 @@ class _Routed(nn.Module):
 class _EngineUpdater(PolicyUpdater):
     """`PolicyUpdater` whose micro-batch losses are computed through `engine.forward` (see `_Routed`)."""
 
-    def __init__(self, engine, model, cfg, pad_id: int, ref_model=None):
-        super().__init__(model, cfg, pad_id, ref_model)
+    def __init__(self, engine, model, cfg, pad_id: int, ref_model=None, ref_scope=contextlib.nullcontext):
+        super().__init__(model, cfg, pad_id, ref_model, ref_scope)
         self.engine = engine
 
     def _micro_loss(self, micro, tokens, seqs, empty=False):
@@ -237,6 +239,22 @@ class _EngineUpdater(PolicyUpdater):
             loss, _ = self.engine(super()._micro_loss, micro, tokens, seqs)
             return loss * 0.0, {}
         return self.engine(super()._micro_loss, micro, tokens, seqs)
+
+
+class MergedWeights:
+    """A LoRA learner's merged weights as the `WeightSource` vLLM's native trainer transfer iterates (duck-typed as
+    actors/weight_sync.py's `GatheredWeights`: `metadata()` and `__iter__`, the same names and order)."""
+
+    def __init__(self, lora):
+        self.lora = lora  # rl.lora.LoraPolicy
+
+    def metadata(self) -> list:
+        from actors.weight_sync import ParamMeta
+        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.lora.merged_tensors()]
+
+    def __iter__(self):
+        for name, t in self.lora.merged_tensors():
+            yield name, t.clone()
 
 
 # ---- one rank ---------------------------------------------------------------------------------------------------
@@ -273,17 +291,21 @@ class LearnerRank:
 
         self.policy = load_policy(cfg.model.path)
         record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
+        self.policy, self.lora = maybe_wrap(self.policy, lcfg.lora, cfg.train.seed)  # learner.lora: adapters, the rest frozen
         self.pad_id = pad_id_of(self.policy)
         routed = _Routed(self.policy)
-        self.engine, *_ = deepspeed.initialize(model=routed, model_parameters=routed.parameters(),
-                                               config=deepspeed_config(lcfg))
+        # only trainable parameters get optimizer state (and ZeRO's flat fp32 copy): all of them, unless LoRA
+        self.engine, *_ = deepspeed.initialize(model=routed, config=deepspeed_config(lcfg),
+                                               model_parameters=[p for p in routed.parameters() if p.requires_grad])
         self.engine.checkpoint_engine = _safe_checkpoint_engine(self.engine)
         self.backend = DeepSpeedBackend(self.engine, world_size)
         ref = None
-        if cfg.algo.kl_coef > 0:  # frozen copy of the starting policy, outside DeepSpeed (never updated)
+        if cfg.algo.kl_coef > 0 and self.lora is not None:  # the policy itself, adapters off (rl/lora.py)
+            ref = self.policy
+        elif cfg.algo.kl_coef > 0:  # frozen copy of the starting policy, outside DeepSpeed (never updated)
             ref = load_policy(cfg.model.path, torch.bfloat16 if lcfg.bf16 else torch.float32)
             ref = ref.to(self.engine.device).eval().requires_grad_(False)
-        self.updater = _EngineUpdater(self.engine, self.policy, cfg, self.pad_id, ref)
+        self.updater = _EngineUpdater(self.engine, self.policy, cfg, self.pad_id, ref, reference_scope(self.lora))
         self.updates = 0  # update() calls on this rank (fault injection counts them)
         self.probe = None  # rl.mismatch_parts.MismatchProbe, built at the first mismatch_parts call (rank 0)
 
@@ -349,7 +371,11 @@ class LearnerRank:
     def full_tensors(self):
         """(name, full weight on CPU) per parameter on rank 0, (name, None) on the other ranks, named as in the
         checkpoint (tied weights once). Collective under ZeRO-3: parameters are gathered one at a time (bounding
-        memory), so every rank must run it to the end."""
+        memory), so every rank must run it to the end. A LoRA learner's are the merged weights (rl/lora.py)."""
+        if self.lora is not None:
+            for name, t in self.lora.merged_tensors():
+                yield name, (t.to("cpu", copy=True) if self.rank == 0 else None)
+            return
         for name, p in self.policy.named_parameters():
             with self._gathered(p):
                 yield name, (p.detach().to("cpu", copy=True) if self.rank == 0 else None)
@@ -386,8 +412,8 @@ class LearnerRank:
         """Set up vLLM's trainer-side weight transfer (`backend`: nccl, ipc, native_ray) on this rank; rank 0 opens
         it with the engines (`client`) and is the sender; every rank iterates the same `GatheredWeights`."""
         from actors.weight_sync import GatheredWeights, trainer_transfer
-        self.transfer = trainer_transfer(backend, self.rank, client, GatheredWeights(self.policy, self._gathered),
-                                         init, master)
+        source = MergedWeights(self.lora) if self.lora is not None else GatheredWeights(self.policy, self._gathered)
+        self.transfer = trainer_transfer(backend, self.rank, client, source, init, master)
 
     def native_send(self) -> None:
         """One native transfer of the current weights (every rank: the gathers are collective)."""
@@ -396,7 +422,8 @@ class LearnerRank:
     # -- checkpoints -----------------------------------------------------------------------------------------
     def save_checkpoint(self, directory: str) -> None:
         """`directory/model/` (save_pretrained + tokenizer: a loadable checkpoint) and `directory/deepspeed/`
-        (DeepSpeed's own: module, fp32 master weights and optimizer partitions of every rank). Collective.
+        (DeepSpeed's own: module, fp32 master weights and optimizer partitions of every rank); a LoRA learner's
+        model/ is the merged model, and `directory/adapter/` holds its adapters in peft's format. Collective.
         The caller makes `directory` atomic; with several nodes it must be on a shared filesystem."""
         state = self.full_state()
         if self.rank == 0:
@@ -404,7 +431,15 @@ class LearnerRank:
             model_dir.mkdir(parents=True, exist_ok=True)
             self.policy.save_pretrained(str(model_dir), state_dict=state, safe_serialization=True)
             copy_tokenizer_files(self.cfg.model.tokenizer or self.cfg.model.path, str(model_dir))
+            self.export_adapter(str(Path(directory) / ADAPTER_SUBDIR))
         self.engine.save_checkpoint(str(Path(directory) / DS_SUBDIR), tag=DS_TAG, save_latest=False)
+
+    def export_adapter(self, directory: str) -> str | None:
+        """A LoRA learner's adapters in peft's format at `directory` (rank 0; None elsewhere or without LoRA)."""
+        if self.lora is None or self.rank != 0:
+            return None
+        self.lora.save_adapter(directory)
+        return directory
 
     def load_checkpoint(self, directory: str) -> None:
         """Restore weights and optimizer state written by `save_checkpoint` (same world size and ZeRO stage)."""

@@ -148,6 +148,9 @@ class LearnerGroup:
     def weight_checksums(self) -> dict[str, float]:
         return self._all("weight_checksums")[0]
 
+    def export_adapter(self, directory: str) -> str | None:
+        return self._all("export_adapter", directory)[0]
+
     def export_buckets(self, bucket_bytes: int) -> list:
         """Object references to rank 0's weights in Ray's object store (actors/weight_sync.py, `ray`)."""
         return self._all("export_buckets", bucket_bytes)[0]

@@ -12,13 +12,14 @@ from pathlib import Path
 
 import torch
 
-from actors.learner import (LearnerRank, compute_latent_metrics, copy_tokenizer_files, load_policy, pad_id_of,
-                            write_safetensors_atomic)
+from actors.learner import (ADAPTER_SUBDIR, LearnerRank, compute_latent_metrics, copy_tokenizer_files, load_policy,
+                            pad_id_of, write_safetensors_atomic)
 from actors.learner_group import merge_rank_metrics
 from actors.reward_workers import RewardHost
 from actors.rollout import EngineHost, chunk_params, merge_chunks, split_prompts
 from rl.decode_modes import record_rl_mode
 from rl.learner import PolicyUpdater, TorchBackend
+from rl.lora import maybe_wrap, reference_scope
 from rl.mismatch_parts import MismatchProbe
 from rl.workers import tensor_checksums
 
@@ -60,11 +61,12 @@ class TorchLearner:
         self.cfg = cfg
         self.policy = load_policy(cfg.model.path)
         record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
+        self.policy, self.lora = maybe_wrap(self.policy, lcfg.lora, cfg.train.seed)  # learner.lora (rl/lora.py)
         self.backend = TorchBackend(self.policy, lcfg.lr, lcfg.weight_decay, tuple(lcfg.adam_betas), lcfg.grad_clip)
         ref = None
-        if cfg.algo.kl_coef > 0:
-            ref = load_policy(cfg.model.path).eval().requires_grad_(False)
-        self.updater = PolicyUpdater(self.policy, cfg, pad_id_of(self.policy), ref)
+        if cfg.algo.kl_coef > 0:  # a LoRA policy is its own reference, adapters off
+            ref = self.policy if self.lora else load_policy(cfg.model.path).eval().requires_grad_(False)
+        self.updater = PolicyUpdater(self.policy, cfg, pad_id_of(self.policy), ref, reference_scope(self.lora))
         self.probe = MismatchProbe(cfg, lambda: load_policy(cfg.model.path), pad_id_of(self.policy),
                                    next(self.policy.parameters()).device)
 
@@ -81,33 +83,47 @@ class TorchLearner:
         return metrics
 
     def full_state(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.policy.named_parameters()}
+        named = self.lora.merged_tensors() if self.lora else self.policy.named_parameters()
+        return {k: v.detach().to("cpu", copy=True) for k, v in named}
 
     def export_weights(self, path: str) -> str:
         return write_safetensors_atomic(self.full_state(), path)
 
     def weight_checksums(self) -> dict[str, float]:
-        return tensor_checksums(self.policy.named_parameters())
+        return tensor_checksums(self.full_state().items())
+
+    def export_adapter(self, directory: str) -> str | None:
+        if self.lora is None:
+            return None
+        self.lora.save_adapter(directory)
+        return directory
 
     def save_checkpoint(self, directory: str) -> None:
         model_dir = Path(directory) / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
-        self.policy.save_pretrained(str(model_dir), safe_serialization=True)
+        self.policy.save_pretrained(str(model_dir), state_dict=self.full_state(), safe_serialization=True)
+        self.export_adapter(str(Path(directory) / ADAPTER_SUBDIR))
         copy_tokenizer_files(self.cfg.model.tokenizer or self.cfg.model.path, str(model_dir))
         torch.save(self.backend.optimizer.state_dict(), Path(directory) / self.OPTIMIZER_FILE)
 
     def load_checkpoint(self, directory: str) -> None:
+        if self.lora is not None:  # the adapters and the trained fusion; the frozen base is the loaded model's
+            self.lora.load_adapter(str(Path(directory) / ADAPTER_SUBDIR))
+        else:
+            self._load_model(Path(directory) / "model")
+        # weights_only: an optimizer state dict is tensors, numbers and containers — nothing to unpickle as code
+        opt = torch.load(Path(directory) / self.OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+        self.backend.optimizer.load_state_dict(opt)
+
+    def _load_model(self, model_dir: Path) -> None:
         from rollout.torch_engine import load_state_dict_from  # safetensors only, never pickle
-        state = load_state_dict_from(Path(directory) / "model")
+        state = load_state_dict_from(model_dir)
         with torch.no_grad():
             missing, unexpected = self.policy.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if self.policy.config.tie_word_embeddings else set()
         if unexpected or set(missing) - tied:
-            raise ValueError(f"{directory}: checkpoint does not fit the model: missing={sorted(set(missing) - tied)}"
-                             f" unexpected={sorted(unexpected)}")
-        # weights_only: an optimizer state dict is tensors, numbers and containers — nothing to unpickle as code
-        opt = torch.load(Path(directory) / self.OPTIMIZER_FILE, map_location="cpu", weights_only=True)
-        self.backend.optimizer.load_state_dict(opt)
+            raise ValueError(f"{model_dir.parent}: checkpoint does not fit the model: "
+                             f"missing={sorted(set(missing) - tied)} unexpected={sorted(unexpected)}")
 
     def close(self) -> None:
         pass
@@ -132,6 +148,9 @@ class LocalLearner:
 
     def export_weights(self, path: str) -> str:
         return self.rank.export_weights(path)
+
+    def export_adapter(self, directory: str) -> str | None:
+        return self.rank.export_adapter(directory)
 
     def weight_checksums(self) -> dict[str, float]:
         return self.rank.weight_checksums()

@@ -22,6 +22,7 @@ biases the KL (k3 0.0017 against a true 0.0036 at 1 % weight noise, 0.070 vs 0.3
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -167,10 +168,14 @@ def is_correction_mode(algo_cfg) -> str | None:
 
 
 class PolicyUpdater:
-    """Holds the policy (and optional frozen reference) and runs one rank's share of an update."""
+    """Holds the policy (and optional frozen reference) and runs one rank's share of an update.
 
-    def __init__(self, model, cfg, pad_id: int, ref_model=None):
+    `ref_scope`: the context the reference log-probs are computed in (a LoRA policy is its own reference with the
+    adapters off, rl/lora.py)."""
+
+    def __init__(self, model, cfg, pad_id: int, ref_model=None, ref_scope=contextlib.nullcontext):
         self.model, self.cfg, self.pad_id, self.ref_model = model, cfg, pad_id, ref_model
+        self.ref_scope = ref_scope
         self.estimator = get_estimator(cfg.likelihood.estimator)
         self.ref_estimator = get_estimator(cfg.likelihood.ref_estimator)
         self.loss_cfg = policy_loss_config(cfg.algo, cfg.rollout.max_tokens)
@@ -205,8 +210,10 @@ class PolicyUpdater:
             if self.multiple_updates else None
         ref_logp = None
         if self.loss_cfg.kl_coef > 0:
-            ref_logp = self._rank_logprobs(samples, plan, rank, adv, R, self.ref_model, self.ref_estimator, False)
-            extra_metrics.update(self._ref_check(samples, plan, rank, adv, ref_logp))
+            with self.ref_scope():
+                ref_logp = self._rank_logprobs(samples, plan, rank, adv, R, self.ref_model, self.ref_estimator,
+                                               False)
+                extra_metrics.update(self._ref_check(samples, plan, rank, adv, ref_logp))
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
         grad_norms = []

@@ -261,6 +261,8 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
                 if path and os.path.isfile(path):  # (a learner stand-in in tests may export no file)
                     run.export_policy(path, cfg.model.path, cfg.model.tokenizer,
                                       rl_modes(cfg.model.path, cfg.rollout.decode_mode))
+                if cfg.learner.lora is not None:  # RUN_DIR/policy_adapter/: the adapters in peft's format
+                    learner.export_adapter(str(run.path / "policy_adapter"))
             metrics["time_step_s"] = time.perf_counter() - t_step
             try:  # the stop rules see this step's faults; a stop still logs the step and checkpoints it
                 job.guard.check(step, nonfinite if learner_metrics else None, reward_metrics, len(samples))

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from rl import decode_modes
 from rl import model as fbt_model
 from rl.config import Config, load_config
+from rl.lora import maybe_wrap
 
 # ------------------------------------------------------------------------------------------- objective
 
@@ -252,8 +253,12 @@ def git_commit() -> str | None:
         return None
 
 
-def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str, str] | None = None) -> None:
+def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str, str] | None = None,
+                    lora=None) -> None:
     """Write the checkpoint to `<out_dir>.tmp-<pid>` and swap it in, so `out_dir` is never half-written.
+
+    With LoRA (`learner.lora`; `lora` an rl.lora.LoraPolicy) the checkpoint is the merged model, and the adapters
+    in peft's format go into its `adapter/` subdirectory.
 
     A directory cannot be replaced by os.replace while non-empty, so the old one is first renamed aside and
     removed after the swap; at every moment one complete checkpoint exists under one of the two names.
@@ -263,7 +268,12 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     old = out.with_name(f"{out.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    if lora is None:
+        model.save_pretrained(tmp, safe_serialization=True)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True,
+                              state_dict={k: v.detach().clone() for k, v in lora.merged_tensors()})
+        lora.save_adapter(str(tmp / "adapter"))
     tokenizer.save_pretrained(tmp)
     for name, text in (extra_files or {}).items():
         (tmp / name).write_text(text)
@@ -287,6 +297,7 @@ def train(cfg: Config, log=print) -> dict:
     model, tokenizer = load_model_and_tokenizer(cfg)
     if p.fusion_init == "identity":
         identity_fusion_(model)
+    model, lora = maybe_wrap(model, cfg.learner.lora, p.seed)  # learner.lora: adapters + fusion train (rl/lora.py)
     model.train()
     decode_modes.record(model.config, decode_modes.modes_of_pretraining(p))  # saved in every checkpoint's config
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -301,13 +312,17 @@ def train(cfg: Config, log=print) -> dict:
     sampler = PromptSampler(train_enc, seed=p.seed)  # rows here are encoded (ids, mask) pairs
     k_eval = max(3, max_passes(p))
 
-    decay = [q for q in model.parameters() if q.ndim >= 2]
-    no_decay = [q for q in model.parameters() if q.ndim < 2]  # norms: weight decay would shrink them to 0
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    decay = [q for q in trainable if q.ndim >= 2]
+    no_decay = [q for q in trainable if q.ndim < 2]  # norms: weight decay would shrink them to 0
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": p.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=p.lr, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, p))
     gen = torch.Generator().manual_seed(p.seed)  # jitter and prefix-mixin noise
     n_params = sum(q.numel() for q in model.parameters())
+    if lora is not None:
+        log(f"pretrain: LoRA rank {cfg.learner.lora.rank}, {sum(q.numel() for q in trainable) / 1e6:.3f}M "
+            f"trainable parameters")
     log(f"pretrain: {n_params / 1e6:.2f}M params, {len(train_rows)} train rows, {len(val_rows)} val rows, "
         f"{p.steps} steps x {p.batch_size}, max K={max_passes(p)}, threads={p.threads}")
 
@@ -347,9 +362,10 @@ def train(cfg: Config, log=print) -> dict:
             log(f"step {step + 1} val " + _val_line(val, k_eval))
             if step + 1 < p.steps:
                 save_checkpoint(model, tokenizer, p.out_dir,
-                                _extra_files(cfg, history, k_counts, t_start, cpu_start, False))
+                                _extra_files(cfg, history, k_counts, t_start, cpu_start, False), lora)
     summary = _summary(cfg, history, k_counts, t_start, cpu_start, True)
-    save_checkpoint(model, tokenizer, p.out_dir, _extra_files(cfg, history, k_counts, t_start, cpu_start, True))
+    save_checkpoint(model, tokenizer, p.out_dir, _extra_files(cfg, history, k_counts, t_start, cpu_start, True),
+                    lora)
     return summary
 
 

@@ -71,6 +71,9 @@ class LearnerWorkers(Protocol):
     def export_weights(self, path: str) -> str:
         """Rank 0 writes the current weights as one safetensors file at `path` (atomically); returns it."""
 
+    def export_adapter(self, directory: str) -> str | None:
+        """A LoRA learner (`learner.lora`) writes its adapters in peft's format at `directory`; returns it."""
+
     def weight_checksums(self) -> dict[str, float]:
         """Per-tensor checksums of rank 0's weights, same keys as the engine's."""
 

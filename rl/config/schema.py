@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from rl.config.lora import LoraConfig
 from rl.config.offpolicy import AsyncTraining, OffPolicyCorrection
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
 from rl.config.serialize import flatten, is_under, plain, yaml_dump
@@ -202,6 +203,8 @@ class LearnerConfig:
     max_response_tokens_per_micro_batch: Optional[int] = 2048
     bf16: bool = False
     torch_adam: bool = True               # DeepSpeed's CPU FusedAdam JIT-compiles for minutes
+    # LoRA adapters on the backbone, fusion weights in full (rl/config/lora.py); null: every weight trains
+    lora: Optional[LoraConfig] = None
 
     def validate(self):
         if not 0 <= self.zero_stage <= 3:
@@ -220,6 +223,9 @@ class LearnerConfig:
                 yield name, f"must be >= 0, got {getattr(self, name)}"
         if not all(0 <= b < 1 for b in self.adam_betas):
             yield "adam_betas", f"expected two values in [0, 1), got {list(self.adam_betas)}"
+        if self.lora is not None and self.zero_stage == 3:
+            # ZeRO-3 partitions every weight, and the merged export would gather base and adapters per layer
+            yield "lora", "LoRA runs under learner.zero_stage 0-2 (the frozen base is small enough to replicate)"
 
 
 @dataclass
@@ -424,7 +430,9 @@ RESUME_LOCKED = ("model.path", "model.init", "model.fusion_mode", "data", "likel
                  "likelihood.passes", "rollout.decode_mode", "rollout.n_samples_per_prompt",
                  "train.seed", "train.prompts_per_step", "train.max_staleness",
                  # a DeepSpeed checkpoint loads only with the same world size and ZeRO stage
-                 "learner.num_workers", "learner.zero_stage")
+                 "learner.num_workers", "learner.zero_stage",
+                 # the checkpoint's weights and optimizer state are the adapters' (and their shapes the rank's)
+                 "learner.lora")
 
 
 # ------------------------------------------------------------------------------------------- comparing
