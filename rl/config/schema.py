@@ -209,6 +209,10 @@ class LearnerConfig:
     max_response_tokens_per_micro_batch: Optional[int] = 2048
     bf16: bool = False
     torch_adam: bool = True               # DeepSpeed's CPU FusedAdam JIT-compiles for minutes
+    # torch threads of each learner rank (its intra-op pool). null: the cores it may use. A synchronous job on one
+    # machine (a local Ray, train.max_staleness 0: nothing else computes while the learner trains) shares all the
+    # machine's cores among the ranks; otherwise a rank takes the CPUs Ray reserved for it (at least 1).
+    num_threads: Optional[int] = None
 
     def validate(self):
         if not 0 <= self.zero_stage <= 3:
@@ -220,6 +224,8 @@ class LearnerConfig:
                 yield name, f"must be >= 1 or null, got {getattr(self, name)}"
         if self.num_workers < 1:
             yield "num_workers", f"must be >= 1, got {self.num_workers}"
+        if self.num_threads is not None and self.num_threads < 1:
+            yield "num_threads", f"must be >= 1 or null, got {self.num_threads}"
         if not self.lr > 0:
             yield "lr", f"must be > 0, got {self.lr}"
         for name in ("num_gpus_per_worker", "weight_decay", "warmup_steps", "grad_clip"):
