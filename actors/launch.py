@@ -153,13 +153,15 @@ def run(args) -> int:
     plots, rewards, worker_logs = None, None, None
     try:
         stop.install()
+        t_ray = time.perf_counter()
         if not args.no_ray:
             init_ray(cfg)
             stop.install()  # ray.init installs its own SIGTERM handler (kill Ray, exit 1): ours goes back on top
+        t_ray = time.perf_counter() - t_ray
         print(_workers_line(cfg, not args.no_ray), flush=True)
-        t_workers = time.perf_counter()
-        rollout, learner, rewards = build_workers(cfg, use_ray=not args.no_ray, faults=faults)
-        print(f"workers ready in {time.perf_counter() - t_workers:.0f} s", flush=True)
+        t_workers, startup = time.perf_counter(), {}
+        rollout, learner, rewards = build_workers(cfg, use_ray=not args.no_ray, faults=faults, startup=startup)
+        print(_ready_line(time.perf_counter() - t_workers, t_ray, startup, time.perf_counter() - t_start), flush=True)
         worker_logs = _worker_logs_dir(args.no_ray)
         wandb_run = _wandb(cfg, run_dir)
         bar = console.progress_bar(cfg.train.steps, cfg.logging.progress)
@@ -264,6 +266,16 @@ class StopSignals:
 
     def reason(self) -> str | None:
         return f"{self.received} received" if self.received else None
+
+
+def _ready_line(workers_s: float, ray_s: float, startup: dict, since_start_s: float) -> str:
+    """`workers ready in N s (...)`: the start-up broken down (Ray, then each role's actors, which come up at once)."""
+    from actors.placement import startup_line
+    line = f"workers ready in {workers_s:.0f} s"
+    if startup:
+        threads = startup.pop("threads", [])
+        line += f" (Ray {ray_s:.1f} s before them; {startup_line(startup, threads)}; {since_start_s:.0f} s since start)"
+    return line
 
 
 def _plot_title(cfg, run_dir) -> str:

@@ -101,10 +101,32 @@ def init_loopback_process_group(backend: str, rank: int, world_size: int, port: 
     torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size)
 
 
+def learner_threads(cfg, cores: int, reserved_cpus: float, one_machine: bool) -> int:
+    """torch threads of each learner rank: `learner.num_threads`, or where it is null the cores the rank may use.
+
+    A synchronous job on one machine (`train.max_staleness` 0) never generates, scores and trains at once, so
+    while the learner trains every core is the learner's: `cores // learner.num_workers` each. Otherwise (an
+    asynchronous job, whose engines generate while the learner trains, or a cluster) a rank takes the CPUs Ray
+    reserved for it. Ray itself starts every actor with OMP_NUM_THREADS = its CPUs (1 for a learner rank), which
+    left one core idle under a single rank on a 2-core machine."""
+    lcfg = cfg.learner
+    if lcfg.num_threads is not None:
+        return lcfg.num_threads
+    if one_machine and cfg.train.max_staleness == 0:
+        return max(1, cores // lcfg.num_workers)
+    return max(1, int(reserved_cpus))
+
+
 def disable_shm_comm_jit() -> None:
     """Keep DeepSpeed from JIT-compiling its shm allreduce op (only used by inference_all_reduce)."""
     import deepspeed.ops
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def client_optimizer(lcfg) -> bool:
+    """Whether the rank hands DeepSpeed its own optimizer (`ClippingAdamW`) rather than naming one in the config:
+    with no ZeRO and fp32 weights DeepSpeed steps a torch optimizer as it is and computes no gradient norm."""
+    return lcfg.zero_stage == 0 and not lcfg.bf16
 
 
 def deepspeed_config(lcfg) -> dict:
@@ -126,6 +148,9 @@ def deepspeed_config(lcfg) -> dict:
         "steps_per_print": 2 ** 62,
         "wall_clock_breakdown": False,
     }
+    if client_optimizer(lcfg):  # ClippingAdamW clips and reports the norm itself
+        del cfg["optimizer"]
+        cfg["gradient_clipping"] = 0.0
     if lcfg.warmup_steps > 0:
         cfg["scheduler"] = {"type": "WarmupLR", "params": {
             "warmup_min_lr": 0.0, "warmup_max_lr": lcfg.lr, "warmup_num_steps": lcfg.warmup_steps,
@@ -182,6 +207,33 @@ def copy_tokenizer_files(src: str, dst: str) -> None:
 
 
 # ---- DeepSpeed pieces -----------------------------------------------------------------------------------------
+class ClippingAdamW(torch.optim.AdamW):
+    """torch AdamW that clips the gradients to `max_norm` before stepping and keeps the global norm as
+    `_global_grad_norm`, which DeepSpeed's engine reports after `step()` (`get_global_grad_norm`); a non-finite
+    norm skips the step and sets `overflow`, which the engine and `DeepSpeedBackend` read as a skipped step.
+
+    The optimizer of `learner.zero_stage: 0` in fp32: DeepSpeed then steps the client optimizer unwrapped, after it
+    has all-reduced the gradients (so the norm is global), and its own clipping computes a norm it throws away."""
+
+    def __init__(self, params, max_norm: float, **kwargs):
+        super().__init__(params, **kwargs)
+        self.max_norm = max_norm
+        self._global_grad_norm = None
+        self.overflow = False
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_norm or float("inf")))
+        self._global_grad_norm, self.overflow = norm, not torch.isfinite(torch.tensor(norm))
+        return None if self.overflow else super().step(closure)
+
+
+def make_client_optimizer(lcfg, params) -> ClippingAdamW:
+    return ClippingAdamW(params, lcfg.grad_clip, lr=lcfg.lr, betas=tuple(lcfg.adam_betas), eps=1e-8,
+                         weight_decay=lcfg.weight_decay)
+
+
 class DeepSpeedBackend:
     """`rl.learner.Backend` on a DeepSpeed engine: gradients summed over ranks and micro-batches."""
 
@@ -201,9 +253,9 @@ class DeepSpeedBackend:
             # ZeRO-3 get_global_grad_norm() would still report the previous step's norm.
             return float("inf")
         norm = self.engine.get_global_grad_norm()
-        if norm is None:
-            raise RuntimeError("DeepSpeed reported no gradient norm after step() (zero_stage 0 with a torch "
-                               "optimizer does not compute one); use learner.zero_stage >= 1")
+        if norm is None:  # a DeepSpeed path that computes no norm (stage 0 in fp32 uses ClippingAdamW, which does)
+            raise RuntimeError("DeepSpeed reported no gradient norm after step() (learner.zero_stage "
+                               f"{self.engine.zero_optimization_stage()})")
         return float(norm)
 
 
@@ -263,8 +315,11 @@ class LearnerRank:
     partitioned), so a group calls it on every rank; only rank 0 writes files."""
 
     def __init__(self, cfg, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1",
-                 master_port: int | None = None, local_rank: int | None = None):
+                 master_port: int | None = None, local_rank: int | None = None, num_threads: int | None = None):
         lcfg = cfg.learner
+        threads = num_threads or lcfg.num_threads
+        if threads:  # this process's torch pool (a Ray actor starts with OMP_NUM_THREADS = its CPUs)
+            torch.set_num_threads(threads)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.zero3 = lcfg.zero_stage == 3
         if self.zero3 and world_size > 1 and cfg.likelihood.estimator == "exact":
@@ -295,8 +350,14 @@ class LearnerRank:
         self.pad_id = pad_id_of(self.policy)
         routed = _Routed(self.policy)
         # only trainable parameters get optimizer state (and ZeRO's flat fp32 copy): all of them, unless LoRA
-        self.engine, *_ = deepspeed.initialize(model=routed, config=deepspeed_config(lcfg),
-                                               model_parameters=[p for p in routed.parameters() if p.requires_grad])
+        trainable = [p for p in routed.parameters() if p.requires_grad]
+        optimizer = make_client_optimizer(lcfg, trainable) if client_optimizer(lcfg) else None
+        self.engine, *_ = deepspeed.initialize(model=routed, model_parameters=trainable,
+                                               optimizer=optimizer, config=deepspeed_config(lcfg))
+        if lcfg.zero_stage == 0 and world_size == 1:
+            # Alone, nothing to reduce with; DeepSpeed would still flatten every gradient into buckets and copy it
+            # back at each step (its all-reduce over a group of one).
+            self.engine.enable_backward_allreduce = False
         self.engine.checkpoint_engine = _safe_checkpoint_engine(self.engine)
         self.backend = DeepSpeedBackend(self.engine, world_size)
         ref = None

@@ -70,10 +70,19 @@ class RankActor:
         from actors.learner import free_port
         return ray.util.get_node_ip_address(), free_port()
 
-    def setup(self, cfg, rank: int, world_size: int, master_addr: str, master_port: int) -> bool:
-        from actors.learner import LearnerRank
+    def setup(self, cfg, rank: int, world_size: int, master_addr: str, master_port: int,
+              one_machine: bool = False) -> bool:
+        """Build the rank, with `actors.learner.learner_threads` torch threads (this node's cores, the CPUs Ray
+        reserved for this actor, and whether the whole job runs on one machine)."""
+        import os
+
+        import ray
+
+        from actors.learner import LearnerRank, learner_threads
         from actors.memory import HeapTrimmer
-        self.rank = LearnerRank(cfg, rank, world_size, master_addr, master_port)
+        reserved = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+        threads = learner_threads(cfg, os.cpu_count() or 1, reserved, one_machine)
+        self.rank = LearnerRank(cfg, rank, world_size, master_addr, master_port, num_threads=threads)
         self.heap = HeapTrimmer(cfg.ray.trim_heap_every)
         return True
 
@@ -103,8 +112,11 @@ class LearnerGroup:
 
     def _setup(self) -> None:
         import ray
+        from actors.placement import cluster_address
         addr, port = ray.get(self.actors[0].address.remote())
-        ray.get([a.setup.remote(self.cfg, r, len(self.actors), addr, port) for r, a in enumerate(self.actors)])
+        one_machine = cluster_address(self.cfg) is None  # a private local Ray: every actor is on this machine
+        ray.get([a.setup.remote(self.cfg, r, len(self.actors), addr, port, one_machine)
+                 for r, a in enumerate(self.actors)])
 
     def _all(self, method: str, *args) -> list:
         return gather(lambda r: self.actors[r].call.remote(method, *args), len(self.actors),

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from dataclasses import dataclass, field
 
 PLACEMENT_TIMEOUT_S = 120.0
@@ -192,11 +193,13 @@ def create_placement(cfg) -> Placement:
 
 
 def start_rollout_fleet(cfg, placement: Placement, weight_sync: str = "file", supervisor=None):
-    from actors.rollout import RolloutFleet, rollout_actor_class
+    from actors.rollout import RolloutFleet, rollout_actor_class, rollout_threads
     cls = rollout_actor_class()
+    one_machine = cluster_address(cfg) is None  # a private local Ray: every actor is on this machine
 
     def make(i):  # engine i, on its bundle; also what replaces it (actors/supervision.py)
-        return cls.options(**placement.rollout[i]).remote(cfg, i, None, weight_sync)
+        threads = rollout_threads(cfg, os.cpu_count() or 1, placement.rollout[i]["num_cpus"], one_machine)
+        return cls.options(**placement.rollout[i]).remote(cfg, i, None, weight_sync, threads)
 
     return RolloutFleet([make(i) for i in range(len(placement.rollout))], make, supervisor)
 
@@ -243,11 +246,29 @@ def log_placement(rollout, learner, rewards, log=print) -> dict[str, list[tuple[
     return out
 
 
-def build_workers(cfg, use_ray: bool, faults=None, log=print):
+def _ready_at(actor):
+    """A reference to the wall time at which `actor` runs its next call: submitted right after the actor is
+    created (or set up), the time its constructor (or setup) finished."""
+    def now(_self):
+        import time
+        return time.time()
+    return actor.__ray_call__.remote(now)
+
+
+def startup_line(seconds: dict[str, float], threads: list[int]) -> str:
+    """`ready after: ...` — when each role's actors were up, counted from the start of `build_workers`."""
+    names = {"rollout": "rollout engines", "learner": "learner ranks", "reward": "reward actor"}
+    parts = [f"{name} {seconds[k]:.1f} s" for k, name in names.items() if k in seconds]
+    line = "ready after: " + ", ".join(parts)
+    return line + (f"; engine threads {','.join(map(str, threads))}" if threads else "")
+
+
+def build_workers(cfg, use_ray: bool, faults=None, log=print, startup: dict | None = None):
     """`(rollout, learner, rewards)` for `rl.loop.train`: Ray actors placed as above, or in-process workers; the
     rollout workers carry the weight-sync transport (`rollout.weight_sync`, resolved for this placement).
     On Ray, dead actors are replaced within `cfg.faults`' bounds and counted in `faults` (a `rl.faults.FaultLog`
-    shared with the loop)."""
+    shared with the loop). `startup`, when given, receives the seconds after which each role's actors were up
+    (`reward`, `rollout`, `learner`: they start at once and come up concurrently) and the engines' `threads`."""
     from actors.weight_sync import attach_transport, resolve_transport
     if not use_ray:
         from actors.local import build_local_workers
@@ -261,10 +282,16 @@ def build_workers(cfg, use_ray: bool, faults=None, log=print):
     init_ray(cfg)
     placement = create_placement(cfg)
     transport, why = resolve_transport(cfg, placement)
+    t0 = time.time()
     rollout = start_rollout_fleet(cfg, placement, transport, supervisor)  # engines load while the learners meet
     rewards = start_reward_workers(cfg, supervisor=supervisor)
+    ready = {"rollout": [_ready_at(a) for a in rollout.actors], "reward": [_ready_at(rewards.actor)]}
     learner = start_learner_group(cfg, placement, supervisor)
+    t_learner = time.time() - t0
     ray.get([a.version.remote() for a in rollout.actors])  # surface an engine that failed to start, now
+    if startup is not None:
+        startup.update({role: max(ray.get(refs)) - t0 for role, refs in ready.items()}, learner=t_learner)
+        startup["threads"] = ray.get([a.num_threads.remote() for a in rollout.actors])
     log_placement(rollout, learner, rewards, log)
     attach_transport(cfg, rollout, learner, transport, why, log=log)
     return rollout, learner, rewards

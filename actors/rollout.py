@@ -95,13 +95,33 @@ def engine_checksums(engine) -> dict[str, float]:
     return tensor_checksums(model.named_parameters())
 
 
+def rollout_threads(cfg, cores: int, reserved_cpus: float, one_machine: bool) -> int:
+    """torch / OpenMP threads of each engine: `rollout.num_threads`, or where it is null the cores it may use.
+
+    A synchronous job on one machine (`train.max_staleness` 0) never generates while it scores or trains, so
+    while the engines generate every core is theirs: `cores // rollout.num_engines` each. Otherwise (an
+    asynchronous job, whose learner trains while the engines generate, or a cluster) an engine takes the CPUs Ray
+    reserved for it. Ray itself starts every actor with OMP_NUM_THREADS = its CPUs (1 for an engine), which left
+    the engine decoding on one core while the other idled."""
+    r = cfg.rollout
+    if r.num_threads is not None:
+        return r.num_threads
+    if one_machine and cfg.train.max_staleness == 0:
+        return max(1, cores // r.num_engines)
+    return max(1, int(reserved_cpus))
+
+
 class EngineHost:
     """One engine in this process; as a Ray actor it is `RolloutActor`. Besides generating it receives weights:
     `load_weights` (a file path, or `actors.weight_sync.RayBuckets`), and vLLM's native transfer, for which it is a
-    `VLLMWeightSyncClient` endpoint (the four methods below `load_weights`, forwarded to the engine)."""
+    `VLLMWeightSyncClient` endpoint (the four methods below `load_weights`, forwarded to the engine).
+    `num_threads`: this process's torch / OpenMP threads, set before the engine is built (None: left as they are)."""
 
-    def __init__(self, cfg, index: int = 0, engine=None, weight_sync: str = "file"):
+    def __init__(self, cfg, index: int = 0, engine=None, weight_sync: str = "file", num_threads: int | None = None):
         self.index = index
+        if num_threads:
+            import torch
+            torch.set_num_threads(num_threads)
         self.engine = engine if engine is not None else make_engine(cfg, index, weight_sync)
 
     def generate(self, prompts: list[list[int]], params, min_version: int | None = None) -> list[Sample]:
@@ -133,6 +153,10 @@ class EngineHost:
 
     def version(self) -> int:
         return int(self.engine.version)
+
+    def num_threads(self) -> int:
+        import torch
+        return torch.get_num_threads()
 
     def weight_checksums(self) -> dict[str, float]:
         return engine_checksums(self.engine)

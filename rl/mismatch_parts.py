@@ -131,6 +131,10 @@ class MismatchProbe:
             if weights is None:
                 continue
             rows = [i for i, s in enumerate(samples) if s.policy_version == v]
+            if v == version:  # drawn with the current weights (every row in synchronous training): the same
+                exact_then[rows] = exact_now[rows]  # recurrence under the same weights, not run a second time
+                known[rows] = True
+                continue
             sub = batch.select(rows)
             exact_then[rows, :sub.response_mask.shape[1]] = self._logprobs("exact", self._model(weights), sub)
             known[rows] = True

@@ -111,6 +111,22 @@ def apply_environment(required: dict, defaults: dict) -> None:
     envs.disable_envs_cache()
 
 
+def count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Per row of `x`, how many entries are >= that row's value: vLLM's sampled-token rank, eagerly."""
+    return (x >= values).sum(-1)
+
+
+def use_eager_token_ranks() -> None:
+    """On CPU, vLLM's sampler computes every sampled token's rank (`Logprob.rank`, which fbrl never reads) with
+    a `torch.compile`d function whose first call in a process JIT-compiles a C++ kernel through Inductor: ~10 s of
+    the first `generate` of every engine process on a 2-core machine (a profile of the first call: 80 % in
+    Inductor). The compiled kernel saves a [tokens, vocab] bool temporary, which matters on a GPU's memory, not
+    on a CPU's; the same count runs eagerly instead, with the same result."""
+    import vllm.v1.sample.sampler as sampler
+
+    sampler.batched_count_greater_than = count_at_least
+
+
 def _scratch_dir() -> str:
     """Shared memory when the machine has it (files there never touch a disk)."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
@@ -143,6 +159,8 @@ class VLLMEngine(RolloutEngine):
 
         self.on_cpu = current_platform.is_cpu()
         apply_environment(*engine_environment(self.on_cpu, dtype, weight_transfer_backend))
+        if self.on_cpu:
+            use_eager_token_ranks()
         from transformers import AutoConfig
 
         import rl.model  # noqa: F401  (AutoConfig must know fbt_llama / fbt_qwen2)

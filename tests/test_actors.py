@@ -95,6 +95,22 @@ def test_prompt_split_seeds_and_group_ids():
     assert [x.group_id for x in merged] == [0, 1, 2]
 
 
+def test_engine_threads_use_the_cores_a_role_may_use(tiny_ckpt):
+    from actors.placement import startup_line
+    from actors.rollout import rollout_threads
+    cfg = make_cfg(tiny_ckpt)
+    assert rollout_threads(cfg, 8, 1.0, one_machine=True) == 8  # synchronous, one machine: every core
+    assert rollout_threads(make_cfg(tiny_ckpt, "rollout.num_engines=3"), 8, 1.0, True) == 2
+    assert rollout_threads(make_cfg(tiny_ckpt, "rollout.num_engines=3"), 2, 1.0, True) == 1
+    assert rollout_threads(cfg, 8, 1.0, one_machine=False) == 1  # a cluster: what Ray reserved
+    assert rollout_threads(make_cfg(tiny_ckpt, "train.max_staleness=1"), 8, 2.0, True) == 2  # async: overlaps
+    assert rollout_threads(make_cfg(tiny_ckpt, "rollout.num_threads=3"), 8, 1.0, True) == 3
+    with pytest.raises(ValueError, match="rollout.num_threads"):
+        make_cfg(tiny_ckpt, "rollout.num_threads=0")
+    assert startup_line({"reward": 3.0, "learner": 9.04, "rollout": 7.0}, [2]) == \
+        "ready after: rollout engines 7.0 s, learner ranks 9.0 s, reward actor 3.0 s; engine threads 2"
+
+
 def test_rank_metrics_merge_token_weighted():
     r0 = {"grad_norm": 2.0, "optimizer_steps": 1.0, "entropy": 1.0, "only0": 5.0, "_tokens": 30.0}
     r1 = {"grad_norm": 2.0, "optimizer_steps": 1.0, "entropy": 4.0, "_tokens": 10.0}
@@ -206,7 +222,7 @@ def ray_workers(tiny_ckpt):
     from actors.placement import build_workers
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     cfg = make_cfg(tiny_ckpt, "learner.num_workers=2", "rollout.num_engines=2", "ray.num_cpus=5",
-                   "reward.fns=[{fn: math, weight: 1.0}, {fn: format, weight: 0.1}]")
+                   "reward.fns=[{fn: math, weight: 1.0}, {fn: format, weight: 0.1}]", "rollout.num_threads=2")
     try:
         yield cfg, *build_workers(cfg, use_ray=True)
     finally:
@@ -237,15 +253,16 @@ def test_ray_fleet_generates_like_local_engines_and_syncs(ray_workers, tmp_path)
     """Prompts split over 2 engine actors come back in order with their states, identical to the same two
     engines in this process; after a sync both engines hold the learner's weights."""
     cfg, rollout, learner, _ = ray_workers
+    import ray
+
+    assert ray.get([a.num_threads.remote() for a in rollout.actors]) == [2, 2]  # rollout.num_threads, not Ray's 1
     prompts = [[1, 5, 6, 7], [1, 8, 9], [1, 10], [1, 11, 12, 13, 14]]
     got = rollout.generate(prompts, params(), min_version=0)
     want = LocalRollout(cfg).generate(prompts, params(), min_version=0)
     assert [(s.group_id, s.sample_index, s.response_ids) for s in got] == \
         [(s.group_id, s.sample_index, s.response_ids) for s in want]
-    import ray
-
     from actors.state_plane import from_carrier
-    for a, b in zip(got, want):  # the actor runs torch with 1 thread, this process with more: fp32 rounding
+    for a, b in zip(got, want):  # the actor and this process run torch with different thread counts: fp32 rounding
         states = from_carrier(ray.get(a.states.handle))  # the fleet returns references (actors/state_plane.py)
         assert torch.allclose(states, b.states, atol=1e-5) and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     learner.update(got, [1.0, -1.0] * 4)

@@ -171,6 +171,35 @@ def test_diagnostic_rows():
     assert diagnostic_rows(0, 0.5, 0, 1) == []
 
 
+def test_rows_of_the_current_version_run_the_exact_recurrence_once():
+    """Rows drawn with the current weights take exact(θ_v) = exact(θ_V) from the one recurrence under those
+    weights (their staleness part is exactly 0); a row from an older version still gets its own."""
+    from actors.learner import load_policy, pad_id_of
+    from rl.batch import SamplingParams
+    from rl.config import load_config
+    from rl.mismatch_parts import MismatchProbe
+    from rollout.torch_engine import TorchEngine
+    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [f"model.path={CKPT}", "train.max_staleness=1"])
+    model = load_policy(CKPT)
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=8, stop_token_ids=(2,), seed=3, decode_mode="soft",
+                            record_states=True)
+    samples = TorchEngine(model).generate([[1, 5, 6, 7], [1, 8, 9]], params)
+    probe = MismatchProbe(cfg, lambda: load_policy(CKPT), pad_id_of(model))
+    calls = []
+    run = probe._logprobs
+    probe._logprobs = lambda estimator, m, batch: calls.append(estimator) or run(estimator, m, batch)
+    state = {k: v.detach().clone() for k, v in model.named_parameters()}
+    out = probe.measure(samples, 0, state)
+    assert calls == ["exact", "replay"] and out["staleness"] == 0.0 and out["rows_without_weights"] == 0
+    calls.clear()
+    for s in samples[:2]:  # drawn one version back: their own recurrence under version 0's weights
+        s.policy_version = 0
+    for s in samples[2:]:
+        s.policy_version = 1
+    probe.measure(samples, 1, state)
+    assert calls == ["exact", "replay", "exact"]
+
+
 # ---- the loop, on real in-process workers --------------------------------------------------------------------------
 
 def job(tmp_path, name, *overrides, steps=4):

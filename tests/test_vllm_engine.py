@@ -152,6 +152,19 @@ def test_sampled_requests_are_grouped_and_seeded(engine):
     assert all(lp <= 0 for s in a for lp in s.logprobs)
 
 
+def test_token_ranks_run_eagerly_on_cpu(engine):
+    """On CPU the sampler's rank count is the eager `count_at_least` (no Inductor JIT in the first generate), and
+    it counts what vLLM's compiled function counts: entries >= the row's value, ties included."""
+    import vllm.v1.sample.sampler as sampler
+
+    from rollout.vllm_engine import count_at_least
+    if engine.on_cpu:
+        assert sampler.batched_count_greater_than is count_at_least
+    x = torch.tensor([[0.5, -1.0, 0.5, 2.0], [-3.0, -2.0, -1.0, 0.0]])
+    assert count_at_least(x, torch.tensor([[0.5], [-2.5]])).tolist() == [3, 3]
+    assert count_at_least(x, x.max(-1, keepdim=True).values).tolist() == [1, 1]  # the argmax has rank 1
+
+
 def scratch_files(engine) -> list[str]:
     from rollout.vllm_engine import _scratch_dir
     return sorted(glob.glob(os.path.join(_scratch_dir(), f"fbrl_states_*_{engine._uid}_*")))

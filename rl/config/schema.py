@@ -118,6 +118,11 @@ class RolloutConfig:
     # lifecycle with the tensors carried by Ray: the CPU check of the nccl / ipc path); auto picks from placement.
     weight_sync: Literal["auto", "file", "ray", "nccl", "ipc", "native_ray"] = "auto"
     weight_sync_bucket_mb: int = 256      # ray / native_ray: weights per object-store object (and per update call)
+    # torch / OpenMP threads of each engine (vLLM's CPU kernels, the torch engine). null: the cores it may use. A
+    # synchronous job on one machine (a local Ray, train.max_staleness 0: nothing else computes while the engines
+    # generate) shares all the machine's cores among the engines; otherwise an engine takes the CPUs Ray reserved
+    # for it (at least 1).
+    num_threads: Optional[int] = None
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
     def validate(self):
@@ -131,6 +136,8 @@ class RolloutConfig:
                 yield name, f"must be >= 1, got {getattr(self, name)}"
         if self.num_gpus_per_engine < 0:
             yield "num_gpus_per_engine", f"must be >= 0, got {self.num_gpus_per_engine}"
+        if self.num_threads is not None and self.num_threads < 1:
+            yield "num_threads", f"must be >= 1 or null, got {self.num_threads}"
         if self.top_k == 0 or self.top_k < -1:
             yield "top_k", f"expected -1 (off) or >= 1, got {self.top_k}"
 
@@ -205,6 +212,10 @@ class LearnerConfig:
     torch_adam: bool = True               # DeepSpeed's CPU FusedAdam JIT-compiles for minutes
     # LoRA adapters on the backbone, fusion weights in full (rl/config/lora.py); null: every weight trains
     lora: Optional[LoraConfig] = None
+    # torch threads of each learner rank (its intra-op pool). null: the cores it may use. A synchronous job on one
+    # machine (a local Ray, train.max_staleness 0: nothing else computes while the learner trains) shares all the
+    # machine's cores among the ranks; otherwise a rank takes the CPUs Ray reserved for it (at least 1).
+    num_threads: Optional[int] = None
 
     def validate(self):
         if not 0 <= self.zero_stage <= 3:
@@ -216,6 +227,8 @@ class LearnerConfig:
                 yield name, f"must be >= 1 or null, got {getattr(self, name)}"
         if self.num_workers < 1:
             yield "num_workers", f"must be >= 1, got {self.num_workers}"
+        if self.num_threads is not None and self.num_threads < 1:
+            yield "num_threads", f"must be >= 1 or null, got {self.num_threads}"
         if not self.lr > 0:
             yield "lr", f"must be > 0, got {self.lr}"
         for name in ("num_gpus_per_worker", "weight_decay", "warmup_steps", "grad_clip"):

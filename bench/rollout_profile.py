@@ -1,0 +1,72 @@
+"""The rollout of a job in one process, request by request: the thing to run under a profiler.
+
+    python bench/rollout_profile.py [--config configs/tiny.yaml] [--threads 1] [--reps 12] [key=value ...]
+    py-spy record -r 200 -f raw -o rollout.ss -- python bench/rollout_profile.py --reps 12 \\
+        rollout.decode_mode=standard likelihood.estimator=standard
+
+Builds the engine as the rollout actor does (`actors.rollout.make_engine`: vLLM or torch, per `rollout.engine`),
+then generates `--reps` requests of the job as the loop makes them (`train.prompts_per_step` prompts drawn by the
+loop's sampler, `rl.loop.sampling_params`: stop at EOS, the estimator's state recording), printing each
+request's wall and CPU seconds and tokens, and the engine's start-up time. The first request carries whatever a
+fresh engine process pays once (allocations, kernel selection, any JIT); the median of the others is the steady
+state.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"))
+    ap.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads (rollout.num_threads)")
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("overrides", nargs="*", help="fbrl config overrides (key=value)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from actors.rollout import make_engine
+    from rl.config import load_config
+    from rl.data.loaders import PromptSampler, load_task_split
+    from rl.data.prompts import PromptFitter, prompt_token_limit
+    from rl.loop import sampling_params
+    from rollout_speed import job_prompts
+    cfg = load_config(args.config, args.overrides)
+    _, tok = job_prompts(cfg)
+    fitter = PromptFitter(tok, prompt_token_limit(cfg), cfg.data.overlong_prompts)
+    rows, _ = fitter.fit(load_task_split(cfg.data, "train", tokenizer=tok), "train data")
+    sampler = PromptSampler(rows, seed=cfg.train.seed)
+    t = time.perf_counter()
+    engine = make_engine(cfg)
+    print(f"rollout_profile: {cfg.rollout.engine} engine up in {time.perf_counter() - t:.1f} s, "
+          f"{torch.get_num_threads()} threads", flush=True)
+    walls = []
+    for k in range(args.reps):
+        prompts = [fitter.encode(r) for r in sampler.next(cfg.train.prompts_per_step)]
+        t, c = time.perf_counter(), time.process_time()
+        samples = engine.generate(prompts, sampling_params(cfg, tok.eos_token_id, seed=k))
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        walls.append(wall)
+        tokens = sum(s.response_len for s in samples)
+        print(f"rollout_profile: request {k}: {wall:.3f} s wall, {cpu:.3f} s cpu, {tokens} tokens "
+              f"({tokens / wall:.0f} tokens/s)", flush=True)
+    if len(walls) > 1:
+        print(f"rollout_profile: first request {walls[0]:.2f} s, median of the rest {statistics.median(walls[1:]):.3f} s",
+              flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
