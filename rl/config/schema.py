@@ -47,6 +47,8 @@ class DataConfig:
     # arith levels to mix (1..4); state-tracking tasks: the chain lengths to mix (1..64)
     difficulty: list[int] = field(default_factory=lambda: [1, 2, 3])
     num_train: int = 20000              # arith: problems generated for the train split
+    # word_problems: "small" draws every number from the lowest quarter of its template range
+    numbers: Literal["standard", "small"] = "standard"
     seed: int = 0
     # arith: fraction of solutions that give the bare answer instead of the worked steps (pretraining / SFT text
     # only; prompts and rewards are unchanged). The demo checkpoint is trained with both behaviours.
