@@ -33,7 +33,8 @@ from rl.config.secrets import redacted
 from rl.config.serialize import yaml_dump
 
 # What a run directory holds (RunDir.new --overwrite deletes these and nothing else).
-RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "weights", "plots", "wandb")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "weights", "plots", "wandb", "policy", "eval",
+             "summary.md", "summary.json")
 
 
 class RunDirError(ValueError):

@@ -64,7 +64,10 @@ def mcnemar(before: list[int], after: list[int]) -> dict:
 def summarize(run_dir: Path, wall_s: float | None = None) -> dict:
     """Start vs end on the held-out problems, per decode mode and read, from RUN_DIR/eval/step_*.json."""
     from rl.run import RunDir
-    evals = RunDir.existing(str(run_dir)).read_evals()
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise SystemExit(f"{run_dir}: not a finished fbrl run (no metrics.jsonl)")
+    run = RunDir(str(run_dir))
+    evals = run.read_evals()
     if len(evals) < 2:
         raise SystemExit(f"{run_dir}/eval: {len(evals)} held-out evaluation(s) recorded; the summary needs the "
                          f"step-0 one and the final one (train.eval_every > 0)")
@@ -76,7 +79,7 @@ def summarize(run_dir: Path, wall_s: float | None = None) -> dict:
            "wall_s": wall_s, "reads": READS, "modes": {}}
     for mode in first["modes"]:
         out["modes"][mode] = {read: mcnemar(first["modes"][mode][read], last["modes"][mode][read]) for read in READS}
-    rows = RunDir.existing(str(run_dir)).read_metrics()
+    rows = run.read_metrics()
     trained = [r for r in rows if r.get("step", 0) > 0]
     if trained:
         times = sorted(r["time_step_s"] for r in trained if r.get("time_step_s") is not None)

@@ -1,10 +1,10 @@
 """Does a task give RL signal at step 0? Sampled and greedy accuracy of a checkpoint on word-problem variants.
 
     python scripts/smollm_signal.py --checkpoint runs/smollm2/fbt-identity \\
-        --variant 1,2:small --variant 1,2:standard --temperature 0.7 1.0 --n 64 --samples 4 --greedy-n 300
+        --variant 1,2:small:1 --variant 1,2:standard:2 --temperature 0.7 1.0 --n 64 --samples 4 --greedy-n 300
 
 One vLLM CPU engine (soft mode, the training engine) is loaded once; for each variant (`LEVELS:NUMBERS`, e.g.
-`1,2:small`) and temperature it samples `--samples` completions for `--n` training problems — what a step of RL
+`1,2:small:1`: levels, number size, worked examples) and temperature it samples `--samples` completions for `--n` training problems — what a step of RL
 sees — and scores them with the math reward (the anchored answer, as in training) and with the lenient read (the
 last number in the response). `--greedy-n` held-out (test split) problems are then decoded greedily under both
 reads. The same prompts, chat template, stop token and response cap as `fbrl train` (`configs/smollm_rl.yaml`).
@@ -22,21 +22,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def parse_variant(text: str) -> tuple[list[int], str]:
-    """'1,2:small' -> ([1, 2], 'small')."""
-    levels, _, numbers = text.partition(":")
+def parse_variant(text: str) -> tuple[list[int], str, int]:
+    """'1,2:small:1' -> ([1, 2], 'small', 1): levels, number size, worked examples in the prompt (default 2)."""
+    levels, numbers, shots = (text.split(":") + ["standard", "2"])[:3]
     try:
-        return [int(x) for x in levels.split(",")], numbers or "standard"
+        return [int(x) for x in levels.split(",")], numbers or "standard", int(shots)
     except ValueError:
-        raise SystemExit(f"--variant: expected LEVELS:NUMBERS such as 1,2:small, got {text!r}")
+        raise SystemExit(f"--variant: expected LEVELS:NUMBERS:SHOTS such as 1,2:small:1, got {text!r}")
 
 
-def rows_for(levels, numbers, split, n, tokenizer, seed=0):
+def rows_for(levels, numbers, shots, split, n, tokenizer, seed=0):
     from rl.config import config_from_dict
     from rl.data.loaders import load_task_split
 
     data = config_from_dict({"data": {"task": "word_problems", "difficulty": levels, "numbers": numbers,
-                                      "seed": seed, "chat_template": "auto"}}).data
+                                      "shots": shots, "seed": seed, "chat_template": "auto"}}).data
     return load_task_split(data, split, n=n, tokenizer=tokenizer)
 
 
@@ -72,7 +72,8 @@ def measure(engine, tokenizer, rows, scorer, *, samples, temperature, max_tokens
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--checkpoint", required=True, help="an FBT checkpoint (e.g. the identity-converted model)")
-    ap.add_argument("--variant", action="append", default=None, help="LEVELS:NUMBERS, repeatable (1,2:small)")
+    ap.add_argument("--variant", action="append", default=None,
+                    help="LEVELS:NUMBERS:SHOTS, repeatable (1,2:small:1; shots default 2)")
     ap.add_argument("--temperature", type=float, nargs="+", default=[1.0])
     ap.add_argument("--n", type=int, default=64, help="training problems per sampled measurement")
     ap.add_argument("--samples", type=int, default=4, help="completions per problem")
@@ -85,6 +86,7 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     from rewards.math import MathReward
+    from rl.data.loaders import encode_prompt
     from rollout.vllm_engine import VLLMEngine
 
     t0 = time.time()
@@ -94,16 +96,20 @@ def main(argv=None) -> int:
     scorer = MathReward(in_process=True)
     print(f"engine ready in {time.time() - t0:.0f}s", flush=True)
     results = []
-    for levels, numbers in variants:
+    for levels, numbers, shots in variants:
         runs = [("train", args.n, t) for t in args.temperature] + ([("test", args.greedy_n, 0.0)]
                                                                    if args.greedy_n else [])
         for split, n, temperature in runs:
-            rows = rows_for(levels, numbers, split, n, tokenizer)
+            rows = rows_for(levels, numbers, shots, split, n, tokenizer)
+            prompt_tokens = sum(len(encode_prompt(tokenizer, r)) for r in rows) / len(rows)
+            print(f"  measuring levels {levels} numbers {numbers} shots {shots} {split} T={temperature} ...",
+                  flush=True)
             r = measure(engine, tokenizer, rows, scorer, samples=args.samples, temperature=temperature,
                         max_tokens=args.max_tokens)
-            r.update(levels=levels, numbers=numbers, split=split, temperature=temperature)
+            r.update(levels=levels, numbers=numbers, shots=shots, split=split, temperature=temperature,
+                     prompt_tokens=round(prompt_tokens, 1))
             results.append(r)
-            print(f"levels {levels} numbers {numbers:<8} {split:<5} T={temperature:<3} n={r['n_rows']}x{r['samples']}:"
+            print(f"levels {levels} numbers {numbers:<8} shots {shots} ({prompt_tokens:.0f} prompt tokens) {split:<5} T={temperature:<3} n={r['n_rows']}x{r['samples']}:"
                   f" strict {r['strict']:.3f} lenient {r['lenient']:.3f} | groups with a right answer "
                   f"{r['groups_with_a_right_answer']:.2f} | len {r['mean_length']} trunc {r['truncated']:.2f} "
                   f"({r['wall_s']}s)", flush=True)

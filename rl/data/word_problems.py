@@ -11,8 +11,9 @@ hash of the question text, so the splits are disjoint by construction whatever t
 in `rl.data.arith`. Generation is deterministic in (split, n, seed, difficulties): a seeded stream per split
 draws problems and keeps those whose hash falls in the split.
 
-Rows: `messages` (a few-shot chat: the instruction as system message, two worked examples as user/assistant
-exchanges, then the problem), `prompt`
+Rows: `messages` (a few-shot chat: the instruction as system message, `shots` worked examples (default two) as
+user/assistant exchanges, then the problem; fewer shots make a shorter prompt, which every rollout and learner
+pass pays for), `prompt`
 (the same text without a chat template, for base models), `answer` (the integer as a string), `solution`
 (worked steps ending in `\\boxed{N}`), `question`, `difficulty`, `id`. The loader (`rl.data.loaders`) renders
 `messages` with the tokenizer's chat template.
@@ -223,7 +224,7 @@ EXAMPLES = [("Ana picks 14 plums and then 9 more plums. How many plums does Ana 
              "3 * 4 = 12\n12 - 2 = 10\n\\boxed{10}")]
 
 
-def make_problem(rng: random.Random, difficulty: int, numbers: str = "standard") -> dict:
+def make_problem(rng: random.Random, difficulty: int, numbers: str = "standard", shots: int = 2) -> dict:
     """One random problem with `difficulty` operations (1..4) and `numbers` ("standard" / "small") as a row (see
     the module docstring)."""
     if difficulty not in TEMPLATES:
@@ -233,26 +234,31 @@ def make_problem(rng: random.Random, difficulty: int, numbers: str = "standard")
     question, steps, answer = rng.choice(TEMPLATES[difficulty])(_Ctx(rng, numbers))
     if answer < 0 or len(steps) != difficulty:  # a template bug, never a user error
         raise AssertionError(f"template produced answer {answer} with {len(steps)} steps: {question}")
-    return chat_row(question, steps, answer, difficulty)
+    return chat_row(question, steps, answer, difficulty, shots)
 
 
-def chat_row(question: str, steps: list[str], answer: int, difficulty: int) -> dict:
-    shots = [m for q, a in EXAMPLES for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
+def chat_row(question: str, steps: list[str], answer: int, difficulty: int, shots: int = 2) -> dict:
+    """The row of one problem; `shots` worked examples (0-2: the last ones of EXAMPLES) open the chat."""
+    if not 0 <= shots <= len(EXAMPLES):
+        raise ValueError(f"shots: expected 0..{len(EXAMPLES)} worked examples, got {shots!r}")
+    examples = EXAMPLES[len(EXAMPLES) - shots:]
+    turns = [m for q, a in examples for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
     return {
         "id": problem_hash(question)[:16],
         "question": question,
         # the instruction as the system message (it also replaces a template's default system prompt: shorter)
-        "messages": [{"role": "system", "content": INSTRUCTION}, *shots, {"role": "user", "content": question}],
-        "prompt": f"{INSTRUCTION}\n\n" + "".join(f"{q}\n{a}\n\n" for q, a in EXAMPLES) + f"{question}\n",
+        "messages": [{"role": "system", "content": INSTRUCTION}, *turns, {"role": "user", "content": question}],
+        "prompt": f"{INSTRUCTION}\n\n" + "".join(f"{q}\n{a}\n\n" for q, a in examples) + f"{question}\n",
         "solution": "\n".join(steps) + f"\n\\boxed{{{answer}}}",
         "answer": str(answer),
         "difficulty": difficulty,
     }
 
 
-def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2), numbers: str = "standard") -> list[dict]:
+def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2), numbers: str = "standard",
+             shots: int = 2) -> list[dict]:
     """`n` distinct problems of `split`, deterministic in (split, n, seed, difficulties, numbers); levels drawn
-    uniformly."""
+    uniformly; `shots` worked examples open each chat (the problems do not depend on it)."""
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {list(SPLITS)}, got {split!r}")
     if not difficulties or any(d not in TEMPLATES for d in difficulties):
@@ -266,7 +272,7 @@ def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2), numbers: st
         if misses > 5000:  # cannot happen by chance (each split owns >= 10% of the hashes): the space is used up
             raise ValueError(f"only {len(rows)} distinct {split} word problems at difficulties "
                              f"{list(difficulties)} (asked for {n})")
-        row = make_problem(rng, rng.choice(list(difficulties)), numbers)
+        row = make_problem(rng, rng.choice(list(difficulties)), numbers, shots)
         if split_of(row["question"]) != split or row["question"] in seen:
             misses += 1
             continue
