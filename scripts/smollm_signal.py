@@ -1,14 +1,16 @@
 """Does a task give RL signal at step 0? Sampled and greedy accuracy of a checkpoint on word-problem variants.
 
+    python scripts/smollm_signal.py --checkpoint runs/smollm2/fbt-identity --config configs/smollm_rl.yaml --greedy-n 300
     python scripts/smollm_signal.py --checkpoint runs/smollm2/fbt-identity \\
         --variant 1,2:small:1 --variant 1,2:standard:2 --temperature 0.7 1.0 --n 64 --samples 4 --greedy-n 300
 
 One vLLM CPU engine (soft mode, the training engine) is loaded once; for each variant (`LEVELS:NUMBERS`, e.g.
 `1,2:small:1`: levels, number size, worked examples) and temperature it samples `--samples` completions for `--n` training problems — what a step of RL
 sees — and scores them with the math reward (the anchored answer, as in training) and with the lenient read (the
-last number in the response). `--greedy-n` held-out (test split) problems are then decoded greedily under both
-reads. The same prompts, chat template, stop token and response cap as `fbrl train` (`configs/smollm_rl.yaml`).
-Prints one line per measurement and writes them all to `--json`.
+last number in the response). `--greedy-n` held-out (test split) problems of the first variant are then decoded
+greedily under both reads. The same prompts, chat template, stop token and response cap as `fbrl train` (`configs/smollm_rl.yaml`).
+`--config` takes the variant, temperature, samples per prompt and response cap from an RL config (what its
+step 0 samples). Prints one line per measurement and writes them all to `--json`.
 """
 from __future__ import annotations
 
@@ -74,14 +76,26 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", required=True, help="an FBT checkpoint (e.g. the identity-converted model)")
     ap.add_argument("--variant", action="append", default=None,
                     help="LEVELS:NUMBERS:SHOTS, repeatable (1,2:small:1; shots default 2)")
-    ap.add_argument("--temperature", type=float, nargs="+", default=[1.0])
+    ap.add_argument("--config", default=None, help="an RL config: its task, temperature, samples and max_tokens")
+    ap.add_argument("--temperature", type=float, nargs="+", default=None, help="(default 1.0)")
     ap.add_argument("--n", type=int, default=64, help="training problems per sampled measurement")
-    ap.add_argument("--samples", type=int, default=4, help="completions per problem")
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--greedy-n", type=int, default=0, help="held-out problems decoded greedily (0: skip)")
+    ap.add_argument("--samples", type=int, default=None, help="completions per problem (default 4)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="(default 96)")
+    ap.add_argument("--greedy-n", type=int, default=0,
+                    help="held-out problems decoded greedily, for the first variant (0: skip)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    variants = [parse_variant(v) for v in (args.variant or ["1,2:standard"])]
+    variants = [parse_variant(v) for v in (args.variant or [])]
+    if args.config:
+        from rl.config import load_config
+        cfg = load_config(args.config)
+        variants = variants or [(list(cfg.data.difficulty), cfg.data.numbers, cfg.data.shots)]
+        args.temperature = args.temperature or [cfg.rollout.temperature]
+        args.samples = args.samples or cfg.rollout.n_samples_per_prompt
+        args.max_tokens = args.max_tokens or cfg.rollout.max_tokens
+    variants = variants or [([1, 2], "standard", 2)]
+    args.temperature, args.samples, args.max_tokens = args.temperature or [1.0], args.samples or 4, \
+        args.max_tokens or 96
 
     from transformers import AutoTokenizer
 
@@ -96,9 +110,9 @@ def main(argv=None) -> int:
     scorer = MathReward(in_process=True)
     print(f"engine ready in {time.time() - t0:.0f}s", flush=True)
     results = []
-    for levels, numbers, shots in variants:
+    for k, (levels, numbers, shots) in enumerate(variants):
         runs = [("train", args.n, t) for t in args.temperature] + ([("test", args.greedy_n, 0.0)]
-                                                                   if args.greedy_n else [])
+                                                                   if args.greedy_n and k == 0 else [])
         for split, n, temperature in runs:
             rows = rows_for(levels, numbers, shots, split, n, tokenizer)
             prompt_tokens = sum(len(encode_prompt(tokenizer, r)) for r in rows) / len(rows)
