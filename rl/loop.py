@@ -53,7 +53,7 @@ def sampling_params(cfg: Config, eos_id: int, greedy: bool = False, decode_mode:
 
 
 def evaluate(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorkers, version: int,
-             encode=None, run: RunDir | None = None, step: int | None = None) -> tuple[dict, dict]:
+             encode=None, run: RunDir | None = None, step: int | None = None, log=None) -> tuple[dict, dict]:
     """Greedy held-out accuracy per decode mode under two reads: ({mode: the fraction of problems the task's
     correctness check (`reward.accuracy`) calls right — never "reward > 0"}, {mode: the lenient read, the last
     number in the response (`rl.evaluate.last_number_score`)}). Both empty when accuracy is off. With `run`, the
@@ -61,8 +61,15 @@ def evaluate(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorke
     strict, lenient, record = {}, {}, {}
     prompts = [encode(r) if encode else encode_prompt(tokenizer, r) for r in rows]
     answers = [r["answer"] for r in rows]
+    # in chunks of two engine batches, each reported: a long held-out eval is minutes, never silent ones
+    chunk = 2 * cfg.rollout.vllm.max_num_seqs * cfg.rollout.num_engines
     for mode in cfg.train.eval_decode_modes:
-        samples = rollout.generate(prompts, sampling_params(cfg, tokenizer.eos_token_id, True, mode), version)
+        samples, t0 = [], time.perf_counter()
+        for i in range(0, len(prompts), chunk):
+            samples += rollout.generate(prompts[i:i + chunk], sampling_params(cfg, tokenizer.eos_token_id, True, mode),
+                                        version)
+            if log and len(prompts) > chunk:
+                log(f"  eval {mode}: {len(samples)}/{len(prompts)} problems ({time.perf_counter() - t0:.0f}s)")
         texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
         scored = rewards.score([r["prompt"] for r in rows], texts, answers,
                                [s.finish_reason for s in samples], reward_columns(rows))
@@ -155,7 +162,7 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
     job.version = _sync(learner, rollout, run, version)
 
     if step == 0 and cfg.train.eval_every > 0:
-        acc, lenient = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version, fitter.encode, run, 0)
+        acc, lenient = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version, fitter.encode, run, 0, log)
         run.log_metrics({"step": 0, **eval_metrics(acc, lenient, cfg.train.eval_decode_modes[0])})
         log(f"{_step(0, cfg.train.steps)} | eval {_fmt(acc)}, lenient {_fmt(lenient)} (held-out greedy, "
             f"{len(eval_rows)} problems)")
@@ -250,7 +257,7 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
             }
             if cfg.train.eval_every > 0 and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
                 acc, lenient = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version, fitter.encode, run,
-                                        step)
+                                        step, log)
                 metrics.update(eval_metrics(acc, lenient, cfg.train.eval_decode_modes[0]))
             # the sampler position after this step's prompts (the producer may have drawn later batches)
             state = {"version": version, "sampler": batch.sampler_state}

@@ -96,7 +96,7 @@ def format_summary(s: dict) -> str:
     lines = [f"# SmolLM2-135M-Instruct (identity FBT), RL on word problems: held-out greedy accuracy",
              "", f"{s['n']} held-out problems, step {s['steps'][0]} vs step {s['steps'][1]}; paired McNemar exact "
                  f"test (gained = solved only after RL, lost = only before)", "",
-             "| mode | read | start | end | lift (points) | gained | lost | McNemar p |", "|---|---|---|---|---|---|---|---|"]
+             "| mode | read | start | end | lift (points) | gained | lost | McNemar p |", "|---" * 8 + "|"]
     for mode, reads in s["modes"].items():
         for read, r in reads.items():
             lines.append(f"| {mode} | {read} | {r['before']:.3f} | {r['after']:.3f} | {r['lift_points']:+.1f} | "

@@ -1,16 +1,18 @@
 """Does a task give RL signal at step 0? Sampled and greedy accuracy of a checkpoint on word-problem variants.
 
-    python scripts/smollm_signal.py --checkpoint runs/smollm2/fbt-identity --config configs/smollm_rl.yaml --greedy-n 300
+    python scripts/smollm_signal.py --checkpoint runs/smollm2/fbt-identity --config configs/smollm_rl.yaml \\
+        --greedy-n 300
     python scripts/smollm_signal.py --checkpoint runs/smollm2/fbt-identity \\
         --variant 1,2:small:1 --variant 1,2:standard:2 --temperature 0.7 1.0 --n 64 --samples 4 --greedy-n 300
 
-One vLLM CPU engine (soft mode, the training engine) is loaded once; for each variant (`LEVELS:NUMBERS`, e.g.
-`1,2:small:1`: levels, number size, worked examples) and temperature it samples `--samples` completions for `--n` training problems — what a step of RL
-sees — and scores them with the math reward (the anchored answer, as in training) and with the lenient read (the
-last number in the response). `--greedy-n` held-out (test split) problems of the first variant are then decoded
-greedily under both reads. The same prompts, chat template, stop token and response cap as `fbrl train` (`configs/smollm_rl.yaml`).
-`--config` takes the variant, temperature, samples per prompt and response cap from an RL config (what its
-step 0 samples). Prints one line per measurement and writes them all to `--json`.
+One vLLM CPU engine (soft mode, the training engine) is loaded once; for each variant (`LEVELS:NUMBERS:SHOTS`,
+e.g. `1,2:small:1`: levels, number size, worked examples) and temperature it samples `--samples` completions for
+`--n` training problems — what a step of RL sees — and scores them with the math reward (the anchored answer, as
+in training) and with the lenient read (the last number in the response). `--greedy-n` held-out (test split)
+problems of the first variant are then decoded greedily under both reads. Prompts, chat template, stop token and
+response cap are those of `fbrl train`; `--config` takes the variant, temperature, samples per prompt and
+response cap from an RL config (what its step 0 samples). Prints one line per measurement and writes them all to
+`--json`.
 """
 from __future__ import annotations
 
@@ -123,7 +125,8 @@ def main(argv=None) -> int:
             r.update(levels=levels, numbers=numbers, shots=shots, split=split, temperature=temperature,
                      prompt_tokens=round(prompt_tokens, 1))
             results.append(r)
-            print(f"levels {levels} numbers {numbers:<8} shots {shots} ({prompt_tokens:.0f} prompt tokens) {split:<5} T={temperature:<3} n={r['n_rows']}x{r['samples']}:"
+            print(f"levels {levels} numbers {numbers:<8} shots {shots} ({prompt_tokens:.0f} prompt tokens) "
+                  f"{split:<5} T={temperature:<3} n={r['n_rows']}x{r['samples']}:"
                   f" strict {r['strict']:.3f} lenient {r['lenient']:.3f} | groups with a right answer "
                   f"{r['groups_with_a_right_answer']:.2f} | len {r['mean_length']} trunc {r['truncated']:.2f} "
                   f"({r['wall_s']}s)", flush=True)

@@ -6,7 +6,8 @@ difficulty (= number of operations), number size and seed, the hash split rule, 
 A problem is rendered from a template with random names, objects and numbers; every intermediate value is a
 non-negative integer (divisions are exact by construction). `numbers="small"` draws every number from the lowest
 quarter of its template's range (e.g. 5-18 apples instead of 5-60, groups of 2-4 instead of 2-12): the same
-sentences with arithmetic a ~100M-parameter model mostly gets right, so RL has signal from the first step. Its split (train / val / test) is a function of a
+sentences with easier arithmetic, for models too small to give RL any signal on the standard numbers. Its split
+(train / val / test) is a function of a
 hash of the question text, so the splits are disjoint by construction whatever the seeds or counts, exactly as
 in `rl.data.arith`. Generation is deterministic in (split, n, seed, difficulties): a seeded stream per split
 draws problems and keeps those whose hash falls in the split.
@@ -23,7 +24,8 @@ from __future__ import annotations
 import hashlib
 import random
 
-__all__ = ["LEVELS", "NUMBERS", "SPLITS", "INSTRUCTION", "make_problem", "generate", "split_of", "problem_hash", "chat_row"]
+__all__ = ["LEVELS", "NUMBERS", "SPLITS", "INSTRUCTION", "make_problem", "generate", "split_of", "problem_hash",
+           "chat_row"]
 
 LEVELS = (1, 2, 3, 4)
 NUMBERS = ("standard", "small")
