@@ -9,10 +9,14 @@ sampling parameters (`rollout.base.SamplingParams`); fields used: n, temperature
 seed, decode_mode. The scorer follows the reward interface `(prompts, completions, answers,
 finish_reasons=...) -> list[float]` so `rewards.math.MathReward` drops in; `plain_numeric_score` is the
 fallback (last `\\boxed{}` compared numerically with the gold answer; a truncated response scores 0).
+Every evaluation is also read leniently (`last_number_score`: the last number written anywhere in the response,
+no anchor needed, truncated or not), so a gain that is only the answer format shows as a gap between the reads.
 
-JSON layout: `{"meta": {...}, "modes": {mode: {"accuracy": {"greedy", "sampled"}, "pass_at_k": {"1", ...},
+JSON layout: `{"meta": {...}, "modes": {mode: {"accuracy": {"greedy", "sampled"}, "lenient_accuracy": {"greedy",
+"sampled"}, "pass_at_k": {"1", ...},
 "mean_length": {"greedy", "sampled"}, "truncation_rate": {"greedy", "sampled"}, ...}}, "paired": [...],
-"per_problem": {mode: {"greedy": [0/1 per problem], "sampled": [0/1, first sample]}}}` — the per-problem
+"per_problem": {mode: {"greedy": [0/1 per problem], "sampled": [0/1, first sample], "greedy_lenient": [...],
+"sampled_lenient": [...]}}}` — the per-problem
 outcomes let two checkpoints evaluated on the same rows be paired too (`paired_tests`).
 """
 from __future__ import annotations
@@ -48,6 +52,32 @@ def plain_numeric_score(prompts: Sequence[str], completions: Sequence[str], answ
     return out
 
 
+# The lenient read's numbers: digits with optional thousands groups and decimals, a minus sign only when it is not
+# an operator between two numbers ("10-3" reads 10 and 3; "-3" alone reads -3).
+_LAST_NUMBER = re.compile(r"(?<![\w.])-?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?")
+
+
+def last_number(text: str) -> float | None:
+    """The value of the last number written in `text` (see `_LAST_NUMBER`), or None when it has none."""
+    found = _LAST_NUMBER.findall(text)
+    return float(found[-1].replace(",", "")) if found else None
+
+
+def last_number_score(prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any], **_) -> list[float]:
+    """The lenient read: 1.0 when the last number anywhere in the response equals the gold, whatever surrounds
+    it — no `\\boxed{}` or "final answer" anchor, and a truncated response counts too."""
+    out = []
+    for text, gold in zip(completions, answers):
+        got = last_number(text)
+        try:
+            ok = got is not None and math.isclose(got, float(str(gold).strip().replace(",", "")), rel_tol=0,
+                                                  abs_tol=1e-9)
+        except ValueError:  # a gold that is not a number: the lenient read does not apply
+            ok = False
+        out.append(float(ok))
+    return out
+
+
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
     if k > n:
@@ -78,7 +108,8 @@ def _ks(samples: int) -> list[int]:
 
 
 def _run(engine, make_params, prompt_ids, rows, tokenizer, score_fn, batch_size, **fields):
-    """Generate n samples per prompt in chunks; returns per-prompt lists of (correct, length, truncated)."""
+    """Generate n samples per prompt in chunks; returns per-prompt lists of (correct, length, truncated,
+    correct under the lenient read)."""
     n = fields["n"]
     out = []
     for i in range(0, len(prompt_ids), batch_size):
@@ -91,9 +122,11 @@ def _run(engine, make_params, prompt_ids, rows, tokenizer, score_fn, batch_size,
         chunk_rows = [r for r in rows[i:i + batch_size] for _ in range(n)]
         scores = score_fn([r["prompt"] for r in chunk_rows], texts, [r["answer"] for r in chunk_rows],
                           finish_reasons=[s.finish_reason for s in samples])
+        lenient = last_number_score([], texts, [r["answer"] for r in chunk_rows])
         for j in range(len(chunk)):
             group = samples[j * n:(j + 1) * n]
-            out.append([(scores[j * n + t] > 0.5, s.response_len, s.truncated) for t, s in enumerate(group)])
+            out.append([(scores[j * n + t] > 0.5, s.response_len, s.truncated, lenient[j * n + t] > 0.5)
+                        for t, s in enumerate(group)])
     return out
 
 
@@ -124,19 +157,21 @@ def evaluate(engine, make_params: Callable[..., Any], tokenizer, rows: list[dict
         mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
         result["modes"][mode] = {
             "accuracy": {"greedy": mean([s[0] for s in g]), "sampled": mean([s[0] for s in flat])},
+            "lenient_accuracy": {"greedy": mean([s[3] for s in g]), "sampled": mean([s[3] for s in flat])},
             "pass_at_k": {str(k): mean([pass_at_k(samples, c, k) for c in correct_counts])
                           for k in (_ks(samples) if samples > 0 else [])},
             "mean_length": {"greedy": mean([s[1] for s in g]), "sampled": mean([s[1] for s in flat])},
             "truncation_rate": {"greedy": mean([s[2] for s in g]), "sampled": mean([s[2] for s in flat])},
             "wall_s": round(time.time() - t0, 1),
         }
-        per_mode[mode] = {"greedy": [int(s[0]) for s in g]}
+        per_mode[mode] = {"greedy": [int(s[0]) for s in g], "greedy_lenient": [int(s[3]) for s in g]}
         if sampled:
             per_mode[mode]["sampled"] = [int(grp[0][0]) for grp in sampled]
+            per_mode[mode]["sampled_lenient"] = [int(grp[0][3]) for grp in sampled]
         if log:
-            acc = result["modes"][mode]["accuracy"]
-            log(f"{mode}: greedy {acc['greedy']:.3f} sampled {_f(acc['sampled'])} "
-                f"({result['modes'][mode]['wall_s']}s)")
+            acc, len_acc = result["modes"][mode]["accuracy"], result["modes"][mode]["lenient_accuracy"]
+            log(f"{mode}: greedy {acc['greedy']:.3f} sampled {_f(acc['sampled'])} | lenient: greedy "
+                f"{len_acc['greedy']:.3f} sampled {_f(len_acc['sampled'])} ({result['modes'][mode]['wall_s']}s)")
     result["per_problem"] = per_mode
     modes = list(modes)
     for i, a in enumerate(modes):
@@ -155,7 +190,7 @@ def paired_tests(a: dict, b: dict, name_a: str, name_b: str) -> list[dict]:
     `a` / `b` are `result["per_problem"][mode]` ({"greedy": [0/1 per problem], "sampled": [...]}), from one
     checkpoint's modes or from two checkpoints evaluated on the same rows (`fbrl eval --baseline`)."""
     out = []
-    for which in [w for w in ("greedy", "sampled") if w in a and w in b]:
+    for which in [w for w in ("greedy", "sampled", "greedy_lenient", "sampled_lenient") if w in a and w in b]:
         xa, xb = a[which], b[which]
         if len(xa) != len(xb):
             raise ValueError(f"paired test {name_a} vs {name_b}: {len(xa)} and {len(xb)} problems; "
@@ -171,12 +206,15 @@ def format_table(result: dict) -> str:
     """The printed summary: one row per decode mode, then the paired comparisons."""
     meta = result["meta"]
     ks = list(next(iter(result["modes"].values()))["pass_at_k"]) if result["modes"] else []
-    head = (f"{'mode':<9} {'greedy':>7} {'sampled':>8} " + " ".join(f"{'pass@' + k:>8}" for k in ks)
+    head = (f"{'mode':<9} {'greedy':>7} {'sampled':>8} {'greedy~':>7} {'sampled~':>8} "
+            + " ".join(f"{'pass@' + k:>8}" for k in ks)
             + f" {'len(g)':>7} {'len(s)':>7} {'trunc(g)':>8} {'trunc(s)':>8}")
-    lines = [f"n={meta['n']} samples={meta['samples']} T={meta['temperature']} scorer={meta['scorer']}", head,
-             "-" * len(head)]
+    lines = [f"n={meta['n']} samples={meta['samples']} T={meta['temperature']} scorer={meta['scorer']} "
+             f"(~: lenient read, the last number in the response)", head, "-" * len(head)]
     for mode, m in result["modes"].items():
+        lenient = m.get("lenient_accuracy", {"greedy": None, "sampled": None})
         lines.append(f"{mode:<9} {m['accuracy']['greedy']:>7.3f} {_f(m['accuracy']['sampled']):>8} "
+                     f"{_f(lenient['greedy']):>7} {_f(lenient['sampled']):>8} "
                      + " ".join(f"{m['pass_at_k'][k]:>8.3f}" for k in ks)
                      + f" {m['mean_length']['greedy']:>7.1f} {_f(m['mean_length']['sampled'], '.1f'):>7}"
                      + f" {m['truncation_rate']['greedy']:>8.3f} {_f(m['truncation_rate']['sampled']):>8}")

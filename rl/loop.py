@@ -33,6 +33,7 @@ from rl.config import Config
 from rl.data.loaders import PromptSampler, encode_prompt, load_task_split, reward_columns
 from rl.data.prompts import PromptFitter, prompt_token_limit
 from rl.decode_modes import rl_modes
+from rl.evaluate import last_number_score
 from rl.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, is_nonfinite, partly_applied
 from rl.mismatch_parts import diagnostic_rows, within_token_budget
 from rl.rollout_queue import RolloutBatch, RolloutQueue, Serialized, split_stale, staleness_metrics
@@ -52,20 +53,44 @@ def sampling_params(cfg: Config, eos_id: int, greedy: bool = False, decode_mode:
 
 
 def evaluate(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorkers, version: int,
-             encode=None) -> dict:
-    """Greedy held-out accuracy per decode mode: the fraction of problems the task's correctness check
-    (`reward.accuracy`) calls right — never "reward > 0". Empty when accuracy is off."""
-    out = {}
+             encode=None, run: RunDir | None = None, step: int | None = None, log=None) -> tuple[dict, dict]:
+    """Greedy held-out accuracy per decode mode under two reads: ({mode: the fraction of problems the task's
+    correctness check (`reward.accuracy`) calls right — never "reward > 0"}, {mode: the lenient read, the last
+    number in the response (`rl.evaluate.last_number_score`)}). Both empty when accuracy is off. With `run`, the
+    per-problem outcomes and responses go to RUN_DIR/eval/step_<step>.json, so two evaluations pair up."""
+    strict, lenient, record = {}, {}, {}
     prompts = [encode(r) if encode else encode_prompt(tokenizer, r) for r in rows]
+    answers = [r["answer"] for r in rows]
+    # in chunks of two engine batches, each reported: a long held-out eval is minutes, never silent ones
+    chunk = 2 * cfg.rollout.vllm.max_num_seqs * cfg.rollout.num_engines
     for mode in cfg.train.eval_decode_modes:
-        samples = rollout.generate(prompts, sampling_params(cfg, tokenizer.eos_token_id, True, mode), version)
+        samples, t0 = [], time.perf_counter()
+        for i in range(0, len(prompts), chunk):
+            samples += rollout.generate(prompts[i:i + chunk], sampling_params(cfg, tokenizer.eos_token_id, True, mode),
+                                        version)
+            if log and len(prompts) > chunk:
+                log(f"  eval {mode}: {len(samples)}/{len(prompts)} problems ({time.perf_counter() - t0:.0f}s)")
         texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-        scored = rewards.score([r["prompt"] for r in rows], texts, [r["answer"] for r in rows],
+        scored = rewards.score([r["prompt"] for r in rows], texts, answers,
                                [s.finish_reason for s in samples], reward_columns(rows))
         if scored.correct is None:
-            return {}
-        out[mode] = sum(scored.correct) / len(scored.correct)
-    return out
+            return {}, {}
+        loose = [int(x > 0.5) for x in last_number_score([], texts, answers)]
+        strict[mode] = sum(scored.correct) / len(scored.correct)
+        lenient[mode] = sum(loose) / len(loose)
+        record[mode] = {"strict": [int(bool(c)) for c in scored.correct], "lenient": loose,
+                        "truncated": [int(s.truncated) for s in samples], "responses": texts}
+    if run is not None:
+        run.write_eval(step, {"step": step, "policy_version": version, "answers": answers,
+                              "questions": [r.get("question", r["prompt"]) for r in rows], "modes": record})
+    return strict, lenient
+
+
+def eval_metrics(strict: dict, lenient: dict, first_mode: str) -> dict:
+    """The metrics row fields of one held-out evaluation (`evaluate`)."""
+    return {**{f"eval_accuracy_{m}": a for m, a in strict.items()},
+            **{f"eval_lenient_accuracy_{m}": a for m, a in lenient.items()},
+            "eval_accuracy": strict.get(first_mode), "eval_lenient_accuracy": lenient.get(first_mode)}
 
 
 def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorkers, rewards: RewardWorkers,
@@ -137,10 +162,10 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
     job.version = _sync(learner, rollout, run, version)
 
     if step == 0 and cfg.train.eval_every > 0:
-        acc = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version, fitter.encode)
-        run.log_metrics({"step": 0, **{f"eval_accuracy_{m}": a for m, a in acc.items()},
-                         "eval_accuracy": acc.get(cfg.train.eval_decode_modes[0])})
-        log(f"{_step(0, cfg.train.steps)} | eval {_fmt(acc)} (held-out greedy, {len(eval_rows)} problems)")
+        acc, lenient = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version, fitter.encode, run, 0, log)
+        run.log_metrics({"step": 0, **eval_metrics(acc, lenient, cfg.train.eval_decode_modes[0])})
+        log(f"{_step(0, cfg.train.steps)} | eval {_fmt(acc)}, lenient {_fmt(lenient)} (held-out greedy, "
+            f"{len(eval_rows)} problems)")
 
     reported = set()  # (reward, kind of failure) already printed with its message (_report_failures)
     max_staleness = cfg.train.max_staleness
@@ -244,9 +269,9 @@ def _run_steps(cfg, tokenizer, fitter, train_rows, eval_rows, rollout, learner, 
                 **{f"mismatch_parts/{k}": v for k, v in parts.items()},
             }
             if cfg.train.eval_every > 0 and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
-                acc = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version, fitter.encode)
-                metrics["eval_accuracy"] = acc.get(cfg.train.eval_decode_modes[0])
-                metrics.update({f"eval_accuracy_{m}": a for m, a in acc.items()})
+                acc, lenient = evaluate(cfg, eval_rows, tokenizer, rollout, rewards, version, fitter.encode, run,
+                                        step, log)
+                metrics.update(eval_metrics(acc, lenient, cfg.train.eval_decode_modes[0]))
             # the sampler position after this step's prompts (the producer may have drawn later batches)
             state = {"version": version, "sampler": batch.sampler_state}
             on_schedule = cfg.train.checkpoint_every > 0 and step % cfg.train.checkpoint_every == 0
@@ -393,7 +418,9 @@ def _console_line(m: dict, steps: int) -> str:
                  + (f" eval/ckpt {other:.1f}" if other >= 0.1 else ""))
     evals = {k[len("eval_accuracy_"):]: v for k, v in m.items() if k.startswith("eval_accuracy_") and v is not None}
     if evals:
-        parts.append(f"eval {_fmt(evals)}")
+        lenient = {k[len("eval_lenient_accuracy_"):]: v for k, v in m.items()
+                   if k.startswith("eval_lenient_accuracy_") and v is not None}
+        parts.append(f"eval {_fmt(evals)}" + (f" (lenient {_fmt(lenient)})" if lenient else ""))
     failed: dict[str, float] = {}  # samples each reward scored 0 because it raised or timed out
     for k, v in m.items():
         if k.startswith("reward/rewards/") and k.endswith(("/errors", "/timeouts")) and v:

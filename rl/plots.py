@@ -113,6 +113,9 @@ def build_panels(rows: list[dict]) -> list[Panel]:
     modes = [k[len("eval_accuracy_"):] for k in _keys(rows) if k.startswith("eval_accuracy_")]
     p = Panel("eval_accuracy", "Held-out greedy accuracy by decode mode", "accuracy", ylim=(0.0, 1.0))
     p.series += [_series(rows, f"eval_accuracy_{m}", m, marker="o") for m in modes]
+    # the lenient read (last number in the response): a gain in the answer format alone opens a gap to it
+    p.series += [_series(rows, f"eval_lenient_accuracy_{m}", f"{m} (lenient read)", marker="x", style="--")
+                 for m in modes if f"eval_lenient_accuracy_{m}" in _keys(rows)]
     panels.append(p)
 
     p = Panel("loss", "Policy loss", "loss", right_label="grad norm")

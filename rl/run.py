@@ -33,7 +33,8 @@ from rl.config.secrets import redacted
 from rl.config.serialize import yaml_dump
 
 # What a run directory holds (RunDir.new --overwrite deletes these and nothing else).
-RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "weights", "plots", "wandb")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "weights", "plots", "wandb", "policy", "eval",
+             "summary.md", "summary.json")
 
 
 class RunDirError(ValueError):
@@ -141,6 +142,17 @@ class RunDir:
         """On resume, drop rows logged after the checkpoint (they will be logged again)."""
         rows = [r for r in self.read_metrics() if r.get("step", 0) <= step]
         _atomic_write_text(self.path / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+
+    def write_eval(self, step: int, record: dict) -> Path:
+        """RUN_DIR/eval/step_<step>.json: one held-out evaluation's per-problem outcomes (`rl.loop.evaluate`)."""
+        path = self.path / "eval" / f"step_{step:06d}.json"
+        path.parent.mkdir(exist_ok=True)
+        _atomic_write_text(path, json.dumps(record))
+        return path
+
+    def read_evals(self) -> list[dict]:
+        """Every evaluation `write_eval` recorded, in step order."""
+        return [json.loads(p.read_text()) for p in sorted((self.path / "eval").glob("step_*.json"))]
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def save_checkpoint(self, step: int, learner, trainer_state: dict) -> Path:

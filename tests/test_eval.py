@@ -159,3 +159,15 @@ def test_fbrl_eval_baseline_by_difficulty_on_a_state_tracking_task(tmp_path, cap
     pairs = {(p["a"], p["b"]) for p in level["paired"]}
     assert pairs == {("soft", "standard"), ("soft", "baseline:standard"), ("standard", "baseline:standard")}
     assert len(level["per_problem"]["baseline:standard"]["greedy"]) == 6
+
+
+def test_lenient_read_takes_the_last_number_anywhere():
+    from rl.evaluate import last_number, last_number_score
+    assert last_number("3 * 4 = 12\n12 - 2 = 10\nSo Ana has 10 pens.") == 10
+    assert last_number("It costs $1,250.") == 1250 and last_number("10-3") == 3 and last_number("-7") == -7
+    assert last_number("no digits here") is None and last_number("\\boxed{2.50}") == 2.5
+    texts = ["\\boxed{18}", "The answer is 18", "18 apples, then 3 more", "18", "eighteen"]
+    assert last_number_score([], texts, ["18"] * 5) == [1.0, 1.0, 0.0, 1.0, 0.0]
+    # a truncated response counts too (the lenient read ignores finish reasons), a non-numeric gold never does
+    assert last_number_score([], ["so 18"], ["18"], finish_reasons=["length"]) == [1.0]
+    assert last_number_score([], ["x = 2"], ["x"]) == [0.0]

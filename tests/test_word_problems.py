@@ -116,3 +116,29 @@ def test_jsonl_messages_rows_and_errors_name_the_line(tmp_path):
     custom = tmp_path / "custom.jsonl"
     write_jsonl([{"chat": [{"role": "user", "content": "3?"}], "sol": "3"}], custom)
     assert load_jsonl(custom, answer_field="sol", messages_field="chat")[0]["messages"][0]["content"] == "3?"
+
+
+def test_small_numbers_stay_in_the_lowest_quarter_and_keep_the_splits():
+    standard = wp.generate("train", 300, difficulties=(1, 2))
+    small = wp.generate("train", 300, difficulties=(1, 2), numbers="small")
+    biggest = lambda rows: max(int(n) for r in rows for n in re.findall(r"\d+", r["question"]))  # noqa: E731
+    assert biggest(small) < biggest(standard)
+    # same sentences, same checks: every step is still true and the splits stay hash-disjoint
+    assert {r["question"].split()[-1] for r in small} <= {r["question"].split()[-1] for r in standard} | {"all?"}
+    test = {r["question"] for r in wp.generate("test", 300, difficulties=(1, 2), numbers="small")}
+    assert not test & {r["question"] for r in wp.generate("train", 5000, difficulties=(1, 2), numbers="small")}
+    # the standard stream is what it was before the option existed (seeded runs keep their problems)
+    assert standard[0]["question"] == wp.generate("train", 1, difficulties=(1, 2))[0]["question"]
+    with pytest.raises(ValueError, match="numbers"):
+        wp.generate("train", 1, numbers="tiny")
+
+
+def test_shots_set_the_worked_examples_and_not_the_problems():
+    rows = {k: wp.generate("test", 5, shots=k) for k in (0, 1, 2)}
+    assert [len(r["messages"]) for r in (rows[0][0], rows[1][0], rows[2][0])] == [2, 4, 6]
+    assert rows[0][0]["messages"][0]["content"] == wp.INSTRUCTION
+    assert rows[1][0]["messages"][1]["content"] == wp.EXAMPLES[-1][0]
+    assert [r["question"] for r in rows[0]] == [r["question"] for r in rows[2]]
+    assert rows[0][0]["prompt"] == f"{wp.INSTRUCTION}\n\n{rows[0][0]['question']}\n"
+    with pytest.raises(ValueError, match="shots"):
+        wp.generate("test", 1, shots=3)

@@ -48,6 +48,9 @@ class DataConfig:
     # arith levels to mix (1..4); state-tracking tasks: the chain lengths to mix (1..64)
     difficulty: list[int] = field(default_factory=lambda: [1, 2, 3])
     num_train: int = 20000              # arith: problems generated for the train split
+    # word_problems: "small" draws every number from the lowest quarter of its template range
+    numbers: Literal["standard", "small"] = "standard"
+    shots: int = 2                      # word_problems: worked examples before the problem (0-2)
     seed: int = 0
     # arith: fraction of solutions that give the bare answer instead of the worked steps (pretraining / SFT text
     # only; prompts and rewards are unchanged). The demo checkpoint is trained with both behaviours.
@@ -70,6 +73,8 @@ class DataConfig:
         top, what = (4, "levels") if self.task in ("arith", "word_problems") else (64, "chain lengths")
         if not self.difficulty or any(not 1 <= d <= top for d in self.difficulty):
             yield "difficulty", f"expected a non-empty list of {what} in 1..{top}, got {self.difficulty}"
+        if not 0 <= self.shots <= 2:
+            yield "shots", f"expected 0, 1 or 2 worked examples, got {self.shots}"
         if not 0.0 <= self.direct_answer_frac <= 1.0:
             yield "direct_answer_frac", f"expected a fraction in [0, 1], got {self.direct_answer_frac}"
         if self.task in ("jsonl", "parquet", "hf_disk") and not self.train_path:

@@ -198,7 +198,9 @@ def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
             n = data.num_train
         if data.task == "word_problems":
             from rl.data import word_problems
-            return word_problems.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty))
+            return word_problems.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty),
+                                          numbers=getattr(data, "numbers", "standard"),
+                                          shots=getattr(data, "shots", 2))
         from rl.data import arith
         return arith.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty),
                               direct_answer_frac=data.direct_answer_frac)

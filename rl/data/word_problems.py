@@ -1,16 +1,20 @@
 """Templated grade-school word problems with integer answers, written as chat rows (no downloads).
 
 Owns: the problem templates (quantities, units, rates, money; 1-4 arithmetic operations), generation by
-difficulty (= number of operations) and seed, the hash split rule, and the chat row format.
+difficulty (= number of operations), number size and seed, the hash split rule, and the chat row format.
 
 A problem is rendered from a template with random names, objects and numbers; every intermediate value is a
-non-negative integer (divisions are exact by construction). Its split (train / val / test) is a function of a
+non-negative integer (divisions are exact by construction). `numbers="small"` draws every number from the lowest
+quarter of its template's range (e.g. 5-18 apples instead of 5-60, groups of 2-4 instead of 2-12): the same
+sentences with easier arithmetic, for models too small to give RL any signal on the standard numbers. Its split
+(train / val / test) is a function of a
 hash of the question text, so the splits are disjoint by construction whatever the seeds or counts, exactly as
 in `rl.data.arith`. Generation is deterministic in (split, n, seed, difficulties): a seeded stream per split
 draws problems and keeps those whose hash falls in the split.
 
-Rows: `messages` (a few-shot chat: the instruction as system message, two worked examples as user/assistant
-exchanges, then the problem), `prompt`
+Rows: `messages` (a few-shot chat: the instruction as system message, `shots` worked examples (default two) as
+user/assistant exchanges, then the problem; fewer shots make a shorter prompt, which every rollout and learner
+pass pays for), `prompt`
 (the same text without a chat template, for base models), `answer` (the integer as a string), `solution`
 (worked steps ending in `\\boxed{N}`), `question`, `difficulty`, `id`. The loader (`rl.data.loaders`) renders
 `messages` with the tokenizer's chat template.
@@ -20,9 +24,11 @@ from __future__ import annotations
 import hashlib
 import random
 
-__all__ = ["LEVELS", "SPLITS", "INSTRUCTION", "make_problem", "generate", "split_of", "problem_hash", "chat_row"]
+__all__ = ["LEVELS", "NUMBERS", "SPLITS", "INSTRUCTION", "make_problem", "generate", "split_of", "problem_hash",
+           "chat_row"]
 
 LEVELS = (1, 2, 3, 4)
+NUMBERS = ("standard", "small")
 SPLITS = {"test": range(0, 10), "val": range(10, 20), "train": range(20, 100)}
 INSTRUCTION = "Solve the problem. Show the calculation briefly, then give the final answer as \\boxed{N}."
 
@@ -45,15 +51,16 @@ def split_of(question: str) -> str:
 
 # ---- templates: each returns (question, worked steps, answer) and uses exactly its number of operations ---------
 class _Ctx:
-    def __init__(self, rng: random.Random):
-        self.rng = rng
+    def __init__(self, rng: random.Random, numbers: str = "standard"):
+        self.rng, self.small = rng, numbers == "small"
         self.name, self.friend = rng.sample(NAMES, 2)
         self.thing = rng.choice(THINGS)
         self.box = rng.choice(CONTAINERS)
         self.item, self.items = rng.choice(ITEMS)
 
     def n(self, lo: int, hi: int) -> int:
-        return self.rng.randint(lo, hi)
+        # small: the lowest quarter of the range (every template's constraints only need lo <= n <= hi)
+        return self.rng.randint(lo, lo + (hi - lo) // 4 if self.small else hi)
 
 
 def _gain(c: _Ctx):
@@ -219,43 +226,55 @@ EXAMPLES = [("Ana picks 14 plums and then 9 more plums. How many plums does Ana 
              "3 * 4 = 12\n12 - 2 = 10\n\\boxed{10}")]
 
 
-def make_problem(rng: random.Random, difficulty: int) -> dict:
-    """One random problem with `difficulty` operations (1..4) as a row (see the module docstring)."""
+def make_problem(rng: random.Random, difficulty: int, numbers: str = "standard", shots: int = 2) -> dict:
+    """One random problem with `difficulty` operations (1..4) and `numbers` ("standard" / "small") as a row (see
+    the module docstring)."""
     if difficulty not in TEMPLATES:
         raise ValueError(f"difficulty: expected one of {list(TEMPLATES)}, got {difficulty!r}")
-    question, steps, answer = rng.choice(TEMPLATES[difficulty])(_Ctx(rng))
+    if numbers not in NUMBERS:
+        raise ValueError(f"numbers: expected one of {list(NUMBERS)}, got {numbers!r}")
+    question, steps, answer = rng.choice(TEMPLATES[difficulty])(_Ctx(rng, numbers))
     if answer < 0 or len(steps) != difficulty:  # a template bug, never a user error
         raise AssertionError(f"template produced answer {answer} with {len(steps)} steps: {question}")
-    return chat_row(question, steps, answer, difficulty)
+    return chat_row(question, steps, answer, difficulty, shots)
 
 
-def chat_row(question: str, steps: list[str], answer: int, difficulty: int) -> dict:
-    shots = [m for q, a in EXAMPLES for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
+def chat_row(question: str, steps: list[str], answer: int, difficulty: int, shots: int = 2) -> dict:
+    """The row of one problem; `shots` worked examples (0-2: the last ones of EXAMPLES) open the chat."""
+    if not 0 <= shots <= len(EXAMPLES):
+        raise ValueError(f"shots: expected 0..{len(EXAMPLES)} worked examples, got {shots!r}")
+    examples = EXAMPLES[len(EXAMPLES) - shots:]
+    turns = [m for q, a in examples for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
     return {
         "id": problem_hash(question)[:16],
         "question": question,
         # the instruction as the system message (it also replaces a template's default system prompt: shorter)
-        "messages": [{"role": "system", "content": INSTRUCTION}, *shots, {"role": "user", "content": question}],
-        "prompt": f"{INSTRUCTION}\n\n" + "".join(f"{q}\n{a}\n\n" for q, a in EXAMPLES) + f"{question}\n",
+        "messages": [{"role": "system", "content": INSTRUCTION}, *turns, {"role": "user", "content": question}],
+        "prompt": f"{INSTRUCTION}\n\n" + "".join(f"{q}\n{a}\n\n" for q, a in examples) + f"{question}\n",
         "solution": "\n".join(steps) + f"\n\\boxed{{{answer}}}",
         "answer": str(answer),
         "difficulty": difficulty,
     }
 
 
-def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2)) -> list[dict]:
-    """`n` distinct problems of `split`, deterministic in (split, n, seed, difficulties); levels drawn uniformly."""
+def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2), numbers: str = "standard",
+             shots: int = 2) -> list[dict]:
+    """`n` distinct problems of `split`, deterministic in (split, n, seed, difficulties, numbers); levels drawn
+    uniformly; `shots` worked examples open each chat (the problems do not depend on it)."""
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {list(SPLITS)}, got {split!r}")
     if not difficulties or any(d not in TEMPLATES for d in difficulties):
         raise ValueError(f"difficulties: expected levels in {list(TEMPLATES)}, got {list(difficulties)}")
-    rng = random.Random(f"fbrl-words:{seed}:{split}")
+    if numbers not in NUMBERS:
+        raise ValueError(f"numbers: expected one of {list(NUMBERS)}, got {numbers!r}")
+    # the standard stream's name is unchanged, so its problems stay what they were before `numbers` existed
+    rng = random.Random(f"fbrl-words:{seed}:{split}" + ("" if numbers == "standard" else f":{numbers}"))
     rows, seen, misses = [], set(), 0
     while len(rows) < n:
         if misses > 5000:  # cannot happen by chance (each split owns >= 10% of the hashes): the space is used up
             raise ValueError(f"only {len(rows)} distinct {split} word problems at difficulties "
                              f"{list(difficulties)} (asked for {n})")
-        row = make_problem(rng, rng.choice(list(difficulties)))
+        row = make_problem(rng, rng.choice(list(difficulties)), numbers, shots)
         if split_of(row["question"]) != split or row["question"] in seen:
             misses += 1
             continue
