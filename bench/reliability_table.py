@@ -84,15 +84,17 @@ def row_test(row: str) -> str | None:
     return m.group(1) if m else None
 
 
-def merged(page: str, new_rows: list[str], ids: list[str]) -> tuple[list[str], list[str]]:
+def merged(page: str, new_rows: list[str], ids: list[str], allow_missing: bool = False
+           ) -> tuple[list[str], list[str]]:
     """(the page's table with `new_rows` in place of the rows of the same tests (or added), every other row kept,
-    in the order of `ids`; the cases of `ids` with no row). Refused when a test function would have no row."""
+    in the order of `ids`; the cases of `ids` with no row). Refused when a test function would have no row, unless
+    `allow_missing` (the note then names it, and tests/test_reliability_table.py fails until it is run)."""
     old = [x for x in page.split(BEGIN)[1].split(END)[0].splitlines() if row_test(x)]
     by_test = {row_test(x): x for x in old} | {row_test(x): x for x in new_rows}
     names = [i.split("::")[-1] for i in ids]
     with_row = {n.split("[")[0] for n in by_test}
     missing = list(dict.fromkeys(n.split("[")[0] for n in names if n.split("[")[0] not in with_row))
-    if missing:
+    if missing and not allow_missing:
         raise ValueError(f"no row for {', '.join(missing)}: run them too (--update ID ...)")
     return list(HEADER) + [by_test[n] for n in names if n in by_test], [n for n in names if n not in by_test]
 
@@ -126,6 +128,9 @@ def main() -> int:
                     help="run a failed test again up to this many times (the page names every failed attempt)")
     ap.add_argument("--update", nargs="*", metavar="TEST_ID",
                     help="run only these tests (with --records: run none) and replace their rows; the others stay")
+    ap.add_argument("--note", help="with --update: a sentence for the note (e.g. the load the tests ran under)")
+    ap.add_argument("--allow-missing", action="store_true",
+                    help="with --update: write the table although some fault tests have no row (named in the note)")
     args = ap.parse_args()
     doc = Path(args.doc)
     if args.records:
@@ -154,14 +159,16 @@ def main() -> int:
                    else "No test needed a second attempt."))
     if args.update is not None:  # these rows replaced, the others and the note below the table kept
         page = doc.read_text()
-        rows, unrun = merged(page, render(records)[len(HEADER):], collect())
+        rows, unrun = merged(page, render(records)[len(HEADER):], collect(), args.allow_missing)
         old_note = [x for x in page.split(BEGIN)[1].split(END)[0].splitlines()[1:] if x.strip() and not row_test(x)
                     and x not in HEADER]
-        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         names = ", ".join(f"`{r['test']}`" for r in records)
-        lines = rows + ["", *old_note, "", f"Rows of {names} (re)generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
-                        f"by `python bench/reliability_table.py --update` ({note} load average {load}, on "
-                        f"{os.cpu_count()} cores); the other rows are those of the run above."
+        how = ("recorded by `FBRL_FAULT_TABLE=R.jsonl python -m pytest TEST_ID ...` and rendered with `python "
+               "bench/reliability_table.py --records R.jsonl --update`" if args.records else
+               f"by `python bench/reliability_table.py --update TEST_ID ...` (load average at the end "
+               f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}, on {os.cpu_count()} cores)")
+        lines = rows + ["", *old_note, "", f"Rows of {names} (re)generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+                        f"{how}{'; ' + args.note if args.note else ''}; the other rows are those of the run above."
                         + (f" Not in the table yet (no run recorded): {', '.join(f'`{n}`' for n in unrun)}."
                            if unrun else "")]
         doc.write_text(rewrite(page, lines))

@@ -26,9 +26,9 @@ CKPT = str(ROOT / "checkpoints" / "tiny-arith-mixed")
     pytest.param(2, "replay", marks=pytest.mark.slow), pytest.param(2, "kpass", marks=pytest.mark.slow)])
 def test_rollout_actor_killed_with_batches_queued(job, staleness, estimator, fault_record):
     """The rollout actor is SIGKILLed once step 2 is logged: batch 3 (and at s = 2 batch 4) is already made by the
-    producer and queued, its recorded states put by the killed actor, and the next batch may be mid-generate. The
-    states are owned by the job's StateOwner, not the actor that put them, so the queued batches are trained as
-    they are; the generation in flight runs again on a replacement. No step lost, no sample trained twice, no
+    producer and queued, its recorded states made by the killed actor, and the next batch may be mid-generate. The
+    states are the actor call's return value, owned by the driver, not the actor, so the queued batches are trained
+    as they are; the generation in flight runs again on a replacement. No step lost, no sample trained twice, no
     checkpoint needed (train.checkpoint_every=0: a restore would go back to step 0)."""
     j = job("train.steps=5", f"train.max_staleness={staleness}", "train.checkpoint_every=0",
             f"likelihood.estimator={estimator}")
@@ -54,8 +54,8 @@ def test_rollout_actor_killed_with_batches_queued(job, staleness, estimator, fau
               f"`train.max_staleness={staleness}`, `likelihood.estimator={estimator}`, no checkpoints",
         outcome=f"a new actor took over ({len(j.fault_lines())} fault line: "
                 f"{quoted(j.fault_lines()[0].removeprefix('fault: '), 120)}); the queued batches trained as made "
-                f"(staleness up to {max(m['staleness_max'] for m in j.seen)}), their states owned by the job's "
-                f"StateOwner; {len(set(steps))}/{j.cfg.train.steps} steps completed, each with "
+                f"(staleness up to {max(m['staleness_max'] for m in j.seen)}), their states owned by the driver, "
+                f"not the killed actor; {len(set(steps))}/{j.cfg.train.steps} steps completed, each with "
                 f"{min(m['samples'] for m in j.seen)} of {per_step} samples; no learner rebuild; engine weights "
                 f"{same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]})",
         steps_lost=steps_lost(steps), data_lost=data_lost(rows, want))
