@@ -346,7 +346,8 @@ class LearnerRank:
 
         self.policy = load_policy(cfg.model.path)
         record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
-        self.policy, self.lora = maybe_wrap(self.policy, lcfg.lora, cfg.train.seed)  # learner.lora: adapters, the rest frozen
+        # learner.lora: peft adapters and the fusion train, the rest is frozen (rl/lora.py)
+        self.policy, self.lora = maybe_wrap(self.policy, lcfg.lora, cfg.train.seed)
         self.pad_id = pad_id_of(self.policy)
         routed = _Routed(self.policy)
         # only trainable parameters get optimizer state (and ZeRO's flat fp32 copy): all of them, unless LoRA
