@@ -2,9 +2,12 @@
 
 `LearnerRank` works in-process (world_size 1, e.g. `actors/local.py` and the tests) and as a Ray actor
 (`actors/learner_group.py` wraps it with `ray.remote`). Each rank loads the FBT checkpoint, wraps it in a
-DeepSpeed engine (ZeRO stage 1–3 from `learner.zero_stage`, torch AdamW, gloo on CPU / NCCL on GPU) and runs
+DeepSpeed engine (ZeRO stage 0–3 from `learner.zero_stage`, torch AdamW, gloo on CPU / NCCL on GPU) and runs
 `rl.learner.PolicyUpdater` on the WHOLE rollout batch: the updater picks this rank's rows from a plan computed
-on the whole batch, so every rank makes the same number of backward/step calls.
+on the whole batch, so every rank makes the same number of backward/step calls. Stage 0 (no ZeRO: the shipped
+one-machine layout, one rank on every core, `learner_threads`) steps `ClippingAdamW` as the client optimizer.
+Under ZeRO-2 DeepSpeed reduces gradients in the backward hooks of every micro-batch (bucket copies, an
+all-reduce of the whole fp32 gradient over the ranks); stages 0 and 1 reduce once, at `step()`.
 
 Gradient semantics (the contract of `rl.learner.Backend`): each micro-batch loss is already divided by the
 GLOBAL token count, so the gradients of all micro-batches on all ranks must be SUMMED. DeepSpeed 0.19.8 instead
@@ -208,12 +211,10 @@ def copy_tokenizer_files(src: str, dst: str) -> None:
 
 # ---- DeepSpeed pieces -----------------------------------------------------------------------------------------
 class ClippingAdamW(torch.optim.AdamW):
-    """torch AdamW that clips the gradients to `max_norm` before stepping and keeps the global norm as
-    `_global_grad_norm`, which DeepSpeed's engine reports after `step()` (`get_global_grad_norm`); a non-finite
-    norm skips the step and sets `overflow`, which the engine and `DeepSpeedBackend` read as a skipped step.
-
-    The optimizer of `learner.zero_stage: 0` in fp32: DeepSpeed then steps the client optimizer unwrapped, after it
-    has all-reduced the gradients (so the norm is global), and its own clipping computes a norm it throws away."""
+    """The optimizer of `learner.zero_stage: 0` in fp32, which DeepSpeed steps unwrapped once it has reduced the
+    gradients (its own clipping there computes a norm it throws away): torch AdamW that clips to `max_norm`, keeps
+    the global norm as `_global_grad_norm` (what the engine's `get_global_grad_norm` then reports), and skips a
+    non-finite step, setting `overflow` (read by the engine and `DeepSpeedBackend` as a skipped step)."""
 
     def __init__(self, params, max_norm: float, **kwargs):
         super().__init__(params, **kwargs)
@@ -227,11 +228,6 @@ class ClippingAdamW(torch.optim.AdamW):
         norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_norm or float("inf")))
         self._global_grad_norm, self.overflow = norm, not torch.isfinite(torch.tensor(norm))
         return None if self.overflow else super().step(closure)
-
-
-def make_client_optimizer(lcfg, params) -> ClippingAdamW:
-    return ClippingAdamW(params, lcfg.grad_clip, lr=lcfg.lr, betas=tuple(lcfg.adam_betas), eps=1e-8,
-                         weight_decay=lcfg.weight_decay)
 
 
 class DeepSpeedBackend:
@@ -352,7 +348,8 @@ class LearnerRank:
         routed = _Routed(self.policy)
         # only trainable parameters get optimizer state (and ZeRO's flat fp32 copy): all of them, unless LoRA
         trainable = [p for p in routed.parameters() if p.requires_grad]
-        optimizer = make_client_optimizer(lcfg, trainable) if client_optimizer(lcfg) else None
+        optimizer = ClippingAdamW(trainable, lcfg.grad_clip, lr=lcfg.lr, betas=tuple(lcfg.adam_betas),
+                                  eps=1e-8, weight_decay=lcfg.weight_decay) if client_optimizer(lcfg) else None
         self.engine, *_ = deepspeed.initialize(model=routed, model_parameters=trainable,
                                                optimizer=optimizer, config=deepspeed_config(lcfg))
         if lcfg.zero_stage == 0 and world_size == 1:

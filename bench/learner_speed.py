@@ -26,7 +26,7 @@ Variants (each timed on the whole batch: one optimizer step, as the loop's learn
 Timing: one warm-up round, then `--reps` rounds over the variants in turn (round-robin: a noisy neighbour hurts
 every variant alike); medians reported. tokens/s = the batch's real (unpadded) prompt + response tokens / the
 median seconds of one update (the count the peer comparison divides each framework's learner phase by). Each
-fbrl variant also reports `mismatch/abs_logp_diff` of its warm-up update: mean |learner - engine| log-prob at
+fbrl variant also reports `mismatch/abs_logp_diff` of its warm-up update (the first rows): mean |learner - engine| log-prob at
 the weights that drew the batch (an fp32 engine), which is what a bf16 learner costs in agreement.
 """
 from __future__ import annotations
@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 STANDARD = ["likelihood.estimator=standard", "rollout.decode_mode=standard"]
+WARM_UP_ROWS = 4  # the warm-up round: a few rows (the gradients and optimizer state are allocated whole anyway)
 
 
 # ---- the batch -------------------------------------------------------------------------------------------------
@@ -140,9 +141,9 @@ class PlainStep:
         logp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(targets)[:, None])[:, 0]
         return -(torch.tensor(adv) * logp).sum() / self.n_resp
 
-    def __call__(self) -> dict:
+    def __call__(self, warm_up: bool = False) -> dict:
         t0 = time.perf_counter()
-        for rows in self.micro:
+        for rows in self.micro[:1] if warm_up else self.micro:
             self._loss(rows).backward()
         t1 = time.perf_counter()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip or float("inf"))
@@ -175,8 +176,9 @@ class RankStep:
         self.rank.backend.step = timed_step
         self.first_metrics = None
 
-    def __call__(self) -> dict:
-        m = self.rank.update(self.samples, self.adv)
+    def __call__(self, warm_up: bool = False) -> dict:
+        n = WARM_UP_ROWS if warm_up else len(self.samples)
+        m = self.rank.update(self.samples[:n], self.adv[:n])
         if self.first_metrics is None:
             self.first_metrics = m
         return m
@@ -239,6 +241,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-standard", action="store_true", help="skip the standard-estimator variant")
     ap.add_argument("--two-ranks", action="store_true", help="also time the 2-rank layout (2 processes)")
     ap.add_argument("--samples", help="keep the generated batch in this file (read it when it exists)")
+    ap.add_argument("--rows", type=int, default=0, help="time the first N rows of the batch only (default: all)")
+    ap.add_argument("--no-plain", action="store_true", help="skip plain torch (ratios are then not reported)")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args(argv)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -247,6 +251,8 @@ def main(argv=None) -> int:
     cfg = variant_config(args, [])
     t0 = time.perf_counter()
     samples, adv = load_or_make_batch(cfg, args.samples)
+    if args.rows:
+        samples, adv = samples[:args.rows], adv[:args.rows]
     tokens = batch_tokens(samples)
     resp = sum(s.response_len for s in samples)
     print(f"learner_speed: {args.config} {' '.join(args.override)}; {len(samples)} rows, {tokens} tokens "
@@ -257,7 +263,7 @@ def main(argv=None) -> int:
     for v in args.variant:
         name, _, kv = v.partition("=")
         specs.append((name, [x for x in kv.split(",") if x]))
-    runners = {"plain": PlainStep(cfg, samples, adv)}
+    runners = {} if args.no_plain else {"plain": PlainStep(cfg, samples, adv)}
     for name, extra in specs:
         runners[name] = RankStep(variant_config(args, extra), samples, adv, threads)
     times = {name: [] for name in runners}
@@ -265,18 +271,18 @@ def main(argv=None) -> int:
         for name, run in runners.items():
             torch.set_num_threads(threads)
             t = time.perf_counter()
-            run()
+            run(warm_up=not rep)
             took = time.perf_counter() - t
             print(f"learner_speed: round {rep}{' (warm-up)' if not rep else ''} {name}: {took:.3f} s", flush=True)
             if rep:  # round 0 is the warm-up
                 times[name].append(took)
     results = []
-    plain = statistics.median(times["plain"])
+    plain = statistics.median(times["plain"]) if "plain" in times else float("nan")
     for name, run in runners.items():
         extra = {}
         if isinstance(run, PlainStep):
-            extra = {"fwd_bwd_s": statistics.median(s[0] for s in run.split[1:]),
-                     "optimizer_s": statistics.median(s[1] for s in run.split[1:])}
+            extra = {"fwd_bwd_s": statistics.median(t[0] for t in run.split[1:]),
+                     "optimizer_s": statistics.median(t[1] for t in run.split[1:])}
         else:
             m = run.first_metrics
             extra = {"optimizer_s": statistics.median(run.step_s[1:]),

@@ -153,11 +153,13 @@ def test_deepspeed_rank_equals_torch_backend(tiny_ckpt, tmp_path):
     ds.close()
 
 
-def test_deepspeed_checkpoint_resume_is_exact(tiny_ckpt, tmp_path):
+@pytest.mark.parametrize("stage", [1, 0])
+def test_deepspeed_checkpoint_resume_is_exact(tiny_ckpt, tmp_path, stage):
     """Save after step 1, take step 2; a fresh rank that loads the checkpoint takes the identical step 2
-    (weights, fp32 master copy and Adam moments restored; loaded with torch.load(weights_only=True))."""
+    (weights, fp32 master copy and Adam moments restored; loaded with torch.load(weights_only=True)). Stage 0 is
+    the one-machine default (no ZeRO: the client optimizer's own state)."""
     from actors.learner import LearnerRank, load_policy
-    cfg = make_cfg(tiny_ckpt, "learner.zero_stage=1")
+    cfg = make_cfg(tiny_ckpt, f"learner.zero_stage={stage}")
     samples, adv = synthetic_batch(6, seed=1)
     a = LearnerRank(cfg)
     a.update(samples, adv)
