@@ -290,8 +290,11 @@ def build_workers(cfg, use_ray: bool, faults=None, log=print, startup: dict | No
     t_learner = time.time() - t0
     ray.get([a.version.remote() for a in rollout.actors])  # surface an engine that failed to start, now
     if startup is not None:
-        startup.update({role: max(ray.get(refs)) - t0 for role, refs in ready.items()}, learner=t_learner)
-        startup["threads"] = ray.get([a.num_threads.remote() for a in rollout.actors])
+        try:  # a report only: an actor that died starting up is the supervisor's to replace, not a start-up error
+            startup.update({role: max(ray.get(refs)) - t0 for role, refs in ready.items()}, learner=t_learner)
+            startup["threads"] = ray.get([a.num_threads.remote() for a in rollout.actors])
+        except ray.exceptions.RayError:
+            startup.clear()
     log_placement(rollout, learner, rewards, log)
     attach_transport(cfg, rollout, learner, transport, why, log=log)
     return rollout, learner, rewards
