@@ -67,18 +67,19 @@ class RankActor:
         """(node IP, a free port on this node): the rendezvous of the group when this is rank 0."""
         import ray
 
-        from actors.learner import free_port
+        from actors.deepspeed_setup import free_port
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, cfg, rank: int, world_size: int, master_addr: str, master_port: int,
               one_machine: bool = False) -> bool:
-        """Build the rank, with `actors.learner.learner_threads` torch threads (this node's cores, the CPUs Ray
+        """Build the rank, with `actors.deepspeed_setup.learner_threads` torch threads (this node's cores, the CPUs Ray
         reserved for this actor, and whether the whole job runs on one machine)."""
         import os
 
         import ray
 
-        from actors.learner import LearnerRank, learner_threads
+        from actors.deepspeed_setup import learner_threads
+        from actors.learner import LearnerRank
         from actors.memory import HeapTrimmer
         reserved = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
         threads = learner_threads(cfg, os.cpu_count() or 1, reserved, one_machine)

@@ -212,7 +212,7 @@ def two_ranks(cfg, samples, adv, threads: int, reps: int) -> list[float]:
     rank's time per round)."""
     import torch.multiprocessing as mp
 
-    from actors.learner import free_port
+    from actors.deepspeed_setup import free_port
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=_two_rank_child, args=(r, port, cfg, samples, adv, threads, reps, q))
