@@ -71,12 +71,12 @@ def real_batch(cfg, seed: int = 0):
 
 
 def load_or_make_batch(cfg, path: str | None):
+    from rl.batch import load_samples, save_samples
     if path and os.path.isfile(path):
-        saved = torch.load(path, weights_only=False)  # a file this script wrote
-        return saved["samples"], saved["advantages"]
+        return load_samples(path)
     samples, adv = real_batch(cfg)
     if path:
-        torch.save({"samples": samples, "advantages": adv}, path)
+        save_samples(samples, adv, path)
     return samples, adv
 
 

@@ -63,8 +63,9 @@ def run_variant(config: str, overrides: list[str], samples_path: str, updates: i
     from actors.learner import LearnerRank
     from rl.config import load_config
     cfg = load_config(config, overrides)
-    saved = torch.load(samples_path, weights_only=False)  # a file this script wrote
-    samples, adv = saved["samples"][:rows], saved["advantages"][:rows]
+    from rl.batch import load_samples
+    samples, adv = load_samples(samples_path)
+    samples, adv = samples[:rows], adv[:rows]
     rank = LearnerRank(cfg)
     before = fusion_norms(rank)
     times, metrics = [], {}
@@ -97,12 +98,13 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(run_variant(args.config, json.loads(args.child[0]), args.child[1],
                                                  args.updates, args.rows)), flush=True)
         return 0
+    from rl.batch import save_samples
     from rl.config import load_config
     cfg = load_config(args.config, args.override)
     samples_path = args.samples or "/tmp/lora_learner_batch.pt"
     if not os.path.isfile(samples_path):
         samples, adv = real_batch(cfg)
-        torch.save({"samples": samples, "advantages": adv}, samples_path)
+        save_samples(samples, adv, samples_path)
     variants = [v.partition("=") for v in args.variant] or [("full", "=", ""), ("lora", "=", "learner.lora={}")]
     results = {}
     for name, _, extra in variants:

@@ -166,3 +166,15 @@ class SamplingParams:
         for name, ok, why in checks:
             if not ok:
                 raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r}: {why}")
+
+
+def save_samples(samples: list[Sample], advantages: list[float], path: str) -> None:
+    """A rollout batch on disk (benchmarks reuse one batch across processes); `load_samples` reads it back."""
+    torch.save({"samples": samples, "advantages": advantages}, path)
+
+
+def load_samples(path: str) -> tuple[list[Sample], list[float]]:
+    """What `save_samples` wrote, unpickled with `weights_only=True`: only tensors, builtins and `Sample` load."""
+    with torch.serialization.safe_globals([Sample]):
+        saved = torch.load(path, weights_only=True)
+    return saved["samples"], saved["advantages"]
