@@ -101,7 +101,10 @@ def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys, monkeypatch):
         m = res["modes"][mode]
         assert {"accuracy", "pass_at_k", "mean_length", "truncation_rate"} <= set(m)
         assert 0 <= m["accuracy"]["greedy"] <= 1 and set(m["pass_at_k"]) == {"1", "2"}
-    assert len(res["paired"]) == 6  # 3 pairs x (greedy, sampled)
+    # 3 pairs x (greedy, sampled) x (the anchored read, the lenient one)
+    assert sorted((p["a"], p["b"], p["which"]) for p in res["paired"]) == sorted(
+        (a, b, which) for a, b in [("standard", "soft"), ("standard", "fused"), ("soft", "fused")]
+        for which in ("greedy", "sampled", "greedy_lenient", "sampled_lenient"))
     # tiny-arith was trained with feedback on the response only (standard, soft): fused is warned about, twice
     warning = f"warning: {CKPT} was trained for decode modes standard, soft, not fused (--decode-mode)"
     assert out.count(warning) == 2 and res["meta"]["warning"].startswith(warning)
