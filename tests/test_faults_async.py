@@ -132,8 +132,8 @@ def test_a_stop_in_the_producer_thread_ends_the_job_as_a_stop(tmp_path, monkeypa
     real = actors.placement.build_workers
     made = {}
 
-    def build(cfg, use_ray, faults=None, log=print):
-        rollout, learner, rewards = real(cfg, use_ray, faults, log)
+    def build(cfg, use_ray, **kwargs):
+        rollout, learner, rewards = real(cfg, use_ray, **kwargs)
         made["rollout"] = StopsAt(rollout, 4)
         return made["rollout"], learner, rewards
 
