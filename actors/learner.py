@@ -190,6 +190,10 @@ class LearnerRank:
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         disable_shm_comm_jit()
         if not torch.distributed.is_initialized():
+            # Groups DeepSpeed cached belong to a world that is gone (an in-process vLLM engine destroys the world
+            # group when it shuts down): a new engine on the new world would hit "Group ... is not registered".
+            from deepspeed.utils import groups
+            groups._release_process_group_references()
             if is_loopback(master_addr):  # DeepSpeed then adopts the initialized group
                 init_loopback_process_group(dist_backend(lcfg), rank, world_size, master_port)
             deepspeed.init_distributed(dist_backend=dist_backend(lcfg), auto_mpi_discovery=False)

@@ -49,6 +49,18 @@ def test_in_process_rank_sets_its_threads(tiny_ckpt):
         torch.set_num_threads(before)
 
 
+def test_a_rank_builds_again_after_the_world_group_was_destroyed(tiny_ckpt):
+    """An in-process vLLM engine destroys torch's world group when it shuts down; a learner rank built after it
+    gets a new world, and DeepSpeed must not hand it the groups it cached from the old one."""
+    from actors.learner import LearnerRank
+    LearnerRank(make_cfg(tiny_ckpt)).close()
+    torch.distributed.destroy_process_group()   # what vLLM's cleanup does
+    rank = LearnerRank(make_cfg(tiny_ckpt))
+    samples, adv = synthetic_batch(6)
+    assert rank.update(samples, adv)["nonfinite_steps"] == 0.0
+    rank.close()
+
+
 # ---- zero_stage 0 -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("world_reduce", [False, True])
 def test_zero_stage_0_rank_equals_torch_backend(tiny_ckpt, world_reduce):
