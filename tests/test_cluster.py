@@ -462,6 +462,7 @@ def test_ray_job_submit_on_two_nodes(tmp_path):
              f"--working-dir={ROOT}", f"--runtime-env-json={json.dumps(runtime_env)}", "--",
              "fbrl", "train", "configs/tiny.yaml", "train.steps=2", "train.eval_every=0",
              "train.checkpoint_every=2", "train.prompts_per_step=8", "logging.progress=false",
+             "learner.num_workers=2", "learner.zero_stage=2",   # a cluster's layout: ranks that reduce
              "ray.rollout_resources={gen: 1}", "ray.learner_resources={train: 1}", "ray.reward_resources={train: 1}"],
             timeout=900, check=False)
         logs = _plain(submit.stdout + submit.stderr)
