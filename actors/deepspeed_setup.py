@@ -9,6 +9,8 @@ import socket
 
 import torch
 
+from actors.placement import role_threads
+
 # ---- process setup ------------------------------------------------------------------------------------------
 def free_port() -> int:
     """A TCP port free on this node right now (the OS picks it; the rendezvous binds it moments later)."""
@@ -55,19 +57,9 @@ def init_loopback_process_group(backend: str, rank: int, world_size: int, port: 
 
 
 def learner_threads(cfg, cores: int, reserved_cpus: float, one_machine: bool) -> int:
-    """torch threads of each learner rank: `learner.num_threads`, or where it is null the cores the rank may use.
-
-    A synchronous job on one machine (`train.max_staleness` 0) never generates, scores and trains at once, so
-    while the learner trains every core is the learner's: `cores // learner.num_workers` each. Otherwise (an
-    asynchronous job, whose engines generate while the learner trains, or a cluster) a rank takes the CPUs Ray
-    reserved for it. Ray itself starts every actor with OMP_NUM_THREADS = its CPUs (1 for a learner rank), which
-    left one core idle under a single rank on a 2-core machine."""
-    lcfg = cfg.learner
-    if lcfg.num_threads is not None:
-        return lcfg.num_threads
-    if one_machine and cfg.train.max_staleness == 0:
-        return max(1, cores // lcfg.num_workers)
-    return max(1, int(reserved_cpus))
+    """torch threads of each learner rank (`learner.num_threads`; the rule: `actors.placement.role_threads`)."""
+    return role_threads(cfg.learner.num_threads, cfg.learner.num_workers, cfg.train.max_staleness, cores,
+                        reserved_cpus, one_machine)
 
 
 def disable_shm_comm_jit() -> None:

@@ -263,6 +263,21 @@ def startup_line(seconds: dict[str, float], threads: list[int]) -> str:
     return line + (f"; engine threads {','.join(map(str, threads))}" if threads else "")
 
 
+
+def role_threads(num_threads: int | None, role_count: int, max_staleness: int, cores: int, reserved_cpus: float,
+                 one_machine: bool) -> int:
+    """torch / OpenMP threads of each actor of a role (its engines or its learner ranks): the role's
+    `num_threads`, or where it is null the cores the actor may use. A synchronous job on one machine
+    (`train.max_staleness` 0) never generates while it trains, so while a role works every core is its:
+    `cores // role_count` each. Otherwise (an asynchronous job, or a cluster) an actor takes the CPUs Ray reserved
+    for it. Ray itself starts every actor with OMP_NUM_THREADS = its CPUs (1 here), which left a core idle."""
+    if num_threads is not None:
+        return num_threads
+    if one_machine and max_staleness == 0:
+        return max(1, cores // role_count)
+    return max(1, int(reserved_cpus))
+
+
 def build_workers(cfg, use_ray: bool, faults=None, log=print, startup: dict | None = None):
     """`(rollout, learner, rewards)` for `rl.loop.train`: Ray actors placed as above, or in-process workers; the
     rollout workers carry the weight-sync transport (`rollout.weight_sync`, resolved for this placement).

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from actors.placement import role_threads
 from actors.supervision import actor_class, describe, gather, kill, lost_object
 from rl.batch import Sample
 from rl.workers import tensor_checksums
@@ -96,19 +97,9 @@ def engine_checksums(engine) -> dict[str, float]:
 
 
 def rollout_threads(cfg, cores: int, reserved_cpus: float, one_machine: bool) -> int:
-    """torch / OpenMP threads of each engine: `rollout.num_threads`, or where it is null the cores it may use.
-
-    A synchronous job on one machine (`train.max_staleness` 0) never generates while it scores or trains, so
-    while the engines generate every core is theirs: `cores // rollout.num_engines` each. Otherwise (an
-    asynchronous job, whose learner trains while the engines generate, or a cluster) an engine takes the CPUs Ray
-    reserved for it. Ray itself starts every actor with OMP_NUM_THREADS = its CPUs (1 for an engine), which left
-    the engine decoding on one core while the other idled."""
-    r = cfg.rollout
-    if r.num_threads is not None:
-        return r.num_threads
-    if one_machine and cfg.train.max_staleness == 0:
-        return max(1, cores // r.num_engines)
-    return max(1, int(reserved_cpus))
+    """torch / OpenMP threads of each engine (`rollout.num_threads`; the rule: `actors.placement.role_threads`)."""
+    return role_threads(cfg.rollout.num_threads, cfg.rollout.num_engines, cfg.train.max_staleness, cores,
+                        reserved_cpus, one_machine)
 
 
 class EngineHost:
