@@ -153,26 +153,33 @@ def test_deepspeed_rank_equals_torch_backend(tiny_ckpt, tmp_path):
     ds.close()
 
 
+def step_save_step_resume(cfg, samples, adv, ckpt_dir):
+    """Step 1, save, step 2; then a fresh rank (as a rebuilt learner is) loads the checkpoint and takes step 2:
+    the weights at the save, after step 2, and after the resumed step 2."""
+    from actors.learner import LearnerRank
+    a = LearnerRank(cfg)
+    a.update(samples, adv)
+    at_save = a.full_state()
+    a.save_checkpoint(str(ckpt_dir))
+    a.update(samples, adv)
+    want = a.full_state()
+    a.close()
+    b = LearnerRank(cfg)
+    b.load_checkpoint(str(ckpt_dir))
+    b.update(samples, adv)
+    got = b.full_state()
+    b.close()
+    return at_save, want, got
+
+
 @pytest.mark.parametrize("stage", [1, 0])
 def test_deepspeed_checkpoint_resume_is_exact(tiny_ckpt, tmp_path, stage):
     """Save after step 1, take step 2; a fresh rank that loads the checkpoint takes the identical step 2
     (weights, fp32 master copy and Adam moments restored; loaded with torch.load(weights_only=True)). Stage 0 is
     the one-machine default (no ZeRO: the client optimizer's own state)."""
-    from actors.learner import LearnerRank, load_policy
+    from actors.learner import load_policy
     cfg = make_cfg(tiny_ckpt, f"learner.zero_stage={stage}")
-    samples, adv = synthetic_batch(6, seed=1)
-    a = LearnerRank(cfg)
-    a.update(samples, adv)
-    at_save = a.full_state()
-    a.save_checkpoint(str(tmp_path / "ckpt"))
-    a.update(samples, adv)
-    want = a.full_state()
-    a.close()
-    b = LearnerRank(cfg)
-    b.load_checkpoint(str(tmp_path / "ckpt"))
-    b.update(samples, adv)
-    got = b.full_state()
-    b.close()
+    at_save, want, got = step_save_step_resume(cfg, *synthetic_batch(6, seed=1), tmp_path / "ckpt")
     assert all(torch.equal(want[k], got[k]) for k in want)
     assert any(not torch.equal(want[k], at_save[k]) for k in want)
     saved = dict(load_policy(str(tmp_path / "ckpt" / "model")).named_parameters())  # a loadable HF checkpoint

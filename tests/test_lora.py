@@ -256,21 +256,10 @@ def test_deepspeed_lora_checkpoint_resume_is_exact(tiny_ckpt, tmp_path):
     the identical step 2. The checkpoint's model/ is the merged model, adapter/ the peft adapters."""
     from peft import PeftModel
 
-    from actors.learner import LearnerRank, load_policy
+    from actors.learner import load_policy
+    from tests.test_actors import step_save_step_resume
     cfg = rank_cfg(tiny_ckpt)
-    samples, adv = synthetic_batch(6, seed=1)
-    a = LearnerRank(cfg)
-    a.update(samples, adv)
-    at_save = a.full_state()
-    a.save_checkpoint(str(tmp_path / "ckpt"))
-    a.update(samples, adv)
-    want = a.full_state()
-    a.close()
-    b = LearnerRank(cfg)
-    b.load_checkpoint(str(tmp_path / "ckpt"))
-    b.update(samples, adv)
-    got = b.full_state()
-    b.close()
+    at_save, want, got = step_save_step_resume(cfg, *synthetic_batch(6, seed=1), tmp_path / "ckpt")
     assert all(torch.equal(want[k], got[k]) for k in want)
     assert any(not torch.equal(want[k], at_save[k]) for k in want)
     saved = dict(load_policy(str(tmp_path / "ckpt" / "model")).named_parameters())  # a plain, merged FBT
