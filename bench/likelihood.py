@@ -4,7 +4,7 @@ learner step's memory and throughput under token-budget micro-batches (`--learne
     .venv/bin/python bench/likelihood.py [--shapes tiny,135m] [--repeats 5] [--threads 1] [--decode-mode soft]
     .venv/bin/python bench/likelihood.py --learner [--learner-shapes tiny,tiny-v32k] [--repeats 3]
 
-Goals (issue 5): replay / standard <= 1.1, kpass(K=3) / standard <= 2.0. Goal (issue 15): the peak memory of one
+Goals: replay / standard <= 1.1, kpass(K=3) / standard <= 2.0; the peak memory of one
 learner step with 256 rollout rows <= 1.2 x that with 64 rows (`--learner`, bench/learner_memory.py).
 
 One measurement = the estimator's log-probs of the response tokens on one batch, a GRPO-like surrogate

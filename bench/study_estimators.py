@@ -12,7 +12,7 @@ KEY=VALUE ...` defines an arm of your own (repeatable), e.g. `--arm std_ckpt lik
 Run dirs: `OUT/<arm>` with one seed, `OUT/<arm>-seed<S>` with several. After `--arms` / `--staleness` lists, put
 the overrides behind `--`.
 
-`--staleness 0 1 2` crosses the arms with asynchronous training (`train.max_staleness`, issue 17): run
+`--staleness 0 1 2` crosses the arms with asynchronous training (`train.max_staleness`): run
 `replay-s1` is replay trained one policy version behind its samples. The table then adds the median step time,
 the mean staleness and the mismatch taken apart (rl/mismatch_parts.py: engine / staleness / estimator, mean
 |Δ log p| per token over the run's diagnostic rows), and the plot a panel of the three parts per run.
