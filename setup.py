@@ -5,6 +5,7 @@ commands and docs name them): `fbrl_data/configs/*.yaml` and `fbrl_data/checkpoi
 rl.config.loading.package_root() finds it there when fbrl does not run from a source checkout (docs/INSTALL.md).
 Everything else about the project is in pyproject.toml.
 """
+
 from setuptools import find_packages, setup
 
 DATA = {"fbrl_data.configs": "configs", "fbrl_data.checkpoints": "checkpoints"}

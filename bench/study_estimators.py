@@ -142,7 +142,7 @@ def write_comparison(results: dict[str, list[dict]], out: Path, seeds: dict[str,
                      + " |")
     by_arm = {}
     if seeds and len({seed for _, seed in seeds.values()}) > 1:
-        for run, (arm, seed) in seeds.items():
+        for run, (arm, _seed) in seeds.items():
             if table[run]["delta_points"] is not None:
                 by_arm.setdefault(arm, []).append(table[run]["delta_points"])
         lines += ["", "| arm | seeds | Δ points per seed | mean Δ | spread (max − min) |", "|---|---|---|---|---|"]

@@ -8,6 +8,7 @@ venv's) stays inert: the copy under test is the only fbrl that can be imported, 
 console script runs the embedded default (configs/tiny.yaml on checkpoints/tiny-arith-mixed, found in the
 installed data package) for two steps, from a directory that holds nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,36 +45,52 @@ def fresh_venv_with_fbrl(tmp: Path) -> Path:
     """A venv holding only the fbrl wheel; its dependencies come from this environment's site-packages."""
     src = copy_of_the_tree(tmp / "src")
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp / "wheel", src])
-    wheel, = (tmp / "wheel").glob("fbrl-*.whl")
+    (wheel,) = (tmp / "wheel").glob("fbrl-*.whl")
     venv = tmp / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / "bin" / "python"
     purelib = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     (purelib / "dependencies.pth").write_text("".join(p + "\n" for p in site.getsitepackages()))
-    run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel],
-        env=clean_env())
+    run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel], env=clean_env())
     return venv
 
 
 def clean_env() -> dict:
     """This environment without anything that would put a source tree on sys.path."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    return env | {"WANDB_MODE": "offline", "RAY_AUTH_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false",
-                  "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    return env | {
+        "WANDB_MODE": "offline",
+        "RAY_AUTH_MODE": "disabled",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    }
 
 
 def test_pip_install_then_fbrl_train_from_an_empty_directory(tmp_path):
     venv = fresh_venv_with_fbrl(tmp_path)
     work = tmp_path / "work"
     work.mkdir()
-    where = run([venv / "bin" / "python", "-c", "import rl, rollout, rewards, actors, rl.config.loading as l; "
-                 "print(rl.__file__); print(l.DEFAULT_CONFIG)"], cwd=work, env=clean_env()).stdout.split()
+    where = run(
+        [
+            venv / "bin" / "python",
+            "-c",
+            "import rl, rollout, rewards, actors, rl.config.loading as l; print(rl.__file__); print(l.DEFAULT_CONFIG)",
+        ],
+        cwd=work,
+        env=clean_env(),
+    ).stdout.split()
     installed = str(venv.resolve())
     assert where[0].startswith(installed), f"rl imported from {where[0]}, not the installed copy under {installed}"
     assert where[1].startswith(installed) and where[1].endswith("fbrl_data/configs/tiny.yaml"), where
 
-    proc = subprocess.run([venv / "bin" / "fbrl", "train", "train.steps=2", "run_dir=run"], cwd=work,
-                          env=clean_env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [venv / "bin" / "fbrl", "train", "train.steps=2", "run_dir=run"],
+        cwd=work,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     steps = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r["step"] > 0] == [1, 2], steps
