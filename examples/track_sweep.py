@@ -1,7 +1,7 @@
 """Pilot sweep on the state-tracking tasks: can a tiny FBT learn a running state, and does it beat the same model
 run as a standard transformer? Teacher-forced answer-token accuracy by chain length, in one process.
 
-    python bench/track_sweep.py '[{"task": "cups", "mode": "exact", "lengths": [1, 8], "d": 128, "lr": 0.002,
+    python -m examples.track_sweep '[{"task": "cups", "mode": "exact", "lengths": [1, 8], "d": 128, "lr": 0.002,
                                    "steps": 3000}, {"task": "cups", "mode": "plain", "lengths": [1, 8], ...}]'
 
 Each spec trains a fresh Llama-backbone model (`layers` x `d`, head_dim 64, 1 thread, batch 32, AdamW, linear

@@ -1,27 +1,27 @@
 #!/usr/bin/env bash
 # Torch-only GPU check: runs as it is on a GPU machine with only torch and transformers installed (plus
 # safetensors, and pytest for step 3; no vLLM / Ray / DeepSpeed, no package registry) in at most 8 minutes, and
-# writes its results to the output directory $OUT. docs/GPU.md says what it measures; bench/gpu_check_vllm.sh is the check
+# writes its results to the output directory $OUT. docs/GPU.md says what it measures; tools/gpu/gpu_check_vllm.sh is the check
 # for a machine with the full stack (vLLM oracle tests, native weight transfer, vLLM throughput).
 #   1. environment: the GPU, versions, our torch-only packages import without vllm/ray/deepspeed  (<= 60 s)
-#   2. bench/gpu_bench.py: torch engine soft / standard / fused decode, learner replay / standard and
+#   2. tools/gpu/gpu_bench.py: torch engine soft / standard / fused decode, learner replay / standard and
 #      K=3 / standard fwd+bwd time and peak memory, exact estimator at R = 256 and 1024 (1B shape, bf16)  (<= 330 s)
 #   3. compatibility: the CPU unit tests of rl/model, the torch engine and the estimators under this machine's
 #      torch / transformers (CI pins other versions)  (<= 90 s)
 # Each step runs even if an earlier one failed; the exit status is non-zero if any failed.
 # Usage, from anywhere:
-#   bash bench/gpu_check.sh [--dry-run]    env: PY (default python3), OUT (the output directory, default ./gpu_check_out)
+#   bash tools/gpu/gpu_check.sh [--dry-run]    env: PY (default python3), OUT (the output directory, default ./gpu_check_out)
 # --dry-run: the same steps on the CPU with a tiny model (seconds; CI runs it: tests/test_gpu_check.py), no GPU
 # needed, unit tests left out (CI runs them anyway).
 set -uo pipefail
 OUT=${OUT:-gpu_check_out}  # the output directory, relative to the caller's directory unless absolute
 case "$OUT" in /*) ;; *) OUT=$PWD/$OUT ;; esac
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 DRY=""
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    *) echo "usage: bash bench/gpu_check.sh [--dry-run]" >&2; exit 64 ;;
+    *) echo "usage: bash tools/gpu/gpu_check.sh [--dry-run]" >&2; exit 64 ;;
   esac
 done
 PY=${PY:-python3}
@@ -58,8 +58,8 @@ EOF
 } 2>&1 | tee "$OUT/env.txt"
 [ "${PIPESTATUS[0]}" = 0 ] && STATUS[environment]=ok || STATUS[environment]=FAIL
 
-step "2. benchmark (bench/gpu_bench.py)"
-timeout 330 $PY bench/gpu_bench.py ${DRY:+--dry-run} --out "$OUT" --budget-s 270 2>&1 | tee "$OUT/gpu_bench.log"
+step "2. benchmark (tools/gpu/gpu_bench.py)"
+timeout 330 $PY -m tools.gpu.gpu_bench ${DRY:+--dry-run} --out "$OUT" --budget-s 270 2>&1 | tee "$OUT/gpu_bench.log"
 [ "${PIPESTATUS[0]}" = 0 ] && STATUS[benchmark]=ok || STATUS[benchmark]=FAIL
 
 if [ -z "$DRY" ]; then
