@@ -11,13 +11,13 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export RAY_AUTH_MODE ?= disabled
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo test test-all bench clean-venv smollm smollm-rl
+.PHONY: venv demo test test-all lint bench clean-venv smollm smollm-rl
 
 venv: $(STAMP)
 
 # torch first and pinned: an unpinned torch (pulled in by vllm/deepspeed) would fetch a multi-GB CUDA build.
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside torch+cpu.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(BIN)/pip install -q -c constraints.txt -e '.[cpu,dev]'
@@ -36,6 +36,11 @@ smollm: venv
 
 smollm-rl: venv
 	$(BIN)/python scripts/smollm_rl.py
+
+# ruff (pinned in the dev extra; its settings are in pyproject.toml): lint, and the formatting check.
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: venv
 	$(BIN)/python -m pytest -q -m "not slow" tests

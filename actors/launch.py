@@ -23,8 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml"
-
 
 def add_arguments(p) -> None:
     p.add_argument("config", nargs="?", default=None, help="YAML config (default: the embedded tiny job; with "
@@ -52,6 +50,7 @@ def load_train_config(args):
     """(config path, Config, the --resume run dir or None) from the command line: CONFIG (or the embedded default,
     or the resumed run's own config.yaml), overrides, flags. Creates nothing."""
     from rl.config import load_config
+    from rl.config.loading import DEFAULT_CONFIG  # the embedded default job, wherever fbrl is installed
     from rl.run import RunDir
 
     config_path = args.config

@@ -1,6 +1,6 @@
 """Bad input through the real command: how fast `fbrl train` refuses it, and with what message.
 
-    python bench/bad_input.py            # prints the markdown table of docs/RELIABILITY.md
+    python -m bench.bad_input            # prints the markdown table of docs/RELIABILITY.md
 
 Each case runs `fbrl train ...` in a fresh process from a scratch directory and measures the wall time from
 process start to exit (Python start and the torch / transformers imports included: that is what a user waits).
@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 CASES = [  # (what the user got wrong, overrides; {d} is the scratch directory)
     ("negative step count", ["train.steps=-1"]),

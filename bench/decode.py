@@ -1,6 +1,6 @@
 """Decode benchmark: latent-feedback overhead and engine throughput, printed as a JSON of ratios.
 
-    python bench/decode.py [--model tiny|135m|all] [--reps N] [--threads N] [--clock cpu|wall] [--rows a,b]
+    python -m bench.decode [--model tiny|135m|all] [--reps N] [--threads N] [--clock cpu|wall] [--rows a,b]
                            [--new-tokens N]
 
 Per model, batch 64, greedy, every row generating exactly `new_tokens` tokens (no stop token):
@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
@@ -112,7 +111,7 @@ def _torch_row(name: str, mode: str, fusion_tables: bool = True):
         params = SamplingParams(temperature=0.0, max_tokens=s.new_tokens, decode_mode=mode)
         # Time the feedback's own work (fusion + reset check; standard mode never calls it) inside the run:
         # its share of a standard run is the soft overhead measured directly, not as a difference of two whole
-        # runs, which these shared machines blur by a few percent.
+        # runs, which a machine shared with other jobs blurs by a few percent.
         spent, next_input = [0.0], engine._next_input
 
         def timed(*a, **k):
@@ -183,7 +182,7 @@ _VLLM_FBT_CPU_S = {}  # row -> CPU seconds per run spent in the FBT model's own 
 def _instrument(engine) -> dict | None:
     """Time the plugin's own work inside the in-process engine: the model's forward minus the backbone stack it
     calls. The difference soft − standard is the latent feedback's cost, measured directly rather than as a
-    difference of two whole runs (which these shared machines blur by ±2%). In-process engines only."""
+    difference of two whole runs (which a machine shared with other jobs blurs by ±2%). In-process engines only."""
     if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
         return None
     if getattr(engine, "_bench_stats", None) is None:
@@ -348,7 +347,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = {"command": "python bench/decode.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    result = {"command": "python -m bench.decode " + " ".join(argv if argv is not None else sys.argv[1:]),
               "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
     for name in (MODELS if args.model == "all" else [args.model]):
         rows = args.rows.split(",") if args.rows else (list(ROWS) if name == "tiny" else ROWS_135M)

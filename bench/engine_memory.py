@@ -1,7 +1,7 @@
 """Does the vLLM engine itself keep memory across generate calls? The default job's rollout shape, no Ray.
 
-    PYTHONPATH=. python bench/engine_memory.py --steps 90 --every 10 [--no-record] [--reload] [--vary]
-    PYTHONPATH=. python bench/engine_memory.py --steps 80 --every 10 --vary --alternate-trim
+    python -m bench.engine_memory --steps 90 --every 10 [--no-record] [--reload] [--vary]
+    python -m bench.engine_memory --steps 80 --every 10 --vary --alternate-trim
 
 Builds one in-process `VLLMEngine` on checkpoints/tiny-arith (the tiny job's engine settings: 256 sequences,
 fp32) and calls `generate` with 32 prompts x 8 samples per step (states recorded unless --no-record; --reload
@@ -10,8 +10,8 @@ every step, so batch shapes change as in a real job). Set ONEDNN_PRIMITIVE_CACHE
 sizes (the engine sets 64 unless it is set; oneDNN's own default is 1024). Every `--every` steps it runs
 `gc.collect()` and glibc's `malloc_trim(0)` and prints RSS and the malloc heap in use (mallinfo2), so what it
 prints is memory in use, not memory the allocator keeps; and the mean seconds per `generate` call.
-docs/RELIABILITY.md ("What grew in the rollout actor") has the figures; bench/memory_retention.py measures the
-same inside the Ray rollout actor of a real job.
+docs/RELIABILITY.md ("What grew in the rollout actor") has the figures, with those of the same measurement
+inside the Ray rollout actor of a real job.
 """
 from __future__ import annotations
 
@@ -25,12 +25,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from actors.memory import release_freed_heap  # noqa: E402
-from soak import memory_mib  # noqa: E402
+from bench.soak import memory_mib  # noqa: E402
 
 
 class _MallInfo2(ctypes.Structure):
@@ -39,7 +37,7 @@ class _MallInfo2(ctypes.Structure):
 
 
 def memory_in_use() -> tuple[float, float]:
-    """(RSS, malloc heap in use) in MiB after a collection and a trim (bench/memory_retention.py's)."""
+    """(RSS, malloc heap in use) in MiB after a collection and a trim."""
     gc.collect()
     release_freed_heap()
     libc = ctypes.CDLL("libc.so.6")

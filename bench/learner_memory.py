@@ -1,9 +1,9 @@
 """Learner step under token-budget micro-batches: peak memory at 64 vs 256 rollout rows, and tokens/s of the
 token-budget micro-batches vs padded ones on mixed lengths. Prints JSON (also `bench/likelihood.py --learner`).
 
-    .venv/bin/python bench/learner_memory.py [--shapes tiny,tiny-v32k] [--repeats 3] [--threads 1]
+    python -m bench.learner_memory [--shapes tiny,tiny-v32k] [--repeats 3] [--threads 1]
 
-Goal (issue 15): the 256-row peak <= 1.2 x the 64-row peak.
+Goal: the 256-row peak <= 1.2 x the 64-row peak.
 
 Memory: one learner step as `rl.learner.PolicyUpdater` runs it (replay estimator, `algo.mini_batches=2`, so
 the old log-probs are computed first and two optimizer steps follow), on rows of mixed lengths (prompts 8-40,
@@ -36,7 +36,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
@@ -79,7 +78,7 @@ def learner_config():
     from rl.config import LearnerConfig, load_config
     over = ["likelihood.estimator=replay", "algo.mini_batches=2", f"learner.micro_batch_size={MICRO_ROWS}",
             "rollout.max_tokens=64"]
-    if "max_tokens_per_micro_batch" in LearnerConfig.__dataclass_fields__:  # absent before issue 15
+    if "max_tokens_per_micro_batch" in LearnerConfig.__dataclass_fields__:  # absent before token-budget micro-batches
         over += [f"learner.max_tokens_per_micro_batch={BUDGET}",
                  f"learner.max_response_tokens_per_micro_batch={RESPONSE_BUDGET}"]
     return load_config(None, over)

@@ -1,7 +1,7 @@
 """The learner at the machine's speed: tokens/s of fbrl's learner update against plain torch fwd + bwd + AdamW of the
 same model on the same rows and threads, side by side in one process run. Prints one line per variant and JSON.
 
-    .venv/bin/python bench/learner_speed.py --config configs/tiny.yaml [--override k=v ...] [--threads N]
+    python -m bench.learner_speed --config configs/tiny.yaml [--override k=v ...] [--threads N]
         [--reps 3] [--variant NAME=k=v,k=v ...] [--two-ranks] [--samples FILE] [--out FILE]
 
 The batch is real: step 1's prompts of the config's task (its sampler, seed and prompt limit, as the loop draws
@@ -40,7 +40,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 

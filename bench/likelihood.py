@@ -1,10 +1,10 @@
 """Learner cost of the likelihood estimators: fwd+bwd time of replay / standard and K=3 / standard; and the
 learner step's memory and throughput under token-budget micro-batches (`--learner`). Prints JSON.
 
-    .venv/bin/python bench/likelihood.py [--shapes tiny,135m] [--repeats 5] [--threads 1] [--decode-mode soft]
-    .venv/bin/python bench/likelihood.py --learner [--learner-shapes tiny,tiny-v32k] [--repeats 3]
+    python -m bench.likelihood [--shapes tiny,135m] [--repeats 5] [--threads 1] [--decode-mode soft]
+    python -m bench.likelihood --learner [--learner-shapes tiny,tiny-v32k] [--repeats 3]
 
-Goals (issue 5): replay / standard <= 1.1, kpass(K=3) / standard <= 2.0. Goal (issue 15): the peak memory of one
+Goals: replay / standard <= 1.1, kpass(K=3) / standard <= 2.0; the peak memory of one
 learner step with 256 rollout rows <= 1.2 x that with 64 rows (`--learner`, bench/learner_memory.py).
 
 One measurement = the estimator's log-probs of the response tokens on one batch, a GRPO-like surrogate
@@ -30,7 +30,6 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
@@ -138,7 +137,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.learner:
-        from learner_memory import learner_report
+        from bench.learner_memory import learner_report
         print(json.dumps(learner_report(args.learner_shapes.split(","), args.repeats, args.threads), indent=2))
         return 0
     results = []

@@ -1,7 +1,7 @@
 """A LoRA learner against the full fine-tune, side by side on the same batch: peak RSS of the learner rank's
 process, seconds per update, and the fusion weights' norms (the latent metrics) over the updates.
 
-    .venv/bin/python bench/lora_learner.py --config configs/smollm_rl.yaml [--override k=v ...]
+    python -m bench.lora_learner --config configs/smollm_rl.yaml [--override k=v ...]
         [--variant NAME=k=v,k=v ...] [--updates 3] [--samples FILE] [--rows N] [--out FILE]
 
 The batch is real: step 1's prompts of the config's task and `rollout.n_samples_per_prompt` samples each, drawn by
@@ -26,7 +26,6 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 

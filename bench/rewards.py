@@ -1,8 +1,8 @@
 """Math reward throughput: rewards/s for typical completions, process pool vs in-process serial. Prints JSON.
 With --suite: math-verify's own public test cases through our reward, as a table (bench/rewards_suite.py).
 
-    .venv/bin/python bench/rewards.py [--n 1024] [--workers 2] [--group 8] [--repeats 3]
-    .venv/bin/python bench/rewards.py --suite [--strict] [--verbose] [--json OUT]
+    python -m bench.rewards [--n 1024] [--workers 2] [--group 8] [--repeats 3]
+    python -m bench.rewards --suite [--strict] [--verbose] [--json OUT]
 
 Completions are generated deterministically: a GRPO-like batch of n/group prompts with `group` samples each
 (so a gold answer is shared by a group, as in training). Half are the embedded arithmetic task's shape
@@ -20,10 +20,8 @@ import argparse
 import json
 import os
 import random
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from rewards.math import MathReward, _parse_gold, warm_worker  # noqa: E402
 
@@ -141,12 +139,8 @@ def main() -> None:
 
 
 def suite(args) -> None:
-    import importlib.util
+    from bench import rewards_suite as rs
 
-    spec = importlib.util.spec_from_file_location("rewards_suite", os.path.join(os.path.dirname(__file__),
-                                                                                "rewards_suite.py"))
-    rs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rs)
     result = rs.run_suite(strict=args.strict)
     print(rs.format_table(result, rs.math_verify_alone(), verbose=args.verbose))
     if args.json:

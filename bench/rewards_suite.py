@@ -1,6 +1,6 @@
 """math-verify's own public test cases through our math reward: agree / differ by design / wrong. Prints a table.
 
-    .venv/bin/python bench/rewards.py --suite [--strict] [--json out.json] [--verbose]
+    python -m bench.rewards --suite [--strict] [--json out.json] [--verbose]
 
 The cases (tests/data/math_verify_cases.json) are the (gold, prediction, expected) pairs of math-verify's public
 test suite, as data. Each prediction is scored by `rewards.math.score_completion` in-process, as written when it

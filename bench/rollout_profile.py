@@ -1,7 +1,7 @@
 """The rollout of a job in one process, request by request: the thing to run under a profiler.
 
-    python bench/rollout_profile.py [--config configs/tiny.yaml] [--threads 1] [--reps 12] [key=value ...]
-    py-spy record -r 200 -f raw -o rollout.ss -- python bench/rollout_profile.py --reps 12 \\
+    python -m bench.rollout_profile [--config configs/tiny.yaml] [--threads 1] [--reps 12] [key=value ...]
+    py-spy record -r 200 -f raw -o rollout.ss -- python -m bench.rollout_profile --reps 12 \\
         rollout.decode_mode=standard likelihood.estimator=standard
 
 Builds the engine as the rollout actor does (`actors.rollout.make_engine`: vLLM or torch, per `rollout.engine`),
@@ -25,7 +25,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 
 
 def main(argv=None) -> int:
@@ -42,7 +41,7 @@ def main(argv=None) -> int:
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
     from rl.loop import sampling_params
-    from rollout_speed import job_prompts
+    from bench.rollout_speed import job_prompts
     cfg = load_config(args.config, args.overrides)
     _, tok = job_prompts(cfg)
     fitter = PromptFitter(tok, prompt_token_limit(cfg), cfg.data.overlong_prompts)

@@ -1,6 +1,6 @@
 """Rollout throughput per engine on a job's own prompts, against the plain paths: printed and written as JSON.
 
-    python bench/rollout_speed.py [--config configs/tiny.yaml] [--hf PLAIN_LLAMA_DIR] [--threads 1,2]
+    python -m bench.rollout_speed [--config configs/tiny.yaml] [--hf PLAIN_LLAMA_DIR] [--threads 1,2]
                                   [--rows vllm_standard,vllm_soft,vllm_stock,torch_standard,torch_soft,hf_generate]
                                   [--reps 5] [--out FILE] [key=value ...]
 
@@ -38,7 +38,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROWS = ("vllm_standard", "vllm_soft", "vllm_stock", "torch_standard", "torch_soft", "hf_generate")
 

@@ -1,7 +1,7 @@
 """Soak test: the default job for many steps with its rollout actor killed every ~50 steps.
 
-    python bench/soak.py                       # 300 steps of configs/tiny.yaml, a SIGKILL every 50 steps
-    python bench/soak.py --steps 60 --kill-every 20 --out runs/soak-short
+    python -m bench.soak                       # 300 steps of configs/tiny.yaml, a SIGKILL every 50 steps
+    python -m bench.soak --steps 60 --kill-every 20 --out runs/soak-short
 
 Runs `fbrl train configs/tiny.yaml train.steps=N` as a subprocess and, while it runs:
 - SIGKILLs the rollout actor's process (`ray::RolloutActor`) each time the job passes another `--kill-every` steps;

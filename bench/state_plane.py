@@ -1,11 +1,12 @@
 """State transfer per RL step, engine -> learner ranks, at a 135M shape: bytes through the driver, bytes into
 each rank, seconds. Prints one JSON record per storage format.
 
-    PYTHONPATH=<tree> .venv/bin/python bench/state_plane.py [--samples 64] [--tokens 256] [--hidden 576]
+    PYTHONPATH=<tree> python bench/state_plane.py [--samples 64] [--tokens 256] [--hidden 576]
         [--ranks 2] [--steps 5] [--formats bf16 fp32]
 
-Runs against whichever fbrl tree is first on PYTHONPATH, so the same script measures main (before: states inside
-the samples, through the driver) and this tree (after: actors/state_plane.py). What runs is the project's own
+Runs against whichever fbrl tree is first on PYTHONPATH (run it as a file, not with -m, which would put the
+working directory first), so the same script measures an older tree (before: states inside the samples, through
+the driver) and this one (after: actors/state_plane.py). What runs is the project's own
 transfer code: a local Ray; one rollout actor of `actors.rollout.rollout_actor_class()`; a `LearnerGroup` of
 `--ranks` rank actors; the driver calls `fleet.generate` then `group.update`, as `rl.loop.train` does. Two stand-ins
 keep everything but the transfer out of the timing: the actor's engine returns `--samples` samples of `--tokens`

@@ -1,6 +1,6 @@
 """Weight-sync seconds, file vs ray, on the tiny demo job and on a 135M-shape model, side by side in one run.
 
-    python bench/weight_sync.py [--models tiny,135m] [--steps 6] [--reps 5] [--out runs/bench_sync]
+    python -m bench.weight_sync [--models tiny,135m] [--steps 6] [--reps 5] [--out runs/bench_sync]
 
 For each model and transport the real stack is built (`actors.placement.build_workers`: a private local Ray, one
 vLLM CPU engine, two DeepSpeed ZeRO-2 learner ranks, the reward actor — the demo's layout) and the RL loop
@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 TRANSPORTS = ("file", "ray")
 
 

@@ -398,7 +398,7 @@ class VLLMEngine(RolloutEngine):
     # its weights are partly new. The version comes either with finish_weight_update(weight_version=v), or from
     # load_weights(trainer_engine, v), which runs trainer_engine.send_weights() in this process (the trainer and
     # this engine colocated). Needs `weight_transfer_backend` at construction; exercised only on GPU
-    # (bench/gpu_check.sh), never on CPU.
+    # (tools/gpu/gpu_check.sh), never on CPU.
     def init_weight_transfer_engine(self, init_info: dict) -> None:
         self.llm.collective_rpc("init_weight_transfer_engine", kwargs={"init_info": init_info})
 

@@ -32,7 +32,7 @@ def parse_variant(text: str) -> tuple[list[int], str, int]:
     try:
         return [int(x) for x in levels.split(",")], numbers or "standard", int(shots)
     except ValueError:
-        raise SystemExit(f"--variant: expected LEVELS:NUMBERS:SHOTS such as 1,2:small:1, got {text!r}")
+        raise SystemExit(f"--variant: expected LEVELS:NUMBERS:SHOTS such as 1,2:small:1, got {text!r}") from None
 
 
 def rows_for(levels, numbers, shots, split, n, tokenizer, seed=0):

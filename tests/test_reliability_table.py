@@ -1,4 +1,4 @@
-"""bench/reliability_table.py: records of what the fault tests measured become docs/RELIABILITY.md's fault table."""
+"""tools/reliability_table.py: records of what the fault tests measured become docs/RELIABILITY.md's fault table."""
 from __future__ import annotations
 
 import importlib.util
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_table_module():
-    spec = importlib.util.spec_from_file_location("reliability_table", ROOT / "bench" / "reliability_table.py")
+    spec = importlib.util.spec_from_file_location("reliability_table", ROOT / "tools" / "reliability_table.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -70,7 +70,7 @@ def test_only_the_text_between_the_markers_is_replaced():
 def test_the_page_holds_a_generated_row_for_each_fault_test():
     """docs/RELIABILITY.md's table names exactly the test functions of tests/test_faults.py, in order (a
     parametrized one has a row per case, `test_x[0]`): a test added, renamed or removed without regenerating the table
-    (`python bench/reliability_table.py`) fails here."""
+    (`python -m tools.reliability_table`) fails here."""
     page = (ROOT / "docs" / "RELIABILITY.md").read_text()
     generated = page.split(table.BEGIN)[1].split(table.END)[0]
     rows = re.findall(r"^\| .*?\(`(test_\w+)(?:\[[^\]`]*\])?`; (?:\*\*CI\*\*|slow); \d+ s\)", generated, re.M)

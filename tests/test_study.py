@@ -1,4 +1,4 @@
-"""bench/study_estimators.py: the per-estimator comparison table, JSON and plot from the arms' metrics rows."""
+"""examples/study_estimators.py: the per-estimator comparison table, JSON and plot from the arms' metrics rows."""
 import importlib.util
 import json
 from pathlib import Path
@@ -7,7 +7,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_study():
-    spec = importlib.util.spec_from_file_location("study_estimators", ROOT / "bench" / "study_estimators.py")
+    spec = importlib.util.spec_from_file_location("study_estimators", ROOT / "examples" / "study_estimators.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -7,7 +7,7 @@ exists, else a random tiny FBT Llama (d=128, 2 layers, 2 heads of 64: the CPU at
 
 Tolerances: vLLM's kernels (fused RMSNorm + residual, its own attention) round differently from Hugging Face's
 at ~1e-6 in fp32; the latent recurrence carries that along 32 steps, so 1e-4 on log-probs and states leaves
-margin while a wrong position or a missing fusion differs by O(0.1). On a GPU (bench/gpu_check_vllm.sh) the same
+margin while a wrong position or a missing fusion differs by O(0.1). On a GPU (tools/gpu/gpu_check_vllm.sh) the same
 holds: an fp32 engine runs its Triton attention in true fp32, not TF32 (docs/GPU.md), and each engine takes a
 small share of GPU memory (`ON_GPU`) so the module's engine and the per-test ones coexist.
 """

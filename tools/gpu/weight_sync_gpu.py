@@ -1,6 +1,6 @@
 """vLLM's native GPU weight transfer (nccl, ipc) through the same interface the CPU tests drive with native_ray.
 
-    python bench/weight_sync_gpu.py [--transports ipc,nccl] [--model checkpoints/tiny-arith-mixed] [--reps 3]
+    python -m tools.gpu.weight_sync_gpu [--transports ipc,nccl] [--model checkpoints/tiny-arith-mixed] [--reps 3]
 
 For a machine with the full stack (vllm, ray, deepspeed) and CUDA GPUs; it is what tests/test_cluster.py checks
 on CPU, with the GPU data plane: per transport the launcher's `build_workers` starts one vLLM engine and one
@@ -9,7 +9,7 @@ the learner's weights (the checkpoint's) with the transport as v + 1, and checks
 live weights equal the checkpoint's (per-tensor checksums within rel 1e-6: the values arrive unchanged in fp32, the
 checksum sums run on the GPU in another order); then times `--reps` pushes. `ipc` runs engine and learner on one GPU (ray.colocate),
 `nccl` needs two GPUs (NCCL refuses two ranks on one device). Prints one JSON line per transport; exits 1 on a
-mismatch. Not run on the CPU development machines (no GPU there): docs/CLUSTER.md.
+mismatch. Not run yet (it needs a GPU): docs/CLUSTER.md.
 """
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def check(transport: str, model: str, reps: int) -> dict:

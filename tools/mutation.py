@@ -1,9 +1,9 @@
 """Mutation testing of the pure modules: does the suite notice a small change to the code it claims to pin?
 
-    python bench/mutation.py                      # every target below, all ~470 mutants (hours on 2 busy cores)
-    python bench/mutation.py --max-per-target 16  # a seeded sample per target (docs/TESTING.md's run: ~50 min)
-    python bench/mutation.py --target algos.losses --list   # the mutants, without running them
-    python bench/mutation.py --only algos.losses:17         # one mutant (after a fix: is it killed now?)
+    python -m tools.mutation                      # every target below, all ~470 mutants (hours on 2 busy cores)
+    python -m tools.mutation --max-per-target 16  # a seeded sample per target (docs/TESTING.md's run: ~50 min)
+    python -m tools.mutation --target algos.losses --list   # the mutants, without running them
+    python -m tools.mutation --only algos.losses:17         # one mutant (after a fix: is it killed now?)
 
 Not part of CI. Each mutant is one AST edit of one target file (an operator swapped, a comparison made strict or
 loose, a number nudged, a boolean or a sign flipped, `and`/`or` exchanged, a `not` dropped); strings (regexes,

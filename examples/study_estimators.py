@@ -1,6 +1,6 @@
 """The post-training comparison on our tiny model: one RL job per likelihood estimator, same seeds.
 
-    python bench/study_estimators.py [--config configs/tiny.yaml] [--out runs/study] [--arms ...] \
+    python -m examples.study_estimators [--config configs/tiny.yaml] [--out runs/study] [--arms ...] \
                                      [--seeds 0 1] [--arm NAME KEY=VALUE ...] [--staleness 0 1 2] [key=value ...]
 
 Runs `fbrl train` once per arm and seed — by default replay, kpass (K=3), and the standard-model baseline
@@ -12,7 +12,7 @@ KEY=VALUE ...` defines an arm of your own (repeatable), e.g. `--arm std_ckpt lik
 Run dirs: `OUT/<arm>` with one seed, `OUT/<arm>-seed<S>` with several. After `--arms` / `--staleness` lists, put
 the overrides behind `--`.
 
-`--staleness 0 1 2` crosses the arms with asynchronous training (`train.max_staleness`, issue 17): run
+`--staleness 0 1 2` crosses the arms with asynchronous training (`train.max_staleness`): run
 `replay-s1` is replay trained one policy version behind its samples. The table then adds the median step time,
 the mean staleness and the mismatch taken apart (rl/mismatch_parts.py: engine / staleness / estimator, mean
 |Δ log p| per token over the run's diagnostic rows), and the plot a panel of the three parts per run.
@@ -142,7 +142,7 @@ def write_comparison(results: dict[str, list[dict]], out: Path, seeds: dict[str,
                      + " |")
     by_arm = {}
     if seeds and len({seed for _, seed in seeds.values()}) > 1:
-        for run, (arm, seed) in seeds.items():
+        for run, (arm, _seed) in seeds.items():
             if table[run]["delta_points"] is not None:
                 by_arm.setdefault(arm, []).append(table[run]["delta_points"])
         lines += ["", "| arm | seeds | Δ points per seed | mean Δ | spread (max − min) |", "|---|---|---|---|---|"]

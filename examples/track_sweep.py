@@ -1,7 +1,7 @@
 """Pilot sweep on the state-tracking tasks: can a tiny FBT learn a running state, and does it beat the same model
 run as a standard transformer? Teacher-forced answer-token accuracy by chain length, in one process.
 
-    python bench/track_sweep.py '[{"task": "cups", "mode": "exact", "lengths": [1, 8], "d": 128, "lr": 0.002,
+    python -m examples.track_sweep '[{"task": "cups", "mode": "exact", "lengths": [1, 8], "d": 128, "lr": 0.002,
                                    "steps": 3000}, {"task": "cups", "mode": "plain", "lengths": [1, 8], ...}]'
 
 Each spec trains a fresh Llama-backbone model (`layers` x `d`, head_dim 64, 1 thread, batch 32, AdamW, linear
@@ -36,8 +36,8 @@ def run(task, mode, lengths, fusion="linear_addition", layers=2, d=64, steps=600
     if mode not in ("exact", "plain"):
         raise ValueError(f"mode: expected 'exact' or 'plain', got {mode!r}")
     cfg = load_config(None, ["model.path=null", f"model.fusion_mode={fusion}", f"pretrain.seed={seed}",
-                             "model.init={backbone: llama, hidden_size: %d, num_layers: %d, num_heads: %d, "
-                             "num_kv_heads: %d, intermediate_size: %d}" % (d, layers, d // 64, d // 64, 3 * d)])
+                             f"model.init={{backbone: llama, hidden_size: {d}, num_layers: {layers}, "
+                             f"num_heads: {d // 64}, num_kv_heads: {d // 64}, intermediate_size: {3 * d}}}"])
     model, tok = P.load_model_and_tokenizer(cfg)
     if init == "irnn":
         with torch.no_grad():

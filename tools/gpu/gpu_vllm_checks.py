@@ -1,8 +1,8 @@
-"""The vLLM checks of bench/gpu_check_vllm.sh, for a GPU machine with the full stack (vLLM 0.32, CUDA):
+"""The vLLM checks of tools/gpu/gpu_check_vllm.sh, for a GPU machine with the full stack (vLLM 0.32, CUDA):
 
-    python bench/gpu_vllm_checks.py ipc          native CUDA IPC weight transfer into a multiprocess engine
-    python bench/gpu_vllm_checks.py nccl         native NCCL weight transfer: trainer on GPU 0, engine on GPU 1
-    python bench/gpu_vllm_checks.py throughput [--dry-run]
+    python -m tools.gpu.gpu_vllm_checks ipc          native CUDA IPC weight transfer into a multiprocess engine
+    python -m tools.gpu.gpu_vllm_checks nccl         native NCCL weight transfer: trainer on GPU 0, engine on GPU 1
+    python -m tools.gpu.gpu_vllm_checks throughput [--dry-run]
                                                  soft / standard / fused throughput at the 135M and 1B shapes
 
 Each transfer check installs perturbed weights through vLLM's trainer-side engine and requires the engine's
@@ -24,8 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 # Test engines on a GPU take a small share each (vLLM checks free memory >= share x total at start), so several
 # coexist with the trainer's copy of the model.
@@ -191,7 +189,7 @@ def throughput(dry_run: bool) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from decode import flops_per_decode_token, fusion_flops_per_token
+    from bench.decode import flops_per_decode_token, fusion_flops_per_token
     from rl.model import convert_to_fbt
     from rollout.base import SamplingParams
     from rollout.vllm_engine import VLLMEngine

@@ -1,8 +1,9 @@
-"""Torch-only GPU benchmark (bench/gpu_check.sh runs it on a lent GPU machine): the paper-scale versions of our
-CPU ratios, and the first absolute figures. Writes OUT/gpu_bench.json (rewritten after every section, so a run
+"""Torch-only GPU benchmark (tools/gpu/gpu_check.sh runs it on a GPU machine with only torch and transformers
+installed): the paper-scale versions of our CPU ratios, and the first absolute figures. Writes
+OUT/gpu_bench.json (rewritten after every section, so a run
 cut short keeps what it measured) and prints one line per measurement.
 
-    python bench/gpu_bench.py [--dry-run] [--out DIR] [--budget-s 300] [--sections decode,learner,exact]
+    python -m tools.gpu.gpu_bench [--dry-run] [--out DIR] [--budget-s 300] [--sections decode,learner,exact]
 
 Model: random weights in the shape of Llama-3.2-1B (d=2048, 16 layers, 32 heads / 8 KV heads of 64, MLP 8192,
 vocab 128,256, tied head) as an FBT (gate_product fusion), bf16, on cuda:0.
@@ -24,14 +25,14 @@ vocab 128,256, tied head) as an FBT (gate_product fusion), bf16, on cuda:0.
   memory, beside replay on the same batch. Sequential in R, memory ~R² (every step keeps its K/V for backward).
 
 --dry-run: the same code on a tiny model on the CPU in seconds (what CI runs: tests/test_gpu_check.py).
-Torch-only: vllm, ray, deepspeed, math_verify, wandb, datasets and gguf are blocked on import (the lent machine has
+Torch-only: vllm, ray, deepspeed, math_verify, wandb, datasets and gguf are blocked on import (a torch-only machine has
 none of them), so a dependency on them fails here and in CI, not on the GPU.
 """
 from __future__ import annotations
 
 import sys
 
-# The lent machine holds torch, transformers, safetensors, huggingface_hub (docs/GPU.md): make anything else
+# A torch-only GPU machine holds torch, transformers, safetensors, huggingface_hub (docs/GPU.md): make anything else
 # look uninstalled (importlib.util.find_spec -> None, import -> ImportError) before our code is imported.
 ABSENT_ON_GPU_MACHINE = ("vllm", "ray", "deepspeed", "math_verify", "wandb", "datasets", "gguf")
 for _name in ABSENT_ON_GPU_MACHINE:
@@ -47,8 +48,6 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 import transformers  # noqa: E402
 
@@ -133,8 +132,7 @@ def build_model(spec: dict, device: torch.device) -> torch.nn.Module:
 
 # ---- decode -------------------------------------------------------------------------------------------------
 def bench_decode(model, spec: dict, clock: Clock, budget: Budget, emit) -> dict:
-    sys.path.insert(0, str(REPO / "bench"))
-    from decode import flops_per_decode_token, fusion_flops_per_token  # one FLOP model for every bench
+    from bench.decode import flops_per_decode_token, fusion_flops_per_token  # one FLOP model for every bench
 
     d = spec["decode"]
     cfg, vocab = model.config, model.config.vocab_size
@@ -299,7 +297,7 @@ def bench_exact(model, spec: dict, clock: Clock, budget: Budget, emit, device) -
 
 # ---- main ---------------------------------------------------------------------------------------------------
 def environment(device: torch.device, spec: dict, args) -> dict:
-    env = {"command": "python bench/gpu_bench.py " + " ".join(sys.argv[1:]), "dry_run": args.dry_run,
+    env = {"command": "python -m tools.gpu.gpu_bench " + " ".join(sys.argv[1:]), "dry_run": args.dry_run,
            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
            "device": str(device), "dtype": spec["dtype"], "model_shape": spec["model"],
            "torch_threads": torch.get_num_threads()}
@@ -313,7 +311,8 @@ def environment(device: torch.device, spec: dict, args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny model on the CPU (seconds): the CI check")
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/fbrl_gpu_check"), help="results folder")
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"),
+                    help="the output directory (default: $OUT, else ./gpu_check_out)")
     ap.add_argument("--budget-s", type=float, default=300.0,
                     help="seconds for the timed sections; a section stops repeating (or is skipped) past it")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
