@@ -110,7 +110,7 @@ def run(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import rl  # noqa: F401  (registers the FBT model classes)
+    import rl.model  # noqa: F401  (registers the FBT model classes)
     from rl.batch import SamplingParams
     from rl.data.loaders import load_task_split
     from rl.decode_modes import mode_warning

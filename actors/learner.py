@@ -62,8 +62,8 @@ ADAPTER_SUBDIR = "adapter"  # a LoRA learner's adapters in peft's format, beside
 
 
 def load_policy(path: str, dtype=torch.float32):
-    """The FBT checkpoint as a torch module (importing `rl` registers the FBT classes with the Auto classes)."""
-    import rl  # noqa: F401
+    """The FBT checkpoint as a torch module (importing `rl.model` registers the FBT classes with the Auto classes)."""
+    import rl.model  # noqa: F401
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
 

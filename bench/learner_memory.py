@@ -51,7 +51,7 @@ def build_model(shape: str):
     if shape == "tiny":
         from transformers import AutoModelForCausalLM
 
-        import rl  # noqa: F401
+        import rl.model  # noqa: F401
         return AutoModelForCausalLM.from_pretrained(CKPT, dtype=torch.float32)
     from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM
     torch.manual_seed(0)

@@ -47,7 +47,7 @@ def job_prompts(cfg):
     """(prompts, tokenizer): one step's prompts as the loop draws and encodes them (step 1's)."""
     from transformers import AutoTokenizer
 
-    import rl  # noqa: F401  (AutoConfig must know the FBT configs)
+    import rl.model  # noqa: F401  (AutoConfig must know the FBT configs)
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
     tok = AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.path)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import rl  # noqa: F401  (registers the FBT Auto classes)
+import rl.model  # noqa: F401  (registers the FBT Auto classes)
 from actors.learner_group import merge_rank_metrics
 from actors.local import LocalLearner, LocalRewards, LocalRollout
 from actors.rollout import chunk_params, merge_chunks, split_prompts

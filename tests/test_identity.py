@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import rl  # noqa: F401  (registers the Auto classes)
+import rl.model  # noqa: F401  (registers the Auto classes)
 from rl.batch import Sample, collate
 from rl.latent_metrics import latent_metrics, weight_norms
 from rl.likelihood import get_estimator

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-import rl  # noqa: F401
+import rl.model  # noqa: F401
 from rl import algos
 from rl.batch import SamplingParams, collate
 from rl.config import load_config

@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import rl  # noqa: F401  (registers the FBT Auto classes)
+import rl.model  # noqa: F401  (registers the FBT Auto classes)
 from rl.batch import collate
 from rl.config import load_config
 from rl.learner import PolicyUpdater

@@ -17,7 +17,7 @@ Tolerances.
 import pytest
 import torch
 
-import rl  # noqa: F401  (registers the FBT Auto classes)
+import rl.model  # noqa: F401  (registers the FBT Auto classes)
 from rl.batch import collate
 from rl.config import ConfigError, load_config
 from rl.learner import PolicyUpdater, TorchBackend

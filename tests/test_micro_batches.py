@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import rl  # noqa: F401
+import rl.model  # noqa: F401
 import rl.learner as learner_mod
 from rl.batch import Sample
 from rl.config import ConfigError, load_config

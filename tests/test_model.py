@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
-import rl  # noqa: F401  (registers the Auto classes)
+import rl.model  # noqa: F401  (registers the Auto classes)
 from rl.model import FUSION_MODES, Fusion, convert_to_fbt, rms_normalize, shift_right
 
 TOL = 1e-5

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import rl  # noqa: F401
+import rl.model  # noqa: F401
 from rl.batch import collate
 from rl.config import ConfigError, load_config
 from rl.learner import PolicyUpdater

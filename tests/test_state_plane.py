@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-import rl  # noqa: F401
+import rl.model  # noqa: F401
 from actors.state_plane import fetch, from_carrier, to_carrier
 from rl import states as sf
 from rl.batch import Sample, SamplingParams, collate

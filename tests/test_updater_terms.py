@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-import rl  # noqa: F401
+import rl.model  # noqa: F401
 from rl import algos
 from rl.batch import collate
 from rl.config import load_config
