@@ -72,8 +72,8 @@ def load_train_config(args):
 
 
 def prepare(args):
-    """(cfg, config path, run dir, tokenizer) with every input checked; raises a ValueError naming the first bad
-    one. Starts nothing (no Ray, no engine)."""
+    """(cfg, config path, run dir, tokenizer) with every input checked; raises an `rl.errors.InputError` naming
+    the first bad one. Starts nothing (no Ray, no engine)."""
     from actors.preflight import check_job
     from rl.config import ConfigError
     from rl.config.secrets import REDACTED
@@ -117,6 +117,7 @@ def _workers_line(cfg, use_ray: bool) -> str:
 
 def run(args) -> int:
     from rl.config import ConfigError
+    from rl.errors import InputError
     from rl.faults import EXIT_BAD_INPUT, EXIT_STOPPED, FaultLog, RunStopped
 
     if args.print_config:
@@ -129,7 +130,8 @@ def run(args) -> int:
     t_start = time.perf_counter()
     try:
         cfg, config_path, run_dir, tokenizer = prepare(args)
-    except (ValueError, OSError) as e:  # config, data, reward, checkpoint and run-dir problems: one clear line
+    except (InputError, OSError) as e:  # config, data, reward, checkpoint and run-dir problems: one clear line
+        # (any other exception is a bug: it keeps its traceback)
         print(f"fbrl train: error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     from actors import console

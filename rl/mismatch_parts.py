@@ -144,3 +144,13 @@ class MismatchProbe:
         out["rows_without_weights"] = float(len(samples) - int(known.sum()))
         out["staleness_mean"] = sum(version - s.policy_version for s in samples) / len(samples)
         return out
+
+
+def measure_parts(cfg, learner, samples: list[Sample], version: int, step: int) -> dict:
+    """The loop's step 4: the parts of this step's mismatch (`learner.mismatch_parts`) on its diagnostic subset
+    (`train.mismatch_parts_frac` of the rows, within `train.mismatch_parts_max_tokens`); {} when off."""
+    if cfg.train.mismatch_parts_frac <= 0:
+        return {}
+    diag = within_token_budget(diagnostic_rows(len(samples), cfg.train.mismatch_parts_frac, cfg.train.seed, step),
+                               [s.response_len for s in samples], cfg.train.mismatch_parts_max_tokens)
+    return learner.mismatch_parts([samples[i] for i in diag], version)

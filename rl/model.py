@@ -27,8 +27,9 @@ from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFo
                           Qwen2ForCausalLM)
 from transformers import initialization as hf_init
 
+from rl.decode_modes import MODES as PROMPT_MODES  # noqa: F401  (the one definition; engines import it from here)
+
 FUSION_MODES = ("gate_product", "concat_projection", "linear_addition")
-PROMPT_MODES = ("standard", "soft", "fused")
 INPUT_SCALES = ("embedding_rms", "unit")
 
 

@@ -22,7 +22,8 @@ import rl.model  # noqa: F401  (registers the FBT Auto classes)
 from actors.learner_group import merge_rank_metrics
 from actors.local import LocalLearner, LocalRewards, LocalRollout
 from actors.rollout import chunk_params, merge_chunks, split_prompts
-from rl.batch import Sample, SamplingParams
+from rl.batch import Sample
+from rl.sampling import SamplingParams
 from rl.config import load_config
 from rl.data.tokenizer import build_tokenizer
 from rollout.base import StaleWeightsError

@@ -175,7 +175,7 @@ def test_rows_of_the_current_version_run_the_exact_recurrence_once():
     """Rows drawn with the current weights take exact(θ_v) = exact(θ_V) from the one recurrence under those
     weights (their staleness part is exactly 0); a row from an older version still gets its own."""
     from actors.learner import load_policy, pad_id_of
-    from rl.batch import SamplingParams
+    from rl.sampling import SamplingParams
     from rl.config import load_config
     from rl.mismatch_parts import MismatchProbe
     from rollout.torch_engine import TorchEngine
@@ -410,7 +410,7 @@ def test_engine_part_of_a_vllm_rollout_is_tiny(tmp_path):
     from actors.local import LocalLearner, LocalRollout
     from rl.data.loaders import encode_prompt, load_task_split
     from rl.data.tokenizer import load_tokenizer
-    from rl.loop import sampling_params
+    from rl.sampling import sampling_params
     cfg = job(tmp_path, "vllm", "rollout.engine=vllm")
     tok = load_tokenizer(cfg.model.path)
     rollout, learner = LocalRollout(cfg), LocalLearner(cfg, "torch")

@@ -12,7 +12,7 @@ from actors import console
 from actors.cli import COMMANDS, build_parser, main
 from rl import decode_modes, plots
 from rl.config import load_config
-from rl.loop import _console_line
+from rl.report.console import console_line
 from rl.run import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +69,7 @@ def _row(step=3, **kw):
 
 
 def test_console_line_is_one_line_with_every_phase():
-    line = _console_line(_row(), 40)
+    line = console_line(_row(), 40)
     assert "\n" not in line
     assert line.startswith("step  3/40 | reward 0.500 acc 0.438 | len 18.2 trunc 0.00 | mismatch 9.7e-08 | ")
     assert "4.3s: rollout 1.8 reward 0.01 learner 2.4 sync 0.07" in line
@@ -77,7 +77,7 @@ def test_console_line_is_one_line_with_every_phase():
 
 
 def test_console_line_says_kl_eval_failures_and_skips():
-    line = _console_line(_row(**{"learner/kl_loss": 0.0123, "eval_accuracy_soft": 0.712, "eval_accuracy": 0.712,
+    line = console_line(_row(**{"learner/kl_loss": 0.0123, "eval_accuracy_soft": 0.712, "eval_accuracy": 0.712,
                                  "eval_accuracy_fused": 0.5, "time_step_s": 9.0,
                                  "reward/rewards/judge/errors": 8.0, "reward/rewards/judge/timeouts": 0.0,
                                  "reward/rewards/slow/timeouts": 32.0, "skipped": 1}), 40)
@@ -86,7 +86,7 @@ def test_console_line_says_kl_eval_failures_and_skips():
     assert "| eval soft 0.712 fused 0.500" in line
     assert "| reward failures: judge 8, slow 32" in line
     assert line.endswith("| skipped: no usable signal")
-    assert _console_line(_row(accuracy=None, logprob_mismatch_abs_mean=None), 9).startswith(
+    assert console_line(_row(accuracy=None, logprob_mismatch_abs_mean=None), 9).startswith(
         "step 3/9 | reward 0.500 acc - | len 18.2 trunc 0.00 | mismatch - |")
 
 

@@ -7,7 +7,8 @@ import torch
 
 import rl.model  # noqa: F401
 from rl import algos
-from rl.batch import SamplingParams, collate
+from rl.batch import collate
+from rl.sampling import SamplingParams
 from rl.config import load_config
 from rl.learner import PolicyUpdater, TorchBackend
 from rl.likelihood import get_estimator

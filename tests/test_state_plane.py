@@ -17,7 +17,8 @@ import torch
 import rl.model  # noqa: F401
 from actors.state_plane import fetch, from_carrier, to_carrier
 from rl import states as sf
-from rl.batch import Sample, SamplingParams, collate
+from rl.batch import Sample, collate
+from rl.sampling import SamplingParams
 from rl.config import load_config
 from rl.learner import PolicyUpdater, TorchBackend, plan_for, rows_read
 from rl.likelihood import get_estimator

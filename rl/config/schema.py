@@ -15,12 +15,14 @@ from rl.config.lora import LoraConfig
 from rl.config.offpolicy import AsyncTraining, OffPolicyCorrection
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
 from rl.config.serialize import flatten, is_under, plain, yaml_dump
+from rl.decode_modes import MODES as DECODE_MODES
+from rl.errors import InputError
 from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 
-DecodeMode = Literal["standard", "soft", "fused"]
+DecodeMode = Literal[DECODE_MODES]  # rl/decode_modes.py: the one list of decode modes
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config problem; the message names the dotted key, where it came from, and what was expected."""
 
 
