@@ -21,11 +21,12 @@ from pathlib import Path
 import yaml
 
 from rl.config import DataConfig, EvalConfig, config_from_dict
+from rl.data.tasks import GENERATED_TASKS
 from rl.decode_modes import MODES
 
 _EVAL = EvalConfig()
-# tasks whose problems are generated (difficulty levels apply, the checkpoint's training levels are the default)
-GENERATED_TASKS = ("arith", "word_problems", "cups", "cups_moved", "modsum", "parity")
+# GENERATED_TASKS: their problems are generated (difficulty levels apply, the checkpoint's training levels are the
+# default)
 
 
 def add_arguments(p) -> None:

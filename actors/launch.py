@@ -12,7 +12,7 @@ once); exit code 128 + the signal. A stop rule, a spent restart bound, or a run 
 The end of every run prints what trained, what was skipped and every fault (rl/faults.py, docs/RELIABILITY.md).
 `--print-config` prints the resolved config (defaults included) and exits. What the console shows — one line per
 step, a progress bar on a terminal, a summary, third-party output quieted unless `--verbose` — is
-actors/console.py; the plots (written during the run) are rl/plots.py.
+actors/console.py; the plots (written during the run) are rl/report/plots.py.
 """
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def run(args) -> int:
     _environment(cfg)
     from rl.decode_modes import mode_warning
     from rl.loop import train
-    from rl.plots import LivePlots
+    from rl.report.plots import LivePlots
     print(f"fbrl train: {config_path} -> {run_dir.path.absolute()}", flush=True)  # first: where results land
     for wanted, key in ((cfg.rollout.decode_mode, "rollout.decode_mode"),
                         (cfg.train.eval_decode_modes, "train.eval_decode_modes")):

@@ -109,7 +109,7 @@ class PlainStep:
     """fwd + bwd over fbrl's micro-batches of the batch, then clip + torch AdamW: the machine's practical limit."""
 
     def __init__(self, cfg, samples, advantages):
-        from rl.learner import plan_for
+        from rl.policy_update import plan_for
         lcfg = cfg.learner
         self.model = plain_llama(cfg.model.path)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lcfg.lr, betas=tuple(lcfg.adam_betas), eps=1e-8,

@@ -21,7 +21,7 @@ copy of the weights of every version it trained at in the last `max_staleness + 
 the current one at each step, and runs the exact recurrence of old versions in a scratch model (`MismatchProbe`,
 rank 0). Costs per step: one CPU copy of the weights and, on `train.mismatch_parts_frac` of the rows, three
 no-grad passes (two exact recurrences and the estimator). Logged as `mismatch_parts/<part>` (mean |Δ| per token)
-and `mismatch_parts/<part>_signed`; rl/plots.py draws them (`mismatch_parts.png`).
+and `mismatch_parts/<part>_signed`; rl/report/plots.py draws them (`mismatch_parts.png`).
 """
 from __future__ import annotations
 

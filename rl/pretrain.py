@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from rl import decode_modes
 from rl import model as fbt_model
 from rl.config import Config, load_config
+from rl.data.tasks import FILE_TASKS
 from rl.lora import maybe_wrap
 from rl.pretrain_objective import exact_loss, exact_step, lr_factor, max_passes, multipass_loss, passes_for_step
 
@@ -206,7 +207,7 @@ def train(cfg: Config, log=print) -> dict:
 
     train_rows = load_task_split(cfg.data, "train")
     val_n = p.val_batches * p.batch_size
-    file_task = cfg.data.task in ("jsonl", "parquet", "hf_disk")   # generated tasks have their own val split
+    file_task = cfg.data.task in FILE_TASKS   # generated tasks have their own val split
     val_rows = load_task_split(cfg.data, "test" if file_task else "val", n=val_n)
     train_enc = encode_rows(train_rows, tokenizer, p.seq_len, p.loss_on)
     val_enc = encode_rows(val_rows, tokenizer, p.seq_len, p.loss_on)

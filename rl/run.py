@@ -7,7 +7,7 @@ Layout of RUN_DIR:
     checkpoints/latest          name of the newest complete checkpoint
     policy/                     the policy as a save_pretrained directory (config, weights, tokenizer), replaced at
                                 every checkpoint and at the end: load it with AutoModelForCausalLM, decode with vLLM
-    plots/summary.png, *.png    every panel of rl/plots.py in one figure, and each panel alone; redrawn
+    plots/summary.png, *.png    every panel of rl/report/plots.py in one figure, and each panel alone; redrawn
                                 during the run (after eval steps, else every 30 s or so) and at the end
 A checkpoint is written under a temporary name and renamed into place, then `latest` is replaced: a crash at
 any point leaves the previous checkpoint and pointer intact.
@@ -223,8 +223,8 @@ class RunDir:
 
     # ---- plots -----------------------------------------------------------------------------------------
     def plot(self, title: str | None = None) -> list[Path]:
-        """Draw plots/summary.png and one PNG per panel from metrics.jsonl (rl/plots.py); returns the paths."""
-        from rl.plots import render
+        """Draw plots/summary.png and one PNG per panel from metrics.jsonl (rl/report/plots.py); returns the paths."""
+        from rl.report.plots import render
         return render(self.read_metrics(), self.path / "plots", title)
 
 

@@ -425,7 +425,7 @@ def test_engine_part_of_a_vllm_rollout_is_tiny(tmp_path):
 
 
 def test_the_plot_shows_the_parts(tmp_path):
-    from rl.plots import build_panels, render
+    from rl.report.plots import build_panels, render
     rows = [{"step": 1, "mismatch_parts/engine": 1e-7, "mismatch_parts/staleness": 0.0,
              "mismatch_parts/estimator": 2e-3, "mismatch_parts/total": 2e-3}]
     panel = {p.name: p for p in build_panels(rows)}["mismatch_parts"]

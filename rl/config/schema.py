@@ -16,6 +16,7 @@ from rl.config.offpolicy import AsyncTraining, OffPolicyCorrection
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
 from rl.config.runtime import FaultsConfig, LoggingConfig, RayConfig
 from rl.config.serialize import flatten, plain, yaml_dump
+from rl.data.tasks import FILE_TASKS, LEVEL_TASKS, TASKS
 from rl.decode_modes import MODES as DECODE_MODES
 from rl.errors import InputError
 from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
@@ -42,8 +43,7 @@ class ModelConfig:
 class DataConfig:
     # arith: rl/data/arith.py; word_problems: rl/data/word_problems.py; cups / cups_moved / modsum / parity: state
     # tracking (rl/data/track.py); the rest read files
-    task: Literal["arith", "jsonl", "parquet", "hf_disk", "word_problems", "cups", "cups_moved", "modsum",
-                  "parity"] = "arith"
+    task: Literal[TASKS] = "arith"   # rl/data/tasks.py
     train_path: Optional[str] = None    # jsonl / parquet file, or a `datasets.save_to_disk` dir
     test_path: Optional[str] = None
     train_split: str = "train"          # split names (arith: train|val|test; hf_disk: DatasetDict keys)
@@ -73,14 +73,14 @@ class DataConfig:
     def validate(self):
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             yield "max_prompt_tokens", f"must be >= 1 or null, got {self.max_prompt_tokens}"
-        top, what = (4, "levels") if self.task in ("arith", "word_problems") else (64, "chain lengths")
+        top, what = (4, "levels") if self.task in LEVEL_TASKS else (64, "chain lengths")
         if not self.difficulty or any(not 1 <= d <= top for d in self.difficulty):
             yield "difficulty", f"expected a non-empty list of {what} in 1..{top}, got {self.difficulty}"
         if not 0 <= self.shots <= 2:
             yield "shots", f"expected 0, 1 or 2 worked examples, got {self.shots}"
         if not 0.0 <= self.direct_answer_frac <= 1.0:
             yield "direct_answer_frac", f"expected a fraction in [0, 1], got {self.direct_answer_frac}"
-        if self.task in ("jsonl", "parquet", "hf_disk") and not self.train_path:
+        if self.task in FILE_TASKS and not self.train_path:
             yield "train_path", f"required when task is {self.task!r}"
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rl.data.jsonl import DataError, read_jsonl, read_numbered, write_jsonl  # noqa: F401  (re-exported)
+from rl.data.tasks import LEVEL_TASKS, TRACK_TASKS
 
 
 def _normalize(rows: list[dict], where, prompt_field: str, answer_field: str,
@@ -155,7 +156,7 @@ def load_task_split(data: Any, split: str, n: int | None = None, tokenizer=None)
 
 def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
     name = data.train_split if split == "train" else data.test_split if split == "test" else split
-    if data.task in ("arith", "word_problems"):
+    if data.task in LEVEL_TASKS:
         if n is None:
             if split != "train":
                 raise DataError(f"data: say how many {split} problems to generate (n)")
@@ -168,8 +169,8 @@ def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
         from rl.data import arith
         return arith.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty),
                               direct_answer_frac=data.direct_answer_frac)
-    from rl.data import track
-    if data.task in track.TASKS:
+    if data.task in TRACK_TASKS:
+        from rl.data import track
         if n is None:
             if split != "train":
                 raise DataError(f"data: say how many {split} problems to generate (n)")
