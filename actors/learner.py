@@ -24,7 +24,7 @@ methods of the model (`multipass_forward`, `recurrent_forward`, ...) rather than
 wraps `_Routed`, a module whose forward runs a given function, and each micro-batch's loss is computed through
 `engine(fn, ...)` (see `_EngineUpdater`).
 
-JIT compiles (shared/DESIGN.md §9): DeepSpeed's first `init_distributed` builds its shared-memory allreduce op
+JIT compiles (docs/DESIGN.md §9): DeepSpeed's first `init_distributed` builds its shared-memory allreduce op
 (`deepspeed_shm_comm`, 70–120 s of g++ in a fresh environment). That op only serves `inference_all_reduce`
 (tensor-parallel inference); training collectives go through torch.distributed. `disable_shm_comm_jit()` marks
 the op incompatible in `deepspeed.ops.__compatible_ops__` (DeepSpeed caches that dict on first access precisely

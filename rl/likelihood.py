@@ -1,4 +1,4 @@
-"""Likelihood estimators: the learner's log-probs of rollout tokens (shared/DESIGN.md §4).
+"""Likelihood estimators: the learner's log-probs of rollout tokens (docs/DESIGN.md §4).
 
 Every estimator has the signature
 

@@ -4,7 +4,7 @@ Owns: the single-process training loop (torch AdamW, warmup + cosine/linear deca
 and atomic checkpoints (save_pretrained + tokenizer); the multi-pass objective and the pass schedule are
 rl/pretrain_objective.py.
 
-The objective (shared/DESIGN.md §3): pass 1 is the ordinary forward; pass k fuses pass k-1's final-normalized
+The objective (docs/DESIGN.md §3): pass 1 is the ordinary forward; pass k fuses pass k-1's final-normalized
 states shifted one position right and reruns the whole stack; `L = L_1 + mean(L_2..L_K)` with nothing
 detached, so the gradient of L_k reaches every earlier pass through the carried states. Jitter (uniform on the
 carried states, fresh per pass) and prefix mixin are applied by `model.multipass_forward` during training only.

@@ -1,5 +1,5 @@
 """The RL loop's supply of rollout batches: made in step order, each by a known policy version, optionally ahead
-of the learner (asynchronous training, `train.max_staleness: s`; shared/DESIGN.md §7).
+of the learner (asynchronous training, `train.max_staleness: s`; docs/DESIGN.md §7).
 
 The loop (rl/loop.py) takes batch k at step k. How it was made is this module's business (`generate_batch`:
 the step's prompts and samples, `score_batch`: their rewards):

@@ -37,7 +37,7 @@ Design choices (bench/decode.py measures them; docs/BENCHMARKS.md has the figure
   tokens depend on its own prompt, the weights, the params and (seed, prompt index, sample index) only — not
   on the other prompts, the padding, the batch size or which rows already finished (up to float rounding of
   differently shaped batches landing a uniform on the other side of a CDF boundary) — and there is no per-row
-  `torch.Generator` loop in the step (B Python calls per token). Log-probs follow shared/DESIGN.md §5.
+  `torch.Generator` loop in the step (B Python calls per token). Log-probs follow docs/DESIGN.md §5.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`VLLMEngine`: the rollout engine on vLLM, decoding FBT checkpoints with latent feedback (shared/DESIGN.md §8).
+"""`VLLMEngine`: the rollout engine on vLLM, decoding FBT checkpoints with latent feedback (docs/DESIGN.md §8).
 
 Token ids in, `rl.batch.Sample`s out, like every `RolloutEngine`. The model side is `rollout.vllm_plugin` (per-request
 `h_prev` slot, soft / fused / standard per request), the worker side `rollout.vllm_worker_ext` (weights in through

@@ -42,7 +42,7 @@ def engine_environment(on_cpu: bool, dtype: str, weight_transfer_backend: str | 
     }
     defaults = {}
     if on_cpu:
-        # In-process engine: up in seconds, and no process to orphan (shared/DESIGN.md §9).
+        # In-process engine: up in seconds, and no process to orphan (docs/DESIGN.md §9).
         defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = ("0", "in-process engine on CPU")
         # vLLM's CPU GEMMs (onednn_mm) build a oneDNN primitive per batch size M, and oneDNN keeps up to 1024 of them
         # in its process-wide cache: a rollout actor's heap grew by ~250 MiB over its first ~40 steps (a new M at

@@ -1,4 +1,4 @@
-"""vLLM model plugin: FBT (latent-feedback) Llama / Qwen2 decoding inside stock vLLM (shared/DESIGN.md §8).
+"""vLLM model plugin: FBT (latent-feedback) Llama / Qwen2 decoding inside stock vLLM (docs/DESIGN.md §8).
 
 `register()` is the `vllm.general_plugins` entry point (pyproject.toml). vLLM calls general plugins in
 `EngineArgs.__post_init__`, before it parses the checkpoint's config, and again in every worker process; so

@@ -6,7 +6,7 @@
 - The loop on real in-process workers (torch engine, torch learner, math reward): s = 0 with the producer thread
   equals the synchronous loop exactly; an s = 1 run is the same run whatever the timing; a sample more than s
   versions old never reaches the learner (stale samples injected by a lagging engine are dropped and counted);
-  resume of an s = 1 run is exact; a learner rebuilt mid-run (issue 14) regenerates the batches from the
+  resume of an s = 1 run is exact; a learner rebuilt mid-run (after a rank died) regenerates the batches from the
   restored checkpoint, at s = 0 and s = 1, and leaves no producer thread behind.
 - The mismatch parts are 0 where they must be: the engine part on the fp32 torch engine, the staleness part at
   s = 0 (exactly), the estimator part of `exact` (exactly) and of replay at s = 0; they are not 0 where the
@@ -355,7 +355,7 @@ def test_async_resume_is_exact(tmp_path, rewards):
 
 
 class RebuiltOnce:
-    """A learner whose group is rebuilt (issue 14's `LearnerRebuilt`) in the update of step `at`: the loop must
+    """A learner whose group is rebuilt (`LearnerRebuilt`, after a rank died) in the update of step `at`: the loop must
     restore the last checkpoint and run the lost steps again."""
 
     def __init__(self, inner, at):
@@ -420,7 +420,7 @@ def test_engine_part_of_a_vllm_rollout_is_tiny(tmp_path):
         parts = learner.mismatch_parts(samples, 0)
     finally:
         rollout.close()
-    # vLLM fp32 vs the exact recurrence in torch: ~1e-7 per token (shared/DESIGN.md §9)
+    # vLLM fp32 vs the exact recurrence in torch: ~1e-7 per token (docs/DESIGN.md §9)
     assert parts["engine"] < 1e-5 and parts["staleness"] == 0.0 and parts["estimator"] < 1e-5, parts
 
 

@@ -113,8 +113,8 @@ def test_known_vllm_noise_is_dropped_and_warnings_kept():
 # ---------------------------------------------------------------------------------------------- metrics
 
 def fake_rows(steps=12, modes=("soft", "fused")) -> list[dict]:
-    """Rows shaped like a run's metrics.jsonl, with every family of keys the panels read (issue 17's mismatch
-    parts and issue 18's latent keys included), an eval every 4 steps and a skipped step."""
+    """Rows shaped like a run's metrics.jsonl, with every family of keys the panels read (the mismatch
+    parts and the latent-channel keys included), an eval every 4 steps and a skipped step."""
     rows = [{"step": 0, **{f"eval_accuracy_{m}": 0.3 + 0.01 * i for i, m in enumerate(modes)}}]
     for s in range(1, steps + 1):
         r = _row(step=s, reward_mean=0.4 + 0.02 * s, accuracy=0.35 + 0.02 * s, response_len_mean=15.0 + s,
