@@ -24,6 +24,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -34,6 +35,9 @@ from rl.config.serialize import yaml_dump
 from rl.decode_modes import rl_modes
 from rl.errors import InputError
 from rl.faults import RunStopped
+
+if TYPE_CHECKING:
+    from rl.workers import LearnerWorkers
 
 # What a run directory holds (RunDir.new --overwrite deletes these and nothing else).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "weights", "plots", "wandb", "policy", "eval",
