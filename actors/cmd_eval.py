@@ -21,10 +21,12 @@ from pathlib import Path
 import yaml
 
 from rl.config import DataConfig, EvalConfig, config_from_dict
+from rl.data.tasks import GENERATED_TASKS
+from rl.decode_modes import MODES
 
 _EVAL = EvalConfig()
-# tasks whose problems are generated (difficulty levels apply, the checkpoint's training levels are the default)
-GENERATED_TASKS = ("arith", "word_problems", "cups", "cups_moved", "modsum", "parity")
+# GENERATED_TASKS: their problems are generated (difficulty levels apply, the checkpoint's training levels are the
+# default)
 
 
 def add_arguments(p) -> None:
@@ -41,7 +43,7 @@ def add_arguments(p) -> None:
                    help="arith levels / state-tracking chain lengths (default: the checkpoint's training ones)")
     p.add_argument("--n", type=int, default=_EVAL.n, help="number of problems")
     p.add_argument("--decode-mode", nargs="+", default=list(_EVAL.decode_modes),
-                   choices=["standard", "soft", "fused"], help="one or more decode modes (paired test if several)")
+                   choices=list(MODES), help="one or more decode modes (paired test if several)")
     p.add_argument("--samples", type=int, default=_EVAL.samples,
                    help="sampled completions per problem (pass@k); 0: greedy only")
     p.add_argument("--temperature", type=float, default=_EVAL.temperature, help="sampling temperature")
@@ -55,7 +57,7 @@ def add_arguments(p) -> None:
     p.add_argument("--baseline", default=None, metavar="CKPT",
                    help="a second checkpoint evaluated on the same problems (e.g. a standard model of the same "
                         "size and compute), paired with every --decode-mode of --checkpoint")
-    p.add_argument("--baseline-mode", default="standard", choices=["standard", "soft", "fused"],
+    p.add_argument("--baseline-mode", default="standard", choices=list(MODES),
                    help="decode mode of --baseline")
     p.add_argument("--by-difficulty", action="store_true",
                    help="evaluate each --difficulty level separately (--n problems each): a table by level")
@@ -110,8 +112,8 @@ def run(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import rl  # noqa: F401  (registers the FBT model classes)
-    from rl.batch import SamplingParams
+    import rl.model  # noqa: F401  (registers the FBT model classes)
+    from rl.sampling import SamplingParams
     from rl.data.loaders import load_task_split
     from rl.decode_modes import mode_warning
     from rl.evaluate import evaluate, format_levels, format_table, paired_tests

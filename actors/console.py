@@ -20,6 +20,8 @@ import re
 import sys
 from pathlib import Path
 
+from rl.report.metrics import EVAL_ACCURACY, FAULTS, REWARD, reward_failure_counts
+
 # Environment read by the libraries at import or process start; set (unless already set) in the driver and in
 # every Ray worker when not verbose.
 QUIET_ENV = {
@@ -31,7 +33,7 @@ QUIET_ENV = {
 }
 QUIET_LOGGERS = ("vllm", "ray", "DeepSpeed", "deepspeed", "wandb", "transformers", "torch.distributed", "filelock",
                  "urllib3", "matplotlib", "PIL")
-# fbrl's own per-call warnings that the loop already prints once per kind (rl/loop.py `_report_failures`); in-process
+# fbrl's own per-call warnings that the loop already prints once per kind (rl/report/console.py `report_failures`); in-process
 # (--no-ray) they would repeat every step. On Ray they stay in the reward worker's log.
 REPORTED_BY_THE_LOOP = ("rewards.base", "actors.reward_workers")
 # vLLM warnings that every fbrl engine triggers and that ask nothing of the user (substring → why it is harmless).
@@ -147,12 +149,11 @@ def _failures(rows: list[dict]) -> dict[str, dict[str, float]]:
     """{reward name: {"errors": n, "timeouts": n}} summed over the run, only where non-zero."""
     out: dict[str, dict[str, float]] = {}
     for r in rows:
-        for key, value in r.items():
-            parts = key.split("/")
-            if len(parts) == 4 and parts[:2] == ["reward", "rewards"] and parts[3] in ("errors", "timeouts") \
-                    and isinstance(value, (int, float)) and value:
-                out.setdefault(parts[2], {"errors": 0.0, "timeouts": 0.0})[parts[3]] += value
-    return out
+        for name, counts in reward_failure_counts(r, prefix=REWARD).items():
+            total = out.setdefault(name, dict.fromkeys(counts, 0.0))
+            for kind, n in counts.items():
+                total[kind] += n
+    return {name: counts for name, counts in out.items() if any(counts.values())}
 
 
 def summary_lines(run_dir, cfg, wall_s: float, plots: list[Path], wandb_dir: str | None = None,
@@ -164,17 +165,17 @@ def summary_lines(run_dir, cfg, wall_s: float, plots: list[Path], wandb_dir: str
     why = f": {skipped - nonfinite} without reward signal, {nonfinite} with a non-finite loss" if nonfinite else ""
     lines = [f"done: {len(steps)} steps in {_minutes(wall_s)} ({len(steps) - skipped} trained, {skipped} "
              f"skipped{why})"]
-    modes = [k[len("eval_accuracy_"):] for k in dict.fromkeys(k for r in rows for k in r)
-             if k.startswith("eval_accuracy_")]
+    modes = [k[len(EVAL_ACCURACY) + 1:] for k in dict.fromkeys(k for r in rows for k in r)
+             if k.startswith(f"{EVAL_ACCURACY}_")]
     for mode in modes:
-        evals = [r for r in rows if r.get(f"eval_accuracy_{mode}") is not None]
+        evals = [r for r in rows if r.get(f"{EVAL_ACCURACY}_{mode}") is not None]
         if len(evals) >= 2:
             a, b = evals[0], evals[-1]
-            x, y = a[f"eval_accuracy_{mode}"], b[f"eval_accuracy_{mode}"]
+            x, y = a[f"{EVAL_ACCURACY}_{mode}"], b[f"{EVAL_ACCURACY}_{mode}"]
             lines.append(f"held-out greedy accuracy ({mode}, {cfg.train.eval_n} problems): {x:.3f} at step "
                          f"{a['step']} -> {y:.3f} at step {b['step']} ({100 * (y - x):+.1f} points)")
     train_acc = [r for r in steps if r.get("accuracy") is not None]
-    if len(train_acc) >= 2 and not any(len([r for r in rows if r.get(f"eval_accuracy_{m}") is not None]) >= 2
+    if len(train_acc) >= 2 and not any(len([r for r in rows if r.get(f"{EVAL_ACCURACY}_{m}") is not None]) >= 2
                                        for m in modes):
         a, b = train_acc[0], train_acc[-1]
         lines.append(f"accuracy on training samples: {a['accuracy']:.3f} at step {a['step']} -> "
@@ -184,7 +185,7 @@ def summary_lines(run_dir, cfg, wall_s: float, plots: list[Path], wandb_dir: str
         lines.append("reward failures (samples scored 0): " + ", ".join(
             f"{name}: {int(v['errors'])} errors, {int(v['timeouts'])} timeouts" for name, v in failures.items()))
     last = rows[-1] if rows else {}
-    faults = {k[len("faults/"):]: v for k, v in last.items() if k.startswith("faults/") and v}
+    faults = {k[len(FAULTS):]: v for k, v in last.items() if k.startswith(FAULTS) and v}
     if faults:
         lines.append("faults: " + ", ".join(f"{k} {v:g}" for k, v in faults.items()))
     policy = policy_path(run_dir)

@@ -12,7 +12,7 @@ once); exit code 128 + the signal. A stop rule, a spent restart bound, or a run 
 The end of every run prints what trained, what was skipped and every fault (rl/faults.py, docs/RELIABILITY.md).
 `--print-config` prints the resolved config (defaults included) and exits. What the console shows — one line per
 step, a progress bar on a terminal, a summary, third-party output quieted unless `--verbose` — is
-actors/console.py; the plots (written during the run) are rl/plots.py.
+actors/console.py; the plots (written during the run) are rl/report/plots.py.
 """
 from __future__ import annotations
 
@@ -71,8 +71,8 @@ def load_train_config(args):
 
 
 def prepare(args):
-    """(cfg, config path, run dir, tokenizer) with every input checked; raises a ValueError naming the first bad
-    one. Starts nothing (no Ray, no engine)."""
+    """(cfg, config path, run dir, tokenizer) with every input checked; raises an `rl.errors.InputError` naming
+    the first bad one. Starts nothing (no Ray, no engine)."""
     from actors.preflight import check_job
     from rl.config import ConfigError
     from rl.config.secrets import REDACTED
@@ -116,6 +116,7 @@ def _workers_line(cfg, use_ray: bool) -> str:
 
 def run(args) -> int:
     from rl.config import ConfigError
+    from rl.errors import InputError
     from rl.faults import EXIT_BAD_INPUT, EXIT_STOPPED, FaultLog, RunStopped
 
     if args.print_config:
@@ -128,7 +129,8 @@ def run(args) -> int:
     t_start = time.perf_counter()
     try:
         cfg, config_path, run_dir, tokenizer = prepare(args)
-    except (ValueError, OSError) as e:  # config, data, reward, checkpoint and run-dir problems: one clear line
+    except (InputError, OSError) as e:  # config, data, reward, checkpoint and run-dir problems: one clear line
+        # (any other exception is a bug: it keeps its traceback)
         print(f"fbrl train: error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     from actors import console
@@ -137,7 +139,7 @@ def run(args) -> int:
     _environment(cfg)
     from rl.decode_modes import mode_warning
     from rl.loop import train
-    from rl.plots import LivePlots
+    from rl.report.plots import LivePlots
     print(f"fbrl train: {config_path} -> {run_dir.path.absolute()}", flush=True)  # first: where results land
     for wanted, key in ((cfg.rollout.decode_mode, "rollout.decode_mode"),
                         (cfg.train.eval_decode_modes, "train.eval_decode_modes")):

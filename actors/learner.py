@@ -1,15 +1,15 @@
-"""One DeepSpeed learner rank: the policy, its optimizer state, and the `rl.learner.Backend` that DeepSpeed is.
+"""One DeepSpeed learner rank: the policy, its optimizer state, and the `rl.policy_update.Backend` that DeepSpeed is.
 
 `LearnerRank` works in-process (world_size 1, e.g. `actors/local.py` and the tests) and as a Ray actor
 (`actors/learner_group.py` wraps it with `ray.remote`). Each rank loads the FBT checkpoint, wraps it in a
 DeepSpeed engine (ZeRO stage 0–3 from `learner.zero_stage`, torch AdamW, gloo on CPU / NCCL on GPU) and runs
-`rl.learner.PolicyUpdater` on the WHOLE rollout batch: the updater picks this rank's rows from a plan computed
+`rl.policy_update.PolicyUpdater` on the WHOLE rollout batch: the updater picks this rank's rows from a plan computed
 on the whole batch, so every rank makes the same number of backward/step calls. Stage 0 (no ZeRO: the shipped
 one-machine layout, one rank on every core, `learner_threads`) steps `ClippingAdamW` as the client optimizer.
 Under ZeRO-2 DeepSpeed reduces gradients in the backward hooks of every micro-batch (bucket copies, an
 all-reduce of the whole fp32 gradient over the ranks); stages 0 and 1 reduce once, at `step()`.
 
-Gradient semantics (the contract of `rl.learner.Backend`): each micro-batch loss is already divided by the
+Gradient semantics (the contract of `rl.policy_update.Backend`): each micro-batch loss is already divided by the
 GLOBAL token count, so the gradients of all micro-batches on all ranks must be SUMMED. DeepSpeed 0.19.8 instead
 (a) averages gradients over the data-parallel ranks and (b) divides the loss by `gradient_accumulation_steps`
 when `scale_wrt_gas=True`, and (c) decides by itself, from a micro-step counter, which backward is the
@@ -24,7 +24,7 @@ methods of the model (`multipass_forward`, `recurrent_forward`, ...) rather than
 wraps `_Routed`, a module whose forward runs a given function, and each micro-batch's loss is computed through
 `engine(fn, ...)` (see `_EngineUpdater`).
 
-JIT compiles (shared/DESIGN.md §9): DeepSpeed's first `init_distributed` builds its shared-memory allreduce op
+JIT compiles (docs/DESIGN.md §9): DeepSpeed's first `init_distributed` builds its shared-memory allreduce op
 (`deepspeed_shm_comm`, 70–120 s of g++ in a fresh environment). That op only serves `inference_all_reduce`
 (tensor-parallel inference); training collectives go through torch.distributed. `disable_shm_comm_jit()` marks
 the op incompatible in `deepspeed.ops.__compatible_ops__` (DeepSpeed caches that dict on first access precisely
@@ -48,7 +48,7 @@ from rl.batch import collate
 from rl.decode_modes import record_rl_mode
 from rl.latent_metrics import latent_metrics
 from rl.faults import injected
-from rl.learner import PolicyUpdater, rows_read
+from rl.policy_update import PolicyUpdater, rows_read
 from rl.lora import maybe_wrap, reference_scope
 from rl.mismatch_parts import MismatchProbe
 from rl.workers import tensor_checksums
@@ -62,8 +62,8 @@ ADAPTER_SUBDIR = "adapter"  # a LoRA learner's adapters in peft's format, beside
 
 
 def load_policy(path: str, dtype=torch.float32):
-    """The FBT checkpoint as a torch module (importing `rl` registers the FBT classes with the Auto classes)."""
-    import rl  # noqa: F401
+    """The FBT checkpoint as a torch module (importing `rl.model` registers the FBT classes with the Auto classes)."""
+    import rl.model  # noqa: F401
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
 
@@ -137,7 +137,7 @@ class _EngineUpdater(PolicyUpdater):
             # This rank has no rows in this micro-batch. It still runs a real forward (the stand-in row the updater
             # passes, loss x 0): under ZeRO-3 every module call all-gathers its parameters, a collective the other
             # ranks are making now, and every parameter gets a (zero) gradient, as on the ranks with rows.
-            # rl.learner's own fallback, sum(p.sum()) x 0, fails on ZeRO-3's partitioned (empty) parameters.
+            # rl.policy_update's own fallback, sum(p.sum()) x 0, fails on ZeRO-3's partitioned (empty) parameters.
             loss, _ = self.engine(super()._micro_loss, micro, tokens, seqs)
             return loss * 0.0, {}
         return self.engine(super()._micro_loss, micro, tokens, seqs)
@@ -229,7 +229,7 @@ class LearnerRank:
     # -- training ---------------------------------------------------------------------------------------------
     def update(self, samples, advantages, rows=None) -> dict:
         """This rank's share of one rollout batch. `rows`: the rows whose states this rank reads, as its group
-        assigned them (`rl.learner.rows_read`; computed here when not given); their states, and those of the rows
+        assigned them (`rl.policy_update.rows_read`; computed here when not given); their states, and those of the rows
         the latent metrics read on this rank, are fetched first when the samples carry references
         (actors/state_plane.py). Returns the updater's metrics (token-weighted means over this rank's
         micro-batches), the latent metrics, `_tokens`, the response tokens this rank trained on (the weight a group

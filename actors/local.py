@@ -3,7 +3,7 @@
 - `LocalRollout`: `RolloutWorkers` over engines living in this process (one by default), with the same prompt
   split, seeds and sample order as the Ray fleet (actors/rollout.py).
 - `LocalLearner`: `LearnerWorkers` with one learner rank — DeepSpeed at world size 1 (`actors.learner.LearnerRank`,
-  the same code as each Ray rank) or plain torch (`rl.learner.TorchBackend`, no DeepSpeed at all).
+  the same code as each Ray rank) or plain torch (`rl.policy_update.TorchBackend`, no DeepSpeed at all).
 - `LocalRewards`: `RewardWorkers` scoring in this process (the math reward still uses its process pool).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from actors.learner_group import merge_rank_metrics
 from actors.reward_workers import RewardHost
 from actors.rollout import EngineHost, chunk_params, merge_chunks, split_prompts
 from rl.decode_modes import record_rl_mode
-from rl.learner import PolicyUpdater, TorchBackend
+from rl.policy_update import PolicyUpdater, TorchBackend
 from rl.lora import maybe_wrap, reference_scope
 from rl.mismatch_parts import MismatchProbe
 from rl.workers import tensor_checksums
@@ -52,7 +52,7 @@ class LocalRollout:
 
 
 class TorchLearner:
-    """One rank without DeepSpeed: `rl.learner.TorchBackend` (AdamW, clipping), same files as `LearnerRank`."""
+    """One rank without DeepSpeed: `rl.policy_update.TorchBackend` (AdamW, clipping), same files as `LearnerRank`."""
 
     OPTIMIZER_FILE = "optimizer.pt"
 

@@ -1,6 +1,6 @@
 """Checks of a training job's inputs that run before Ray or any engine starts, so bad input fails in seconds.
 
-`check_job(cfg)` raises `BadInput` (a ValueError; config, data and reward errors are ValueErrors too) with one
+`check_job(cfg)` raises `BadInput` (an `rl.errors.InputError`, as config, data and reward errors are) with one
 message naming what is wrong; `fbrl train` prints it without a traceback and exits with code 2. It checks:
 
 - the checkpoint (`model.path`): a local directory holding a config.json of an FBT model — "not found" is said
@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rl.errors import InputError
+
 FBT_ARCHITECTURES = ("FBTLlamaForCausalLM", "FBTQwen2ForCausalLM")
 
 
-class BadInput(ValueError):
+class BadInput(InputError):
     """A job input that cannot work; the message names it."""
 
 

@@ -14,7 +14,7 @@ reward is strict unless its options say otherwise: a literal integer answer, no 
 
 On Ray it runs as `RewardActor`: a PLAIN actor — no `max_concurrency`, no async methods — so its methods run on
 the actor process's main thread. math-verify's timeouts use `signal.alarm`, which raises in threads, threaded
-actors and asyncio actors ("doesn't support threaded environment", shared/DESIGN.md §9). The pool makes the math
+actors and asyncio actors ("doesn't support threaded environment", docs/DESIGN.md §9). The pool makes the math
 reward safe anywhere; a plain actor also keeps user rewards that call math-verify directly working.
 Relative reward file paths are resolved against the driver's working directory (`base_dir`), not the actor's.
 """

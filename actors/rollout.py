@@ -52,7 +52,7 @@ def make_engine(cfg, index: int = 0, weight_sync: str = "file"):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is imported
         from transformers import AutoConfig
 
-        import rl  # noqa: F401  (AutoConfig must know the FBT configs)
+        import rl.model  # noqa: F401  (AutoConfig must know the FBT configs)
         from rollout.vllm_engine import VLLMEngine
         if not cfg.logging.verbose:  # the warnings every fbrl engine triggers, dropped before the engine is built
             import vllm  # noqa: F401  (configures vLLM's logging, whose handlers get the filter)

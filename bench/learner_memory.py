@@ -50,7 +50,7 @@ def build_model(shape: str):
     if shape == "tiny":
         from transformers import AutoModelForCausalLM
 
-        import rl  # noqa: F401
+        import rl.model  # noqa: F401
         return AutoModelForCausalLM.from_pretrained(CKPT, dtype=torch.float32)
     from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM
     torch.manual_seed(0)
@@ -96,7 +96,7 @@ def memory_child(shape: str, rows: int, threads: int) -> dict:
     """One measured learner step in this (fresh) process."""
     import gc
 
-    from rl.learner import PolicyUpdater, TorchBackend
+    from rl.policy_update import PolicyUpdater, TorchBackend
     torch.set_num_threads(threads)
     model = build_model(shape).train()
     cfg = learner_config()
@@ -132,7 +132,7 @@ def measure_memory(shape: str, rows: int, threads: int) -> dict:
 
 def throughput(shape: str, repeats: int, rows: int = 256) -> dict:
     from rl.batch import collate
-    from rl.learner import plan_update
+    from rl.policy_update import plan_update
     from rl.likelihood import get_estimator, response_hidden, response_log_dists
     model = build_model(shape).train()
     samples = mixed_samples(rows, model.config.vocab_size, model.config.hidden_size)

@@ -54,7 +54,7 @@ def real_batch(cfg, seed: int = 0):
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
     from rl.data.tokenizer import load_tokenizer
-    from rl.loop import generate_batch
+    from rl.rollout_queue import generate_batch
 
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
     fitter = PromptFitter(tokenizer, prompt_token_limit(cfg), cfg.data.overlong_prompts)
@@ -108,7 +108,7 @@ class PlainStep:
     """fwd + bwd over fbrl's micro-batches of the batch, then clip + torch AdamW: the machine's practical limit."""
 
     def __init__(self, cfg, samples, advantages):
-        from rl.learner import plan_for
+        from rl.policy_update import plan_for
         lcfg = cfg.learner
         self.model = plain_llama(cfg.model.path)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lcfg.lr, betas=tuple(lcfg.adam_betas), eps=1e-8,

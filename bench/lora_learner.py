@@ -38,7 +38,7 @@ def real_batch(cfg, seed: int = 0):
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
     from rl.data.tokenizer import load_tokenizer
-    from rl.loop import generate_batch
+    from rl.rollout_queue import generate_batch
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
     fitter = PromptFitter(tokenizer, prompt_token_limit(cfg), cfg.data.overlong_prompts)
     rows, _ = fitter.fit(load_task_split(cfg.data, "train", tokenizer=tokenizer), "train data")

@@ -40,8 +40,8 @@ def main(argv=None) -> int:
     from rl.config import load_config
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
-    from rl.loop import sampling_params
     from bench.rollout_speed import job_prompts
+    from rl.sampling import sampling_params
     cfg = load_config(args.config, args.overrides)
     _, tok = job_prompts(cfg)
     fitter = PromptFitter(tok, prompt_token_limit(cfg), cfg.data.overlong_prompts)

@@ -46,7 +46,7 @@ def job_prompts(cfg):
     """(prompts, tokenizer): one step's prompts as the loop draws and encodes them (step 1's)."""
     from transformers import AutoTokenizer
 
-    import rl  # noqa: F401  (AutoConfig must know the FBT configs)
+    import rl.model  # noqa: F401  (AutoConfig must know the FBT configs)
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
     tok = AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.path)
@@ -72,7 +72,7 @@ def export_plain_llama(fbt_dir: str, out: str) -> str:
 
 
 def fbrl_params(cfg, mode: str, seed: int):
-    from rl.batch import SamplingParams
+    from rl.sampling import SamplingParams
     r = cfg.rollout
     return SamplingParams(n=r.n_samples_per_prompt, temperature=r.temperature, top_p=r.top_p,
                           top_k=0 if r.top_k < 0 else r.top_k, max_tokens=r.max_tokens, stop_token_ids=(),

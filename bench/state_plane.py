@@ -155,7 +155,7 @@ def run(args) -> list[dict]:
 
     from actors.learner_group import LearnerGroup
     from actors.rollout import EngineHost, RolloutFleet, rollout_actor_class
-    from rl.batch import SamplingParams
+    from rl.sampling import SamplingParams
     from rl.config import load_config
 
     cfg = load_config(None, ["rollout.engine=torch", "likelihood.estimator=replay",

@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from rewards.base import RewardEntry, RewardSet
+from rl.errors import InputError
 
 BUILTINS = ("math", "format")
 
 
-class RewardLoadError(ValueError):
+class RewardLoadError(InputError):
     """A reward named in config cannot be loaded or cannot be called as a reward."""
 
 

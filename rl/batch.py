@@ -1,9 +1,9 @@
 """Batch types shared by engines, rewards, the loop and the learner.
 
-`SamplingParams` is what a rollout request asks for. `Sample` is one generated completion as an engine returns it (token ids in, token ids out). `LearnerBatch`
-is a right-padded tensor view of many samples, aligned for the likelihood estimators: response token j of row b
+`Sample` is one generated completion as an engine returns it (token ids in, token ids out; what a request asks
+for is `rl.sampling.SamplingParams`). `LearnerBatch` is a right-padded tensor view of many samples, aligned for the likelihood estimators: response token j of row b
 sits at position `prompt_lens[b] + j`, and its log-prob is read from the state at position `prompt_lens[b] + j - 1`
-(row j of the recorded states, shared/DESIGN.md §4).
+(row j of the recorded states, docs/DESIGN.md §4).
 """
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rl import states as state_formats
-from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
-from rl.model import PROMPT_MODES
-from rl.states import STATE_DTYPES, StateRef
+from rl.states import StateRef
 
 FINISH_REASONS = ("stop", "length", "aborted")
 
@@ -135,37 +133,6 @@ def _state_width(samples: list[Sample], read: set[int]) -> int:
         if st is not None:
             return state_formats.width(st)
     raise ValueError("collate: with_states, but no sample has recorded states")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    max_tokens: int = 64
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
-    decode_mode: str = "soft"
-    record_states: bool = False
-    states_dtype: str = "float32"
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad field."""
-        checks = [
-            ("n", self.n >= 1, "must be >= 1"),
-            ("temperature", self.temperature == 0 or TEMPERATURE_MIN <= self.temperature <= TEMPERATURE_MAX,
-             f"must be 0 (greedy) or in [{TEMPERATURE_MIN}, {TEMPERATURE_MAX}] (vLLM rejects higher ones and "
-             f"silently raises lower ones to {TEMPERATURE_MIN}: both engines refuse them)"),
-            ("top_p", 0 < self.top_p <= 1, "must be in (0, 1]"),
-            ("top_k", self.top_k >= 0, "must be >= 0 (0 = off)"),
-            ("max_tokens", self.max_tokens >= 1, "must be >= 1"),
-            ("decode_mode", self.decode_mode in PROMPT_MODES, f"must be one of {PROMPT_MODES}"),
-            ("states_dtype", self.states_dtype in STATE_DTYPES, f"must be one of {STATE_DTYPES}"),
-        ]
-        for name, ok, why in checks:
-            if not ok:
-                raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r}: {why}")
 
 
 def save_samples(samples: list[Sample], advantages: list[float], path: str) -> None:

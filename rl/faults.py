@@ -18,6 +18,8 @@ import math
 import os
 from collections import Counter
 
+from rl.report.metrics import reward_failures
+
 # Process exit codes of `fbrl train` (documented in docs/RELIABILITY.md).
 EXIT_BAD_INPUT = 2        # a config, data, reward or checkpoint problem found before anything started
 EXIT_STOPPED = 3          # a stop rule fired, a restart bound was reached, or the run trained nothing
@@ -54,18 +56,6 @@ class FaultLog:
 
     def metrics(self) -> dict[str, float]:
         return {f"faults/{k}": float(v) for k, v in sorted(self.counts.items())}
-
-
-def reward_failures(reward_metrics: dict[str, float]) -> dict[str, float]:
-    """{reward name: rows it failed on (errors + timeouts)} from `RewardWorkers.score` metrics
-    (`rewards/<name>/errors`, `rewards/<name>/timeouts`)."""
-    out: dict[str, float] = {}
-    for key, value in reward_metrics.items():
-        parts = key.split("/")
-        if len(parts) >= 3 and parts[-1] in ("errors", "timeouts"):
-            name = "/".join(parts[1:-1])
-            out[name] = out.get(name, 0.0) + float(value)
-    return out
 
 
 class RunGuard:
@@ -122,6 +112,17 @@ def partly_applied(learner_metrics: dict) -> bool:
     optimizer steps was skipped."""
     steps, skipped = learner_metrics.get("optimizer_steps", 0), learner_metrics.get("nonfinite_steps", 0)
     return is_nonfinite(learner_metrics) and steps > skipped
+
+
+def nonfinite_update(learner_metrics: dict, step: int, faults: FaultLog) -> bool:
+    """The update was not finite and changed nothing. Some of its optimizer steps applied (mini_batches /
+    ppo_epochs > 1): the weights moved, so it is a new version like any update (synced, tagged), counted."""
+    if partly_applied(learner_metrics):
+        faults.record("partly_nonfinite_steps", f"step {step}: loss or gradients not finite in "
+                      f"{learner_metrics['nonfinite_steps']:.0f} of {learner_metrics['optimizer_steps']:.0f} "
+                      f"optimizer steps; those skipped, the others applied: the weights are a new version")
+        return False
+    return is_nonfinite(learner_metrics)
 
 
 def injected(name: str) -> set[int]:

@@ -1,4 +1,4 @@
-"""Likelihood estimators: the learner's log-probs of rollout tokens (shared/DESIGN.md §4).
+"""Likelihood estimators: the learner's log-probs of rollout tokens (docs/DESIGN.md §4).
 
 Every estimator has the signature
 
@@ -36,6 +36,7 @@ from typing import Callable
 
 import torch
 
+from rl.algos._registry import lookup, make_register
 from rl.batch import LearnerBatch
 from rl.logprob_contract import behaviour_log_softmax, entropy_of
 from rl.model import PROMPT_MODES, positions_from_mask, shift_right
@@ -53,14 +54,12 @@ class LikelihoodOutput:
 ESTIMATORS: dict[str, Callable[..., LikelihoodOutput]] = {}
 # name -> fn(model, batch, decode_mode, passes) -> final-normalized top states h [B, L, d]
 _HIDDEN: dict[str, Callable[..., torch.Tensor]] = {}
+_add_estimator = make_register(ESTIMATORS, "likelihood estimator")
 
 
 def get_estimator(name: str) -> Callable[..., LikelihoodOutput]:
     """The estimator called `name`; ValueError listing the valid names otherwise."""
-    try:
-        return ESTIMATORS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown likelihood estimator {name!r}; valid: {', '.join(sorted(ESTIMATORS))}") from None
+    return lookup(ESTIMATORS, "likelihood estimator", name)
 
 
 def register_estimator(name: str):
@@ -70,9 +69,6 @@ def register_estimator(name: str):
     estimator shares one log-prob contract.
     """
     def deco(hidden_fn):
-        if name in ESTIMATORS:
-            raise ValueError(f"likelihood estimator {name!r} is already registered")
-        _HIDDEN[name] = hidden_fn
 
         def estimator(model, batch: LearnerBatch, decode_mode: str = "soft", passes: int = 3,
                       temperature: float = 1.0, with_entropy: bool = False,
@@ -87,7 +83,8 @@ def register_estimator(name: str):
 
         estimator.__name__ = f"{name}_estimator"
         estimator.__doc__ = hidden_fn.__doc__
-        ESTIMATORS[name] = estimator
+        _add_estimator(name)(estimator)  # a second estimator under a taken name is an error
+        _HIDDEN[name] = hidden_fn
         return hidden_fn
 
     return deco

@@ -21,7 +21,7 @@ copy of the weights of every version it trained at in the last `max_staleness + 
 the current one at each step, and runs the exact recurrence of old versions in a scratch model (`MismatchProbe`,
 rank 0). Costs per step: one CPU copy of the weights and, on `train.mismatch_parts_frac` of the rows, three
 no-grad passes (two exact recurrences and the estimator). Logged as `mismatch_parts/<part>` (mean |Δ| per token)
-and `mismatch_parts/<part>_signed`; rl/plots.py draws them (`mismatch_parts.png`).
+and `mismatch_parts/<part>_signed`; rl/report/plots.py draws them (`mismatch_parts.png`).
 """
 from __future__ import annotations
 
@@ -144,3 +144,13 @@ class MismatchProbe:
         out["rows_without_weights"] = float(len(samples) - int(known.sum()))
         out["staleness_mean"] = sum(version - s.policy_version for s in samples) / len(samples)
         return out
+
+
+def measure_parts(cfg, learner, samples: list[Sample], version: int, step: int) -> dict:
+    """The loop's step 4: the parts of this step's mismatch (`learner.mismatch_parts`) on its diagnostic subset
+    (`train.mismatch_parts_frac` of the rows, within `train.mismatch_parts_max_tokens`); {} when off."""
+    if cfg.train.mismatch_parts_frac <= 0:
+        return {}
+    diag = within_token_budget(diagnostic_rows(len(samples), cfg.train.mismatch_parts_frac, cfg.train.seed, step),
+                               [s.response_len for s in samples], cfg.train.mismatch_parts_max_tokens)
+    return learner.mismatch_parts([samples[i] for i in diag], version)

@@ -1,7 +1,8 @@
 """The RL loop's supply of rollout batches: made in step order, each by a known policy version, optionally ahead
-of the learner (asynchronous training, `train.max_staleness: s`; shared/DESIGN.md §7).
+of the learner (asynchronous training, `train.max_staleness: s`; docs/DESIGN.md §7).
 
-The loop (rl/loop.py) takes batch k at step k. How it was made is this module's business:
+The loop (rl/loop.py) takes batch k at step k. How it was made is this module's business (`generate_batch`:
+the step's prompts and samples, `score_batch`: their rewards):
 
 - **s = 0** (the default): batch k is generated in the loop's own thread when step k asks for it, from the
   weights step k - 1 installed — today's synchronous loop.
@@ -33,12 +34,20 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from rl.batch import Sample
+from rl.data.loaders import reward_columns
 from rl.faults import RunStopped
+from rl.sampling import sampling_params
+
+if TYPE_CHECKING:
+    from rl.config import Config
+    from rl.data.loaders import PromptSampler
+    from rl.data.prompts import PromptFitter
+    from rl.workers import RewardWorkers, RolloutWorkers
 
 
 @dataclass
@@ -230,3 +239,33 @@ def staleness_metrics(samples: list[Sample], version: int) -> dict[str, float]:
     if not len(gaps):
         return {"staleness_mean": 0.0, "staleness_max": 0}
     return {"staleness_mean": float(gaps.mean()), "staleness_max": int(gaps.max())}
+
+
+def generate_batch(cfg: Config, fitter: PromptFitter, sampler: PromptSampler, rollout: RolloutWorkers, eos: int,
+                   step: int, version: int) -> RolloutBatch:
+    """Step `step`'s prompts and G samples per prompt from policy `version` (or newer), preempted ones removed
+    (their recurrent state was lost: never train on them)."""
+    rows = sampler.next(cfg.train.prompts_per_step)
+    sampler_state = sampler.state_dict()
+    prompts = [fitter.encode(r) for r in rows]
+    t0 = time.perf_counter()
+    seed = cfg.train.seed * 1_000_003 + step
+    samples = rollout.generate(prompts, sampling_params(cfg, eos, seed=seed), min_version=version)
+    elapsed = time.perf_counter() - t0
+    kept = [s for s in samples if not s.preempted]
+    return RolloutBatch(step, rows, kept, version, sampler_state, preempted=len(samples) - len(kept),
+                        time_rollout_s=elapsed)
+
+
+def score_batch(tokenizer, rewards: RewardWorkers, batch: RolloutBatch) -> RolloutBatch:
+    """The batch's rewards and correctness (the task's check, `reward.accuracy`), and the rewards' failures."""
+    t0 = time.perf_counter()
+    samples = batch.samples
+    completions = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+    sample_rows = [batch.rows[s.group_id] for s in samples]
+    scored = rewards.score([r["prompt"] for r in sample_rows], completions, [r["answer"] for r in sample_rows],
+                           [s.finish_reason for s in samples], reward_columns(sample_rows))
+    batch.rewards, batch.correct, batch.reward_metrics = list(scored.rewards), scored.correct, dict(scored.metrics)
+    batch.failures = list(scored.failures)
+    batch.time_reward_s = time.perf_counter() - t0
+    return batch

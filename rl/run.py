@@ -7,7 +7,7 @@ Layout of RUN_DIR:
     checkpoints/latest          name of the newest complete checkpoint
     policy/                     the policy as a save_pretrained directory (config, weights, tokenizer), replaced at
                                 every checkpoint and at the end: load it with AutoModelForCausalLM, decode with vLLM
-    plots/summary.png, *.png    every panel of rl/plots.py in one figure, and each panel alone; redrawn
+    plots/summary.png, *.png    every panel of rl/report/plots.py in one figure, and each panel alone; redrawn
                                 during the run (after eval steps, else every 30 s or so) and at the end
 A checkpoint is written under a temporary name and renamed into place, then `latest` is replaced: a crash at
 any point leaves the previous checkpoint and pointer intact.
@@ -24,6 +24,7 @@ import os
 import random
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -31,13 +32,19 @@ from safetensors.torch import load_file, save_file
 from rl.config import Config, check_resume, load_config
 from rl.config.secrets import redacted
 from rl.config.serialize import yaml_dump
+from rl.decode_modes import rl_modes
+from rl.errors import InputError
+from rl.faults import RunStopped
+
+if TYPE_CHECKING:
+    from rl.workers import LearnerWorkers
 
 # What a run directory holds (RunDir.new --overwrite deletes these and nothing else).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "weights", "plots", "wandb", "policy", "eval",
              "summary.md", "summary.json")
 
 
-class RunDirError(ValueError):
+class RunDirError(InputError):
     """The run directory cannot be used as asked; the message says why and what to do."""
 
 
@@ -144,7 +151,7 @@ class RunDir:
         _atomic_write_text(self.path / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
     def write_eval(self, step: int, record: dict) -> Path:
-        """RUN_DIR/eval/step_<step>.json: one held-out evaluation's per-problem outcomes (`rl.loop.evaluate`)."""
+        """RUN_DIR/eval/step_<step>.json: one held-out evaluation's per-problem outcomes (`rl.heldout.heldout_accuracy`)."""
         path = self.path / "eval" / f"step_{step:06d}.json"
         path.parent.mkdir(exist_ok=True)
         _atomic_write_text(path, json.dumps(record))
@@ -220,9 +227,65 @@ class RunDir:
 
     # ---- plots -----------------------------------------------------------------------------------------
     def plot(self, title: str | None = None) -> list[Path]:
-        """Draw plots/summary.png and one PNG per panel from metrics.jsonl (rl/plots.py); returns the paths."""
-        from rl.plots import render
+        """Draw plots/summary.png and one PNG per panel from metrics.jsonl (rl/report/plots.py); returns the paths."""
+        from rl.report.plots import render
         return render(self.read_metrics(), self.path / "plots", title)
+
+
+def weights_file(run: RunDir) -> str:
+    """RUN_DIR/weights/policy.safetensors, absolute: learner rank 0 writes it wherever it runs."""
+    return str(run.path.absolute() / "weights" / "policy.safetensors")
+
+
+def restore_step(run: RunDir, cfg: Config, learner, sampler, version: int) -> tuple[int, int]:
+    """Continue a run at the step after its last checkpoint with the same data order, RNGs, weights and optimizer:
+    (that step, the policy version), or (0, `version`) when there is no checkpoint yet. Metrics rows after the
+    checkpoint are dropped (those steps run again and log them again)."""
+    run.check_resume_config(cfg)
+    step = 0
+    if run.latest_checkpoint() is not None or cfg.train.resume:
+        state = run.load_checkpoint(learner)
+        step, version = state["step"], max(state["version"], version)
+        sampler.load_state_dict(state["sampler"])
+    run.truncate_metrics_after(step if step else -1)
+    return step, version
+
+
+def save_step(run: RunDir, cfg: Config, learner, step: int, state: dict) -> bool:
+    """After step `step`: its checkpoint when due (every `train.checkpoint_every` steps and the last one), and
+    RUN_DIR/policy/ (the current weights as a save_pretrained dir; with LoRA also RUN_DIR/policy_adapter/ in
+    peft's format) on the same schedule and at the end. True when the step was checkpointed."""
+    every = cfg.train.checkpoint_every
+    on_schedule = every > 0 and step % every == 0
+    checkpointed = every > 0 and (on_schedule or step == cfg.train.steps)
+    if checkpointed:
+        run.save_checkpoint(step, learner, state)
+    if step == cfg.train.steps or on_schedule:
+        # exported here: only the file transport writes the weights file at every sync
+        path = learner.export_weights(weights_file(run))
+        if path and os.path.isfile(path):  # (a learner stand-in in tests may export no file)
+            run.export_policy(path, cfg.model.path, cfg.model.tokenizer,
+                              rl_modes(cfg.model.path, cfg.rollout.decode_mode))
+        if cfg.learner.lora is not None:
+            learner.export_adapter(str(run.path / "policy_adapter"))
+    return checkpointed
+
+
+def stop_after_step(stop, run: RunDir, learner: LearnerWorkers, step: int, unsaved) -> None:
+    """End the job after step `step` (checkpointed now when it was not: `unsaved` is its state)."""
+    if unsaved is not None:
+        run.save_checkpoint(step, learner, unsaved)
+    raise stop if isinstance(stop, RunStopped) else RunStopped(
+        f"{stop}: stopped after step {step}, which is checkpointed; `fbrl train --resume {run.path}` continues")
+
+
+def stopped_before_step(stop: RunStopped, run: RunDir, learner: LearnerWorkers, last: int, unsaved) -> RunStopped:
+    """A stop raised before step `last` + 1 had its batch: step `last` checkpointed (when it was not: `unsaved` is
+    its state) and the stop said so."""
+    if unsaved is not None:
+        run.save_checkpoint(last, learner, unsaved)
+    where = f"stopped after step {last}, which is checkpointed" if last else "stopped before step 1"
+    return RunStopped(f"{stop.reason}; {where}", stop.resumable, stop.exit_code)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import abc
 
-from rl.batch import STATE_DTYPES, Sample, SamplingParams  # noqa: F401  (re-exported: engines import them from here)
+# re-exported: engines import these from here
+from rl.batch import Sample  # noqa: F401
+from rl.sampling import SamplingParams  # noqa: F401
+from rl.states import STATE_DTYPES  # noqa: F401
 
 
 class StaleWeightsError(RuntimeError):

@@ -1,4 +1,4 @@
-"""vLLM model plugin: FBT (latent-feedback) Llama / Qwen2 decoding inside stock vLLM (shared/DESIGN.md §8).
+"""vLLM model plugin: FBT (latent-feedback) Llama / Qwen2 decoding inside stock vLLM (docs/DESIGN.md §8).
 
 `register()` is the `vllm.general_plugins` entry point (pyproject.toml). vLLM calls general plugins in
 `EngineArgs.__post_init__`, before it parses the checkpoint's config, and again in every worker process; so
@@ -19,7 +19,7 @@ state of the request's last computed position. Each forward:
 The decode mode is per request: `SamplingParams.extra_args["fbt"] = {"key", "mode", "record"}`, read from the
 model runner's request table, which the worker extension attaches (`rollout.vllm_worker_ext`). That table, and
 the token offsets and positions read beside it, are the V1 model runner's host-side arrays: the engine forces the
-V1 runner (vLLM 0.32 defaults to V2 on CUDA; `rollout.vllm_engine.engine_environment` says why). A model used
+V1 runner (vLLM 0.32 defaults to V2 on CUDA; `rollout.vllm_env.engine_environment` says why). A model used
 without our worker extension (plain `vllm serve`) decodes every request in the engine-wide mode
 `hf_config.fbt_decode_mode` (set it with `hf_overrides`; default `soft`) and records nothing.
 
@@ -28,14 +28,13 @@ engine computes exactly what the torch engine and the learner compute.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from rl.model import PROMPT_MODES, FBTMixin, Fusion, rms_normalize, rms_value
+from rollout.vllm_records import RequestInfo, StateRecords, StepBatch, to_device
 
 ARCHITECTURES = ("FBTLlamaForCausalLM", "FBTQwen2ForCausalLM")
 
@@ -124,87 +123,6 @@ class LatentStateLayer(MambaBase, nn.Module):
         return MambaAttentionBackendEnum.SHORT_CONV
 
 
-@dataclass
-class _RequestInfo:
-    key: str | None  # the engine's per-sample key (None: not one of ours)
-    mode: str  # standard | soft | fused
-    record: bool  # record this request's states for the learner
-    prompt_len: int
-
-
-@dataclass
-class _Batch:
-    """One forward's requests as the host knows them (the model runner's CPU-side tables), so that the forward
-    reads nothing back from the device. Requests are in batch order: decodes first, then prefills."""
-    infos: list[_RequestInfo]
-    bounds: list[int]  # [num_reqs + 1] token offsets of the requests
-    computed: list[int]  # [num_reqs] positions computed before this step (a request's first token's position)
-
-    def last_position(self, i: int) -> int:
-        return self.computed[i] + self.bounds[i + 1] - self.bounds[i] - 1
-
-
-def _to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Host values as a device tensor without stalling the host: on an accelerator the copy goes from pinned
-    memory, asynchronously (a copy from pageable memory waits for the stream's queued work)."""
-    t = torch.as_tensor(values, dtype=dtype)
-    return t if device.type == "cpu" else t.pin_memory().to(device, non_blocking=True)
-
-
-class _Records:
-    """Recorded states and preemption flags, keyed by the engine's per-sample key.
-
-    Row indices live on the host (computed from the runner's host tables), states on the model's device; both
-    are gathered when the worker extension pops them, so recording costs no per-step host sync.
-    """
-
-    def __init__(self):
-        self.keys: list[str] = []  # one per recorded row
-        self.rows: list[torch.Tensor] = []  # per step, [n] long on the host (row index within the sample)
-        self.states: list[torch.Tensor] = []  # per step, [n, d] on the model's device
-        self.prefilled: set[str] = set()
-        self.preempted: set[str] = set()
-
-    def add(self, keys: list[str], rows: torch.Tensor, states: torch.Tensor) -> None:
-        self.keys.extend(keys)
-        self.rows.append(rows)
-        self.states.append(states.detach().clone())
-
-    def pop(self, keys: list[str]) -> tuple[dict[str, torch.Tensor], set[str]]:
-        """States `[R_recorded, d]` (rows in order; a re-recorded row keeps its latest value) for the given keys,
-        and which of them were preempted. Everything about these keys is forgotten."""
-        wanted = set(keys)
-        out: dict[str, torch.Tensor] = {}
-        if self.keys:
-            rows = torch.cat(self.rows)
-            on_device = torch.cat(self.states)
-            states = on_device.cpu()
-            by_key: dict[str, dict[int, int]] = {}
-            keep = []
-            for i, (k, r) in enumerate(zip(self.keys, rows.tolist())):
-                if k in wanted:
-                    by_key.setdefault(k, {})[r] = i
-                else:
-                    keep.append(i)
-            for k, row_to_i in by_key.items():
-                order = [row_to_i[r] for r in sorted(row_to_i)]
-                if sorted(row_to_i) != list(range(len(order))):  # a gap: only possible after a recompute
-                    self.preempted.add(k)
-                out[k] = states[order]
-            idx = torch.tensor(keep, dtype=torch.long)
-            self.keys = [self.keys[i] for i in keep]
-            self.rows = [rows[idx]] if keep else []
-            # what stays, stays where new rows are appended (a host tensor among device ones breaks the next cat)
-            self.states = [on_device[idx.to(on_device.device)]] if keep else []
-        preempted = self.preempted & wanted
-        self.preempted -= wanted
-        self.prefilled -= wanted
-        return out, preempted
-
-    def clear(self) -> None:
-        self.__init__()
-
-
 class FBTVLLMMixin:
     """Latent feedback on a vLLM in-tree causal LM whose `.model(None, positions, None, inputs_embeds)` returns
     the final-normalized top states."""
@@ -242,9 +160,9 @@ class FBTVLLMMixin:
         self.fbt_use_tables = bool(getattr(cfg, "fbt_fusion_tables", True))
         self._fbt_tables = None  # token-side fusion terms of the current weights (built on first use)
         self.fbt_version = 0  # policy version of the loaded weights (set by the worker extension)
-        self.fbt_records = _Records()
+        self.fbt_records = StateRecords()
         self._fbt_runner = None  # the model runner, attached by the worker extension (per-request info)
-        self._fbt_req_cache: dict[str, _RequestInfo] = {}
+        self._fbt_req_cache: dict[str, RequestInfo] = {}
 
     # ---- hybrid-model interface: one (d,) state per request ------------------------------------------
     @classmethod
@@ -264,7 +182,7 @@ class FBTVLLMMixin:
         self._fbt_runner = runner
         self._fbt_req_cache.clear()
 
-    def _batch(self, num_reqs: int) -> _Batch | None:
+    def _batch(self, num_reqs: int) -> StepBatch | None:
         """This forward's requests from the V1 model runner's host-side tables (None without the worker extension,
         or in a dummy run whose batch holds no requests)."""
         runner = self._fbt_runner
@@ -282,7 +200,7 @@ class FBTVLLMMixin:
                 mode = extra.get("mode", self.fbt_default_mode)
                 if mode not in PROMPT_MODES:
                     raise ValueError(f"request {rid}: decode mode {mode!r} not in {PROMPT_MODES}")
-                info = _RequestInfo(extra.get("key"), mode, bool(extra.get("record", False)), state.num_prompt_tokens)
+                info = RequestInfo(extra.get("key"), mode, bool(extra.get("record", False)), state.num_prompt_tokens)
                 self._fbt_req_cache[rid] = info
             infos.append(info)
         if len(self._fbt_req_cache) > 4 * max(num_reqs, 64):  # drop finished requests now and then
@@ -291,7 +209,7 @@ class FBTVLLMMixin:
         # Filled by the runner before every forward (_prepare_inputs); host arrays, no device read.
         bounds = runner.query_start_loc.np[:num_reqs + 1].tolist()
         computed = runner.input_batch.num_computed_tokens_cpu[:num_reqs].tolist()
-        return _Batch(infos, bounds, computed)
+        return StepBatch(infos, bounds, computed)
 
     # ---- fusion from token tables ------------------------------------------------------------------------
     # Every fusion mode is a d×d matmul of the state plus a term that depends on the token alone (gate_product:
@@ -336,7 +254,7 @@ class FBTVLLMMixin:
     # ---- forward -----------------------------------------------------------------------------------------
     # Host syncs: the per-request facts (mode, key, prompt length, token offsets, positions) come from the model
     # runner's host tables (`_batch`), so a decode step reads nothing back from the device; host-built index
-    # tensors (mixed modes, a fused prompt's positions, a partial record set) go up through `_to_device`. Only a
+    # tensors (mixed modes, a fused prompt's positions, a partial record set) go up through `to_device`. Only a
     # model used without our worker extension reads prefill offsets back from the device (one sync per prefill).
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
         e = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
@@ -360,7 +278,7 @@ class FBTVLLMMixin:
                 ids_d = input_ids[:nd]
                 mask_d = ~self.fbt_is_reset[ids_d] & (positions[:nd] > 0)
                 if not all(fb_d):  # modes mixed in one batch (one generate() call uses one mode)
-                    mask_d &= _to_device(fb_d, torch.bool, e.device)
+                    mask_d &= to_device(fb_d, torch.bool, e.device)
                 x_d = torch.where(mask_d[:, None], self._fuse_tokens(state[idx_d], ids_d, e[:nd]), e[:nd])
                 x = x_d if nd == e.shape[0] else torch.cat([x_d, e[nd:]])
 
@@ -385,7 +303,7 @@ class FBTVLLMMixin:
                     fused_ranges.append(np.arange(a + 1, b))
             if fused_ranges and self.fbt_passes > 1:
                 passes = self.fbt_passes
-                pf_idx = _to_device(np.concatenate(fused_ranges), torch.long, e.device)
+                pf_idx = to_device(np.concatenate(fused_ranges), torch.long, e.device)
                 pf_ids = input_ids[pf_idx]
                 pf_mask = ~self.fbt_is_reset[pf_ids][:, None]  # pf_idx holds no first prompt position
 
@@ -405,7 +323,7 @@ class FBTVLLMMixin:
             self._record(batch, ndec, hidden, last)
         return hidden
 
-    def _record(self, batch: _Batch, ndec: int, hidden, last) -> None:
+    def _record(self, batch: StepBatch, ndec: int, hidden, last) -> None:
         """Row j of a sample is the state that predicted its response token j: row = position - (P - 1), taken
         at the request's last computed position (decode i is token i; prefill j ends at last[j])."""
         sel = [i for i, info in enumerate(batch.infos) if info.record and info.key is not None]
@@ -417,7 +335,7 @@ class FBTVLLMMixin:
             ends = torch.arange(ndec, device=hidden.device)
             if last is not None:
                 ends = torch.cat([ends, last])
-            states = hidden[ends if len(sel) == len(ends) else ends[_to_device(sel, torch.long, hidden.device)]]
+            states = hidden[ends if len(sel) == len(ends) else ends[to_device(sel, torch.long, hidden.device)]]
         rows = torch.tensor([batch.last_position(i) - (batch.infos[i].prompt_len - 1) for i in sel])
         self.fbt_records.add([batch.infos[i].key for i in sel], rows, states)
 

@@ -55,7 +55,7 @@ class FBTWorkerExtension:
     def fbt_attach(self) -> dict:
         """Give the model the runner's request table (per-request mode, key, prompt length); return facts.
 
-        The table is the V1 model runner's (`rollout.vllm_engine.engine_environment` forces that runner); a runner
+        The table is the V1 model runner's (`rollout.vllm_env.engine_environment` forces that runner); a runner
         without it fails here, at construction, rather than at the first forward."""
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner as V1ModelRunner
 

@@ -6,7 +6,7 @@
 - The loop on real in-process workers (torch engine, torch learner, math reward): s = 0 with the producer thread
   equals the synchronous loop exactly; an s = 1 run is the same run whatever the timing; a sample more than s
   versions old never reaches the learner (stale samples injected by a lagging engine are dropped and counted);
-  resume of an s = 1 run is exact; a learner rebuilt mid-run (issue 14) regenerates the batches from the
+  resume of an s = 1 run is exact; a learner rebuilt mid-run (after a rank died) regenerates the batches from the
   restored checkpoint, at s = 0 and s = 1, and leaves no producer thread behind.
 - The mismatch parts are 0 where they must be: the engine part on the fp32 torch engine, the staleness part at
   s = 0 (exactly), the estimator part of `exact` (exactly) and of replay at s = 0; they are not 0 where the
@@ -175,7 +175,7 @@ def test_rows_of_the_current_version_run_the_exact_recurrence_once():
     """Rows drawn with the current weights take exact(θ_v) = exact(θ_V) from the one recurrence under those
     weights (their staleness part is exactly 0); a row from an older version still gets its own."""
     from actors.learner import load_policy, pad_id_of
-    from rl.batch import SamplingParams
+    from rl.sampling import SamplingParams
     from rl.config import load_config
     from rl.mismatch_parts import MismatchProbe
     from rollout.torch_engine import TorchEngine
@@ -355,7 +355,7 @@ def test_async_resume_is_exact(tmp_path, rewards):
 
 
 class RebuiltOnce:
-    """A learner whose group is rebuilt (issue 14's `LearnerRebuilt`) in the update of step `at`: the loop must
+    """A learner whose group is rebuilt (`LearnerRebuilt`, after a rank died) in the update of step `at`: the loop must
     restore the last checkpoint and run the lost steps again."""
 
     def __init__(self, inner, at):
@@ -410,7 +410,7 @@ def test_engine_part_of_a_vllm_rollout_is_tiny(tmp_path):
     from actors.local import LocalLearner, LocalRollout
     from rl.data.loaders import encode_prompt, load_task_split
     from rl.data.tokenizer import load_tokenizer
-    from rl.loop import sampling_params
+    from rl.sampling import sampling_params
     cfg = job(tmp_path, "vllm", "rollout.engine=vllm")
     tok = load_tokenizer(cfg.model.path)
     rollout, learner = LocalRollout(cfg), LocalLearner(cfg, "torch")
@@ -420,12 +420,12 @@ def test_engine_part_of_a_vllm_rollout_is_tiny(tmp_path):
         parts = learner.mismatch_parts(samples, 0)
     finally:
         rollout.close()
-    # vLLM fp32 vs the exact recurrence in torch: ~1e-7 per token (shared/DESIGN.md §9)
+    # vLLM fp32 vs the exact recurrence in torch: ~1e-7 per token (docs/DESIGN.md §9)
     assert parts["engine"] < 1e-5 and parts["staleness"] == 0.0 and parts["estimator"] < 1e-5, parts
 
 
 def test_the_plot_shows_the_parts(tmp_path):
-    from rl.plots import build_panels, render
+    from rl.report.plots import build_panels, render
     rows = [{"step": 1, "mismatch_parts/engine": 1e-7, "mismatch_parts/staleness": 0.0,
              "mismatch_parts/estimator": 2e-3, "mismatch_parts/total": 2e-3}]
     panel = {p.name: p for p in build_panels(rows)}["mismatch_parts"]

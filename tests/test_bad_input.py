@@ -225,7 +225,7 @@ def test_run_guard_stops_on_persistent_faults_only():
 def test_torch_backend_skips_a_nonfinite_step():
     import torch
 
-    from rl.learner import TorchBackend
+    from rl.policy_update import TorchBackend
     model = torch.nn.Linear(3, 1)
     backend = TorchBackend(model, lr=0.1)
     before = [p.detach().clone() for p in model.parameters()]

@@ -280,7 +280,7 @@ class TestLocalRun:
         """After a real DeepSpeed update (ZeRO-3, 2 ranks) the ray transport delivers the new weights."""
         cfg, (rollout, learner, _), (ref, _), _ = run
         v = max(rollout.versions())
-        from rl.loop import sampling_params
+        from rl.sampling import sampling_params
         samples = rollout.generate([[1, 5, 6, 7], [1, 8, 9]], sampling_params(cfg, 2, seed=0), min_version=v)
         learner.update(samples, [1.0 if i % 2 else -1.0 for i in range(len(samples))])
         after = learner.weight_checksums()
@@ -305,7 +305,7 @@ def _outputs(rollout) -> list[float]:
 
 
 def _greedy(max_tokens=4):
-    from rl.batch import SamplingParams
+    from rl.sampling import SamplingParams
     return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop_token_ids=(2,))
 
 

@@ -10,9 +10,10 @@ import pytest
 
 from actors import console
 from actors.cli import COMMANDS, build_parser, main
-from rl import decode_modes, plots
+from rl import decode_modes
+from rl.report import plots
 from rl.config import load_config
-from rl.loop import _console_line
+from rl.report.console import console_line
 from rl.run import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +70,7 @@ def _row(step=3, **kw):
 
 
 def test_console_line_is_one_line_with_every_phase():
-    line = _console_line(_row(), 40)
+    line = console_line(_row(), 40)
     assert "\n" not in line
     assert line.startswith("step  3/40 | reward 0.500 acc 0.438 | len 18.2 trunc 0.00 | mismatch 9.7e-08 | ")
     assert "4.3s: rollout 1.8 reward 0.01 learner 2.4 sync 0.07" in line
@@ -77,7 +78,7 @@ def test_console_line_is_one_line_with_every_phase():
 
 
 def test_console_line_says_kl_eval_failures_and_skips():
-    line = _console_line(_row(**{"learner/kl_loss": 0.0123, "eval_accuracy_soft": 0.712, "eval_accuracy": 0.712,
+    line = console_line(_row(**{"learner/kl_loss": 0.0123, "eval_accuracy_soft": 0.712, "eval_accuracy": 0.712,
                                  "eval_accuracy_fused": 0.5, "time_step_s": 9.0,
                                  "reward/rewards/judge/errors": 8.0, "reward/rewards/judge/timeouts": 0.0,
                                  "reward/rewards/slow/timeouts": 32.0, "skipped": 1}), 40)
@@ -86,7 +87,7 @@ def test_console_line_says_kl_eval_failures_and_skips():
     assert "| eval soft 0.712 fused 0.500" in line
     assert "| reward failures: judge 8, slow 32" in line
     assert line.endswith("| skipped: no usable signal")
-    assert _console_line(_row(accuracy=None, logprob_mismatch_abs_mean=None), 9).startswith(
+    assert console_line(_row(accuracy=None, logprob_mismatch_abs_mean=None), 9).startswith(
         "step 3/9 | reward 0.500 acc - | len 18.2 trunc 0.00 | mismatch - |")
 
 
@@ -112,8 +113,8 @@ def test_known_vllm_noise_is_dropped_and_warnings_kept():
 # ---------------------------------------------------------------------------------------------- metrics
 
 def fake_rows(steps=12, modes=("soft", "fused")) -> list[dict]:
-    """Rows shaped like a run's metrics.jsonl, with every family of keys the panels read (issue 17's mismatch
-    parts and issue 18's latent keys included), an eval every 4 steps and a skipped step."""
+    """Rows shaped like a run's metrics.jsonl, with every family of keys the panels read (the mismatch
+    parts and the latent-channel keys included), an eval every 4 steps and a skipped step."""
     rows = [{"step": 0, **{f"eval_accuracy_{m}": 0.3 + 0.01 * i for i, m in enumerate(modes)}}]
     for s in range(1, steps + 1):
         r = _row(step=s, reward_mean=0.4 + 0.02 * s, accuracy=0.35 + 0.02 * s, response_len_mean=15.0 + s,

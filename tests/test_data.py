@@ -184,3 +184,14 @@ def test_sampler_epochs_and_resume_equivalence():
         PromptSampler(rows[:9], seed=5).load_state_dict(state)
     with pytest.raises(DataError, match="seed"):
         PromptSampler(rows, seed=6).load_state_dict(state)
+
+
+def test_task_names_are_one_registry():
+    """rl/data/tasks.py names every task once: the schema's choices, and the state-tracking tasks track.py defines."""
+    import typing
+
+    from rl.config import DataConfig
+    from rl.data import tasks, track
+    assert set(tasks.TRACK_TASKS) == set(track.TASKS)
+    assert typing.get_args(typing.get_type_hints(DataConfig)["task"]) == tasks.TASKS
+    assert set(tasks.TASKS) == set(tasks.GENERATED_TASKS) | set(tasks.FILE_TASKS)

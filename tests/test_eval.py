@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.batch import Sample, SamplingParams
+from rl.batch import Sample
+from rl.sampling import SamplingParams
 from rl.data.tokenizer import build_tokenizer
 from rl.evaluate import evaluate, format_table, mcnemar_exact, pass_at_k, plain_numeric_score
 

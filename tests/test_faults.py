@@ -83,7 +83,7 @@ def test_learner_rank_killed_mid_update(job, staleness, fault_record):
     """Rank 1 dies during step 4's update. The group is rebuilt inside the job, restored from the step-2
     checkpoint, and steps 3-5 run (again): step 3, completed once, is lost and repeated with the same prompts and
     - same weights, same seeds - the same rewards. metrics.jsonl ends with each step once; checkpoints intact.
-    Asynchronous (train.max_staleness=1, issue 17): the rollout queue's producer (batch 4 made during step 3,
+    Asynchronous (train.max_staleness=1): the rollout queue's producer (batch 4 made during step 3,
     batch 5 waiting for step 4's weights) is closed with the failed pass, and batches 3.. are made again from the
     restored weights: the same prompts and rewards as the first time."""
     j = job("train.steps=5", "train.checkpoint_every=2", f"train.max_staleness={staleness}")

@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import rl  # noqa: F401  (registers the Auto classes)
+import rl.model  # noqa: F401  (registers the Auto classes)
 from rl.batch import Sample, collate
 from rl.latent_metrics import latent_metrics, weight_norms
 from rl.likelihood import get_estimator
@@ -135,7 +135,7 @@ def test_one_sft_step_grows_the_latent_channel(stock):
 
 def test_one_rl_step_grows_the_latent_channel_and_the_metrics_see_it(stock):
     from rl.config import Config
-    from rl.learner import PolicyUpdater, TorchBackend
+    from rl.policy_update import PolicyUpdater, TorchBackend
     fbt = convert_to_fbt(stock, "linear_addition", init="identity")
     samples, batch = rollout_batch(fbt.eval())
     before = latent_metrics(fbt, batch, "soft")

@@ -5,11 +5,12 @@ import copy
 import pytest
 import torch
 
-import rl  # noqa: F401
+import rl.model  # noqa: F401
 from rl import algos
-from rl.batch import SamplingParams, collate
+from rl.batch import collate
+from rl.sampling import SamplingParams
 from rl.config import load_config
-from rl.learner import PolicyUpdater, TorchBackend
+from rl.policy_update import PolicyUpdater, TorchBackend
 from rl.likelihood import get_estimator
 from rollout.torch_engine import TorchEngine
 

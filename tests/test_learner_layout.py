@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-import rl  # noqa: F401  (registers the FBT Auto classes)
+import rl.model  # noqa: F401  (registers the FBT Auto classes)
 from actors.deepspeed_setup import learner_threads
 from rl.config import load_config
 from tests.test_actors import LR, assert_same_update, make_cfg, params, synthetic_batch, tiny_ckpt  # noqa: F401

@@ -176,12 +176,14 @@ def test_gradient_only_through_last_pass(model, rollouts, monkeypatch, name, pas
 def true_float64(monkeypatch):
     """The norms (ours and Llama's) upcast to fp32 by design, which would cap a float64 finite-difference
     check at fp32 precision: make them dtype-preserving for the check."""
-    import rl.model
+    import rl.model.fbt
+    import rl.model.fusion
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     inv_rms = lambda x, eps: torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    monkeypatch.setattr(rl.model, "rms_normalize", lambda x, eps=1e-6: x * inv_rms(x, eps))
-    monkeypatch.setattr(rl.model, "rms_value", lambda x, eps=1e-6: 1 / inv_rms(x, eps))
+    # where the model reads them: the fusion's norms, the embedding-RMS scale of the fused input
+    monkeypatch.setattr(rl.model.fusion, "rms_normalize", lambda x, eps=1e-6: x * inv_rms(x, eps))
+    monkeypatch.setattr(rl.model.fbt, "rms_value", lambda x, eps=1e-6: 1 / inv_rms(x, eps))
     monkeypatch.setattr(LlamaRMSNorm, "forward", lambda self, h: self.weight * h * inv_rms(h, self.variance_epsilon))
 
 

@@ -17,10 +17,10 @@ Tolerances.
 import pytest
 import torch
 
-import rl  # noqa: F401  (registers the FBT Auto classes)
+import rl.model  # noqa: F401  (registers the FBT Auto classes)
 from rl.batch import collate
 from rl.config import ConfigError, load_config
-from rl.learner import PolicyUpdater, TorchBackend
+from rl.policy_update import PolicyUpdater, TorchBackend
 from rl.likelihood import ESTIMATORS, get_estimator
 from rl.lora import LoraPolicy, clean_name
 from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM
@@ -350,7 +350,7 @@ def test_engines_serve_the_base_model_from_a_lora_learner_at_init(engine_ckpt, t
     mode, and the learner's exact log-probs match the engine's (the torch engine within the estimators' 1e-5, vLLM
     within tests/test_vllm_engine.py's 1e-4)."""
     from actors.local import LocalLearner, LocalRollout
-    from rl.batch import SamplingParams as Params
+    from rl.sampling import SamplingParams as Params
     cfg = rank_cfg(engine_ckpt, f"rollout.engine={engine}", "rollout.vllm.max_num_seqs=8",
                    "likelihood.estimator=exact")
     rollout, learner = LocalRollout(cfg), LocalLearner(cfg, "deepspeed")

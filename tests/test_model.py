@@ -1,4 +1,4 @@
-"""The FBT model against its equations and against the exact recurrence (shared/DESIGN.md §3).
+"""The FBT model against its equations and against the exact recurrence (docs/DESIGN.md §3).
 
 Tolerances: fp32 on CPU. A K-pass forward and the token-by-token recurrence compute the same function with
 different kernel shapes (one [L]-long attention vs L cached single-token steps), so they agree to float
@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
-import rl  # noqa: F401  (registers the Auto classes)
+import rl.model  # noqa: F401  (registers the Auto classes)
 from rl.model import FUSION_MODES, Fusion, convert_to_fbt, rms_normalize, shift_right
 
 TOL = 1e-5

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import rl  # noqa: F401  (registers fbt_llama with the Auto classes)
+import rl.model  # noqa: F401  (registers fbt_llama with the Auto classes)
 
 TINY_ARITH = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith"
 CHATML = ("{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"

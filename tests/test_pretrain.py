@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import rl  # noqa: F401
+import rl.model  # noqa: F401
 from rl import pretrain as P
 from rl.config import load_config
 from rl.data.tokenizer import build_tokenizer

@@ -14,10 +14,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import rl  # noqa: F401
+import rl.model  # noqa: F401
 from rl.batch import collate
 from rl.config import ConfigError, load_config
-from rl.learner import PolicyUpdater
+from rl.policy_update import PolicyUpdater
 from rl.likelihood import get_estimator
 from rollout.base import SamplingParams
 from rollout.torch_engine import TorchEngine

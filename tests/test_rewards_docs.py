@@ -135,7 +135,7 @@ def test_load_failures_say_what_the_page_says(workdir):
 
 
 def test_call_failures_say_what_the_page_says(workdir):
-    from rl.loop import _console_line, _report_failures
+    from rl.report.console import console_line, report_failures
     (workdir / "bad.py").write_text(
         "import time\n"
         "def boom(prompts, completions, answers, **kw):\n    raise RuntimeError('judge unreachable')\n"
@@ -146,7 +146,7 @@ def test_call_failures_say_what_the_page_says(workdir):
     rs = build_reward_set([{"fn": f"bad.py:{n}", "timeout_s": 2} for n in ("boom", "needs", "short", "nan", "slow")])
     res = rs(["Q"] * 4, ["a"] * 4, ["1"] * 4, finish_reasons=["stop"] * 4)
     printed = []
-    _report_failures(res.errors, set(), printed.append)
+    report_failures(res.errors, set(), printed.append)
     by_name = {re.match(r"reward '(\w+)'", line)[1]: line for line in printed}
     check(by_name["boom"], "reward 'boom' raised RuntimeError: judge unreachable; scored 0 (printed once; the step "
           "lines count repeats)", workdir)
@@ -161,12 +161,12 @@ def test_call_failures_say_what_the_page_says(workdir):
     check(next(e for e in again.errors if "'slow'" in e),
           "reward 'slow' is still running from an earlier batch (hung); scored 0", workdir)
     reported = set()
-    _report_failures(res.errors, reported, printed.append)
+    report_failures(res.errors, reported, printed.append)
     n = len(printed)
-    _report_failures(again.errors, reported, printed.append)  # same kinds again: nothing more is printed
+    report_failures(again.errors, reported, printed.append)  # same kinds again: nothing more is printed
     assert len(printed) == n + 1  # ...but "still running" is a new kind of failure for 'slow'
     row = {"step": 3, "reward_mean": 0.0, "accuracy": 0.0, "response_len_mean": 1.0, "truncation_rate": 0.0,
            "logprob_mismatch_abs_mean": None, "skipped": 0, "time_rollout_s": 1.0, "time_reward_s": 2.0,
            "time_learner_s": 1.0, "time_sync_s": 0.1, "time_step_s": 4.1, "reward/rewards/boom/errors": 256.0}
-    assert _console_line(row, 10).endswith("| reward failures: boom 256")
+    assert console_line(row, 10).endswith("| reward failures: boom 256")
     documented("| reward failures: boom 256")

@@ -4,9 +4,6 @@ The table is scored both in-process and through the pool; both must equal the ex
 """
 
 import importlib
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -140,24 +137,8 @@ def test_arithmetic_task_integers(pooled):
 
 
 def _load_arith():
-    """rl.data.arith, without importing the `rl` package: its __init__ registers the models and so imports torch
-    and transformers (~10 s here). arith.py is loaded from its file, with the one module it imports
-    (`rl.data.loaders`, pure Python) put in sys.modules for the duration, so `rl` itself is never imported."""
-    if "rl.data.loaders" in sys.modules:  # `rl` is imported already: nothing to save
-        return importlib.import_module("rl.data.arith")
-    data = Path(__file__).resolve().parents[1] / "rl" / "data"
-
-    def from_file(name, path):
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    sys.modules["rl.data.loaders"] = from_file("rl.data.loaders", data / "loaders.py")
-    try:
-        return from_file("fbrl_test_rl_data_arith", data / "arith.py")
-    finally:
-        del sys.modules["rl.data.loaders"]
+    """rl.data.arith (pure Python: importing `rl` loads neither torch nor transformers)."""
+    return importlib.import_module("rl.data.arith")
 
 
 def test_embedded_arithmetic_task_is_scored_by_the_math_reward(pooled):

@@ -70,7 +70,7 @@ def test_two_rl_steps_of_smollm_rl_yaml(smollm_fbt, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    import rl  # noqa: F401
+    import rl.model  # noqa: F401
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
     assert type(model).__name__ == "FBTLlamaForCausalLM"
     if not first["skipped"]:

@@ -123,7 +123,7 @@ def test_shipped_cups_checkpoints_are_small_reproducible_and_lean_on_the_latent_
     import torch
     import yaml
 
-    import rl  # noqa: F401  (registers the FBT classes)
+    import rl.model  # noqa: F401  (registers the FBT classes)
     from rl import pretrain as P
     from rl.config import load_config
 

@@ -14,11 +14,11 @@ import math
 import pytest
 import torch
 
-import rl  # noqa: F401
+import rl.model  # noqa: F401
 from rl import algos
 from rl.batch import collate
 from rl.config import load_config
-from rl.learner import PolicyUpdater, TorchBackend
+from rl.policy_update import PolicyUpdater, TorchBackend
 from rl.likelihood import get_estimator
 from test_learner import tiny_arith_rollouts
 

@@ -157,7 +157,7 @@ def test_token_ranks_run_eagerly_on_cpu(engine):
     it counts what vLLM's compiled function counts: entries >= the row's value, ties included."""
     import vllm.v1.sample.sampler as sampler
 
-    from rollout.vllm_engine import count_at_least
+    from rollout.vllm_env import count_at_least
     if engine.on_cpu:
         assert sampler.batched_count_greater_than is count_at_least
     x = torch.tensor([[0.5, -1.0, 0.5, 2.0], [-3.0, -2.0, -1.0, 0.0]])
@@ -166,8 +166,8 @@ def test_token_ranks_run_eagerly_on_cpu(engine):
 
 
 def scratch_files(engine) -> list[str]:
-    from rollout.vllm_engine import _scratch_dir
-    return sorted(glob.glob(os.path.join(_scratch_dir(), f"fbrl_states_*_{engine._uid}_*")))
+    from rollout.vllm_env import scratch_dir
+    return sorted(glob.glob(os.path.join(scratch_dir(), f"fbrl_states_*_{engine._uid}_*")))
 
 
 def test_states_handed_over_in_process_or_through_a_file_that_never_stays(engine, monkeypatch):

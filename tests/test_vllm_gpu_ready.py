@@ -19,7 +19,8 @@ from vllm import envs  # noqa: E402
 
 import rollout.vllm_plugin as plugin  # noqa: E402
 from rollout.base import SamplingParams  # noqa: E402
-from rollout.vllm_engine import VLLMEngine, apply_environment, engine_environment  # noqa: E402
+from rollout.vllm_engine import VLLMEngine  # noqa: E402
+from rollout.vllm_env import apply_environment, engine_environment  # noqa: E402
 from test_vllm_engine import ON_GPU, TINY_ARITH, make_prompts, random_tiny_fbt  # noqa: E402
 
 ENV_VARS = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_ALLOW_INSECURE_SERIALIZATION", "TRITON_F32_DEFAULT",
@@ -159,7 +160,7 @@ SYNCING = ("tolist", "item", "cpu", "numpy", "nonzero", "__bool__", "__int__", "
 
 class HostSyncAudit:
     """Counts, per model forward, the syncing calls made from the plugin's own code, and its host-to-device copies
-    (`_to_device`, asynchronous on an accelerator), split into forwards with and without prefill tokens."""
+    (`to_device`, asynchronous on an accelerator), split into forwards with and without prefill tokens."""
 
     def __init__(self, monkeypatch):
         self.inside, self.syncs, self.copies = False, [], []
@@ -168,13 +169,13 @@ class HostSyncAudit:
         self.kind = None
         for name in SYNCING:
             monkeypatch.setattr(torch.Tensor, name, self._spy(name, getattr(torch.Tensor, name)))
-        to_device = plugin._to_device
+        to_device = plugin.to_device
 
         def counted(*a, **k):
             if self.inside:
                 self.copies_per_kind[self.kind] += 1
             return to_device(*a, **k)
-        monkeypatch.setattr(plugin, "_to_device", counted)
+        monkeypatch.setattr(plugin, "to_device", counted)
 
     def _spy(self, name, fn):
         import sys

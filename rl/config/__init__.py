@@ -5,7 +5,8 @@ overrides (`load_config`), strict validation (unknown key, wrong type, bad choic
 the full dotted key, the file and line or the override, and what was expected), dumping back to YAML,
 and comparing two configs field by field (`diff_configs`, `check_resume`).
 
-schema.py holds the sections, loading.py the YAML/override loader (import both from here), secrets.py the
+schema.py holds the sections (runtime.py those of logging, Ray and faults), loading.py the YAML/override loader
+(import them from here), resume.py comparing two configs and the resume rule, secrets.py the
 redaction of secret values before a config is written anywhere, offpolicy.py the fields of off-policy training
 (`algo.tis_*`, `train.max_staleness`, `train.mismatch_parts_frac`) that schema.py's sections mix in.
 
@@ -21,10 +22,11 @@ to_yaml` return; the loader's dotted-key helpers).
 """
 from rl.config.loading import config_from_dict, load_config
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
-from rl.config.schema import (RESUME_LOCKED, AlgoConfig, CompareConfig, Config, ConfigError, DataConfig, DecodeMode,
-                              EvalConfig, FaultsConfig, LearnerConfig, LikelihoodConfig, LoggingConfig, ModelConfig,
-                              RayConfig, RewardConfig, RewardFn, RolloutConfig, TrainConfig, VllmOptions,
-                              check_resume, diff_configs)
+from rl.config.resume import RESUME_LOCKED, check_resume, diff_configs
+from rl.config.runtime import FaultsConfig, LoggingConfig, RayConfig
+from rl.config.schema import (AlgoConfig, CompareConfig, Config, ConfigError, DataConfig, DecodeMode, EvalConfig,
+                              LearnerConfig, LikelihoodConfig, ModelConfig, RewardConfig, RewardFn, RolloutConfig,
+                              TrainConfig, VllmOptions)
 
 __all__ = ["config_from_dict", "load_config", "RESUME_LOCKED", "AlgoConfig", "CompareConfig", "Config", "ConfigError",
            "DataConfig", "DecodeMode", "EvalConfig", "FaultsConfig", "LearnerConfig", "LikelihoodConfig",

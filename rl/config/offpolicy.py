@@ -1,4 +1,4 @@
-"""Config fields of off-policy training (issue 17), mixed into their sections in schema.py: the off-policy
+"""Config fields of off-policy training, mixed into their sections in schema.py: the off-policy
 correction of `algo` (`algo.tis_*`) and asynchronous training with its mismatch diagnostics (`train.max_staleness`,
 `train.mismatch_parts_frac`). Kept apart so schema.py stays one screenful per section; the keys are the sections'
 own (a mixin's fields come first in its section when dumped)."""

@@ -14,13 +14,17 @@ from typing import Any, Literal, Optional
 from rl.config.lora import LoraConfig
 from rl.config.offpolicy import AsyncTraining, OffPolicyCorrection
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
-from rl.config.serialize import flatten, is_under, plain, yaml_dump
+from rl.config.runtime import FaultsConfig, LoggingConfig, RayConfig
+from rl.config.serialize import flatten, plain, yaml_dump
+from rl.data.tasks import FILE_TASKS, LEVEL_TASKS, TASKS
+from rl.decode_modes import MODES as DECODE_MODES
+from rl.errors import InputError
 from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 
-DecodeMode = Literal["standard", "soft", "fused"]
+DecodeMode = Literal[DECODE_MODES]  # rl/decode_modes.py: the one list of decode modes
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A config problem; the message names the dotted key, where it came from, and what was expected."""
 
 
@@ -39,8 +43,7 @@ class ModelConfig:
 class DataConfig:
     # arith: rl/data/arith.py; word_problems: rl/data/word_problems.py; cups / cups_moved / modsum / parity: state
     # tracking (rl/data/track.py); the rest read files
-    task: Literal["arith", "jsonl", "parquet", "hf_disk", "word_problems", "cups", "cups_moved", "modsum",
-                  "parity"] = "arith"
+    task: Literal[TASKS] = "arith"   # rl/data/tasks.py
     train_path: Optional[str] = None    # jsonl / parquet file, or a `datasets.save_to_disk` dir
     test_path: Optional[str] = None
     train_split: str = "train"          # split names (arith: train|val|test; hf_disk: DatasetDict keys)
@@ -70,14 +73,14 @@ class DataConfig:
     def validate(self):
         if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
             yield "max_prompt_tokens", f"must be >= 1 or null, got {self.max_prompt_tokens}"
-        top, what = (4, "levels") if self.task in ("arith", "word_problems") else (64, "chain lengths")
+        top, what = (4, "levels") if self.task in LEVEL_TASKS else (64, "chain lengths")
         if not self.difficulty or any(not 1 <= d <= top for d in self.difficulty):
             yield "difficulty", f"expected a non-empty list of {what} in 1..{top}, got {self.difficulty}"
         if not 0 <= self.shots <= 2:
             yield "shots", f"expected 0, 1 or 2 worked examples, got {self.shots}"
         if not 0.0 <= self.direct_answer_frac <= 1.0:
             yield "direct_answer_frac", f"expected a fraction in [0, 1], got {self.direct_answer_frac}"
-        if self.task in ("jsonl", "parquet", "hf_disk") and not self.train_path:
+        if self.task in FILE_TASKS and not self.train_path:
             yield "train_path", f"required when task is {self.task!r}"
 
 
@@ -346,66 +349,6 @@ class CompareConfig:
 
 
 @dataclass
-class LoggingConfig:
-    wandb_project: str = "fbrl"
-    wandb_entity: Optional[str] = None
-    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
-    log_every: int = 1
-    progress: bool = True                 # a progress bar on stderr when it is a terminal
-    verbose: bool = False                 # vLLM / Ray workers / DeepSpeed / wandb / transformers output on the console
-
-
-@dataclass
-class RayConfig:
-    address: Optional[str] = None         # null: a private local Ray (inside `ray job submit`: the job's cluster)
-    num_cpus: Optional[int] = None
-    dashboard: bool = False
-    colocate: bool = False                # rollout and learner share resources
-    trim_heap_every: int = 10             # engines and learner ranks give malloc's freed heap back every N batches
-                                          # (actors/memory.py; 0: never)
-    # Where actors go (docs/CLUSTER.md): the placement group's strategy over the engine and learner bundles, and
-    # custom node resources each role needs (`ray start --resources '{"rollout_node": 8}'` on the nodes that may
-    # host it; an amount <= what such a node advertises, e.g. {rollout_node: 1}).
-    placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"
-    rollout_resources: dict[str, float] = field(default_factory=dict)
-    learner_resources: dict[str, float] = field(default_factory=dict)
-    reward_resources: dict[str, float] = field(default_factory=dict)
-
-    def validate(self):
-        for role in ("rollout", "learner", "reward"):
-            for name, amount in getattr(self, f"{role}_resources").items():
-                if amount <= 0 or name in ("CPU", "GPU", "memory"):
-                    yield f"{role}_resources", (f"expected custom resource names with amounts > 0 (CPUs and GPUs "
-                                                f"come from the role's own keys), got {name}: {amount}")
-        if self.num_cpus is not None and self.num_cpus < 1:
-            yield "num_cpus", f"must be >= 1 or null, got {self.num_cpus}"
-        if self.trim_heap_every < 0:
-            yield "trim_heap_every", f"must be >= 0 (0: never), got {self.trim_heap_every}"
-
-
-@dataclass
-class FaultsConfig:
-    """What a job survives inside itself, and when it stops instead (docs/RELIABILITY.md). Every recovery is
-    counted under `faults/...` in the metrics and logged in one line."""
-    max_rollout_restarts: int = 20        # dead rollout actors replaced over the job (their requests re-issued)
-    max_learner_rebuilds: int = 3         # learner group rebuilt from the last checkpoint after a rank died
-    max_reward_restarts: int = 20         # dead reward actors restarted (the batch is scored again)
-    max_nonfinite_steps: int = 3          # M: steps in a row with non-finite loss or gradients (skipped) -> stop
-    reward_error_share: float = 0.5       # a reward erroring or timing out on more than this share of rows ...
-    reward_error_steps: int = 3           # ... this many steps in a row stops the job, naming the reward
-
-    def validate(self):
-        for name in ("max_rollout_restarts", "max_learner_rebuilds", "max_reward_restarts"):
-            if getattr(self, name) < 0:
-                yield name, f"must be >= 0, got {getattr(self, name)}"
-        for name in ("max_nonfinite_steps", "reward_error_steps"):
-            if getattr(self, name) < 1:
-                yield name, f"must be >= 1, got {getattr(self, name)}"
-        if not 0 <= self.reward_error_share < 1:
-            yield "reward_error_share", f"expected a share in [0, 1), got {self.reward_error_share}"
-
-
-@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -441,42 +384,3 @@ class Config:
         for part in dotted.split("."):
             obj = getattr(obj, part)
         return obj
-
-
-# Fields whose change makes a resumed run a different experiment (checked by `check_resume`).
-RESUME_LOCKED = ("model.path", "model.init", "model.fusion_mode", "data", "likelihood.estimator",
-                 "likelihood.passes", "rollout.decode_mode", "rollout.n_samples_per_prompt",
-                 "train.seed", "train.prompts_per_step", "train.max_staleness",
-                 # a DeepSpeed checkpoint loads only with the same world size and ZeRO stage
-                 "learner.num_workers", "learner.zero_stage",
-                 # the checkpoint's weights and optimizer state are the adapters' (and their shapes the rank's)
-                 "learner.lora")
-
-
-# ------------------------------------------------------------------------------------------- comparing
-
-def diff_configs(a: Config, b: Config, keys: tuple[str, ...] | list[str] | None = None
-                 ) -> dict[str, tuple[Any, Any]]:
-    """{dotted key: (value in a, value in b)} for every differing leaf (only under `keys` if given)."""
-    fa, fb = a.flat(), b.flat()
-    out = {}
-    for k in list(fa) + [k for k in fb if k not in fa]:
-        if fa.get(k) != fb.get(k) and (keys is None or any(is_under(k, p) for p in keys)):
-            out[k] = (fa.get(k), fb.get(k))
-    return out
-
-
-# Fields that set which weights make which batch when batches are made ahead (`train.max_staleness` >= 1: a batch
-# never crosses a checkpoint, rl/rollout_queue.py `gate_step`): locked on resume of an asynchronous run only.
-RESUME_LOCKED_ASYNC = ("train.checkpoint_every",)
-
-
-def check_resume(saved: Config, current: Config, locked: tuple[str, ...] = RESUME_LOCKED) -> None:
-    """Refuse to resume when a locked field changed; the error names every changed field."""
-    if locked is RESUME_LOCKED and max(saved.train.max_staleness, current.train.max_staleness) >= 1:
-        locked = RESUME_LOCKED + RESUME_LOCKED_ASYNC
-    changed = diff_configs(saved, current, locked)
-    if changed:
-        lines = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in
-                          ((k, *v) for k, v in changed.items()))
-        raise ConfigError(f"cannot resume: these fields differ from the saved run's config: {lines}")

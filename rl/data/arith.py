@@ -18,7 +18,7 @@ import random
 import re
 from pathlib import Path
 
-from rl.data.loaders import read_jsonl, write_jsonl
+from rl.data.jsonl import DataError, read_jsonl, write_jsonl
 
 __all__ = ["LEVELS", "SPLITS", "PROMPT_TEMPLATE", "split_of", "problem_hash", "make_problem", "generate",
            "extract_boxed", "score", "write_split", "read_jsonl", "write_jsonl"]
@@ -104,7 +104,7 @@ def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2, 3), unique: 
         # 5000 rejections in a row cannot happen by chance (each split takes >= 10% of the hashes): the
         # space of distinct problems is used up
         if misses > 5000:
-            raise ValueError(f"only {len(rows)} distinct {split} problems found at difficulties "
+            raise DataError(f"only {len(rows)} distinct {split} problems found at difficulties "
                              f"{list(difficulties)} (asked for {n}); add harder levels or ask for fewer")
         row = make_problem(rng, rng.choice(list(difficulties)))
         if split_of(row["question"]) != split or (unique and row["question"] in seen):

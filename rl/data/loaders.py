@@ -13,47 +13,12 @@ tokenizes a prompt without adding a second set of special tokens to a templated 
 """
 from __future__ import annotations
 
-import json
-import os
 import random
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-
-class DataError(ValueError):
-    """A dataset problem; the message names the file (and line or row) at fault."""
-
-
-def write_jsonl(rows: Iterable[dict], path: str | Path) -> None:
-    """Write rows as JSON lines, atomically (a half-written file never appears under `path`)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
-def read_jsonl(path: str | Path) -> list[dict]:
-    """Every non-blank line must be a JSON object; errors name `file:line`."""
-    return [row for _, row in _read_numbered(path)]
-
-
-def _read_numbered(path: str | Path) -> list[tuple[int, dict]]:
-    out = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            out.append((lineno, row))
-    return out
+from rl.data.jsonl import DataError, read_jsonl, read_numbered, write_jsonl  # noqa: F401  (re-exported)
+from rl.data.tasks import LEVEL_TASKS, TRACK_TASKS
 
 
 def _normalize(rows: list[dict], where, prompt_field: str, answer_field: str,
@@ -141,7 +106,7 @@ def load_jsonl(path: str | Path, prompt_field: str = "prompt", answer_field: str
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    numbered = _read_numbered(path)   # keep line numbers so that a missing field names its line
+    numbered = read_numbered(path)   # keep line numbers so that a missing field names its line
     return _normalize([row for _, row in numbered], lambda i: f"{path}:{numbered[i][0]}",
                       prompt_field, answer_field, messages_field)
 
@@ -191,7 +156,7 @@ def load_task_split(data: Any, split: str, n: int | None = None, tokenizer=None)
 
 def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
     name = data.train_split if split == "train" else data.test_split if split == "test" else split
-    if data.task in ("arith", "word_problems"):
+    if data.task in LEVEL_TASKS:
         if n is None:
             if split != "train":
                 raise DataError(f"data: say how many {split} problems to generate (n)")
@@ -204,8 +169,8 @@ def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
         from rl.data import arith
         return arith.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty),
                               direct_answer_frac=data.direct_answer_frac)
-    from rl.data import track
-    if data.task in track.TASKS:
+    if data.task in TRACK_TASKS:
+        from rl.data import track
         if n is None:
             if split != "train":
                 raise DataError(f"data: say how many {split} problems to generate (n)")

@@ -36,7 +36,7 @@ def prompt_token_limit(cfg, model_config=None) -> int:
     if cfg.data.max_prompt_tokens:
         return int(cfg.data.max_prompt_tokens)
     if model_config is None:
-        import rl  # noqa: F401  (AutoConfig must know the FBT configs)
+        import rl.model  # noqa: F401  (AutoConfig must know the FBT configs)
         from transformers import AutoConfig
         model_config = AutoConfig.from_pretrained(cfg.model.path)
     context = engine_context_len(cfg, model_config)
@@ -66,6 +66,17 @@ class PromptFitter:
             return ids[:self.limit]
         head = ids[:1] if ids[0] == self.tokenizer.bos_token_id else []  # feedback resets at BOS: keep it
         return head + ids[len(ids) - (self.limit - len(head)):]
+
+    def fit_reported(self, rows: list[dict], what: str, faults, log) -> list[dict]:
+        """`fit`, with the over-long prompts counted in `faults` (rl.faults.FaultLog) and one log line when any
+        were over the limit."""
+        rows, over = self.fit(rows, what)
+        if over:
+            action = "dropped" if self.mode == "drop" else "truncated"
+            faults.add(f"prompts_{action}", over)
+            log(f"{what}: {over} prompts longer than {self.limit} tokens {action} "
+                f"(data.overlong_prompts={self.mode}); {len(rows)} rows remain")
+        return rows
 
     def fit(self, rows: list[dict], what: str) -> tuple[list[dict], int]:
         """(rows to use, number of over-long prompts among `rows`). `drop` leaves them out; `error` raises naming

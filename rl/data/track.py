@@ -31,6 +31,8 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from rl.data.jsonl import DataError
+
 __all__ = ["TASKS", "SPLITS", "MAX_CHAIN", "split_of", "problem_hash", "make_problem", "generate", "echo",
            "extract_answer", "score", "reward"]
 
@@ -127,7 +129,7 @@ def generate(task: str, split: str, n: int, seed: int = 0, lengths: Sequence[int
     rows, seen, misses = [], set(), 0
     while len(rows) < n:
         if misses > 20000:  # each split holds >= 10% of the hashes: this many misses in a row means used up
-            raise ValueError(f"only {len(rows)} distinct {split} problems of {task} at chain lengths "
+            raise DataError(f"only {len(rows)} distinct {split} problems of {task} at chain lengths "
                              f"{list(lengths)} (asked for {n}); use longer chains or ask for fewer")
         row = make_problem(task, rng, int(rng.choice(list(lengths))))
         key = (row["start"], row["stream"])

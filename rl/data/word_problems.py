@@ -24,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import random
 
+from rl.data.jsonl import DataError
+
 __all__ = ["LEVELS", "NUMBERS", "SPLITS", "INSTRUCTION", "make_problem", "generate", "split_of", "problem_hash",
            "chat_row"]
 
@@ -272,7 +274,7 @@ def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2), numbers: st
     rows, seen, misses = [], set(), 0
     while len(rows) < n:
         if misses > 5000:  # cannot happen by chance (each split owns >= 10% of the hashes): the space is used up
-            raise ValueError(f"only {len(rows)} distinct {split} word problems at difficulties "
+            raise DataError(f"only {len(rows)} distinct {split} word problems at difficulties "
                              f"{list(difficulties)} (asked for {n})")
         row = make_problem(rng, rng.choice(list(difficulties)), numbers, shots)
         if split_of(row["question"]) != split or row["question"] in seen:

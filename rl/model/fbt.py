@@ -2,7 +2,7 @@
 
 An FBT fuses the previous position's final-normalized top-layer state into the next input:
 `x_t = F(h_{t-1}, e_t)`. The backbone is used unchanged through `inputs_embeds`; what this module adds is the
-fusion `F`, and three ways to run the model (shared/DESIGN.md §3):
+fusion `F`, and three ways to run the model (docs/DESIGN.md §3):
 
 1. `multipass_forward` — K parallel passes, pass k fusing pass k-1's states shifted one position right
    (training, K-pass likelihood, replay of recorded states);
@@ -12,7 +12,8 @@ fusion `F`, and three ways to run the model (shared/DESIGN.md §3):
 
 `recurrent_forward` runs the exact token-by-token recurrence teacher-forced on given tokens: the ground truth
 every parallel shortcut is tested against. The checkpoint is a normal `save_pretrained` directory whose
-`model_type` is `fbt_llama` / `fbt_qwen2`; importing this module registers both with the Auto classes.
+`model_type` is `fbt_llama` / `fbt_qwen2`; importing this module registers both with the Auto classes. The fusion
+itself is rl/model/fusion.py; making an FBT from a plain checkpoint is rl/model/convert.py.
 """
 from __future__ import annotations
 
@@ -27,53 +28,8 @@ from transformers import (AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFo
                           Qwen2ForCausalLM)
 from transformers import initialization as hf_init
 
-FUSION_MODES = ("gate_product", "concat_projection", "linear_addition")
-PROMPT_MODES = ("standard", "soft", "fused")
-INPUT_SCALES = ("embedding_rms", "unit")
-
-
-def rms_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Parameter-free RMSNorm, computed in fp32 so bf16 states do not lose the scale."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
-def rms_value(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return torch.sqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
-
-
-class Fusion(nn.Module):
-    """`F(h, e)` before scaling, returning a unit-RMS vector. Weight names are part of the checkpoint format.
-
-    gate_product:      RMS((W_U h) ⊙ σ(W_G RMS(e)))   — the state rides the value path, the token only gates
-    concat_projection: RMS(W_C [RMS(h); RMS(e)])
-    linear_addition:   RMS(W_U h + W_T RMS(e))
-    """
-
-    def __init__(self, hidden_size: int, mode: str, eps: float = 1e-6):
-        super().__init__()
-        if mode not in FUSION_MODES:
-            raise ValueError(f"fbt_fusion_mode: expected one of {FUSION_MODES}, got {mode!r}")
-        self.mode, self.eps = mode, eps
-        d = hidden_size
-        if mode == "gate_product":
-            self.w_u, self.w_g = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
-        elif mode == "concat_projection":
-            self.w_c = nn.Linear(2 * d, d, bias=False)
-        else:
-            self.w_u, self.w_t = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
-        for lin in self.children():
-            lin._fbt_fusion = True  # tells _init_weights to use the paper's uniform init
-
-    def forward(self, h: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-        eps = self.eps
-        if self.mode == "gate_product":
-            z = self.w_u(h) * torch.sigmoid(self.w_g(rms_normalize(e, eps)))
-        elif self.mode == "concat_projection":
-            z = self.w_c(torch.cat([rms_normalize(h, eps), rms_normalize(e, eps)], dim=-1))
-        else:
-            z = self.w_u(h) + self.w_t(rms_normalize(e, eps))
-        return rms_normalize(z, eps)
+from rl.decode_modes import MODES as PROMPT_MODES
+from rl.model.fusion import FUSION_MODES, INPUT_SCALES, Fusion, positions_from_mask, rms_value, shift_right
 
 
 @strict
@@ -106,16 +62,6 @@ class MultiPassOutput:
     @property
     def last_hidden(self) -> torch.Tensor:
         return self.hidden[-1]
-
-
-def shift_right(states: torch.Tensor) -> torch.Tensor:
-    """carried[:, t] = states[:, t-1]; position 0 gets zeros (it never takes feedback)."""
-    return F.pad(states[:, :-1], (0, 0, 1, 0))
-
-
-def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids for left- or right-padded rows: 0 at each row's first real token."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 class FBTMixin:
@@ -387,89 +333,3 @@ FBT_CLASSES = {"llama": (FBTLlamaConfig, FBTLlamaForCausalLM), "qwen2": (FBTQwen
 for _cfg, _cls in FBT_CLASSES.values():
     AutoConfig.register(_cfg.model_type, _cfg, exist_ok=True)
     AutoModelForCausalLM.register(_cfg, _cls, exist_ok=True)
-
-
-def as_standard_lm(model):
-    """A stock Hugging Face Llama/Qwen2 that decodes in `standard` mode wherever an FBT model does.
-
-    Its class gains `FBTMixin`'s feedback-free building blocks (`embed`, `run_stack`, `logits_from_hidden`,
-    `prefill(mode="standard")`); it has no fusion, so every feedback mode refuses it. `fbrl eval` uses this to
-    score a backbone before conversion with the same engine and scorer as the converted model.
-    """
-    if hasattr(model, "fusion"):
-        return model
-    model.__class__ = type(f"Standard{type(model).__name__}", (FBTMixin, type(model)), {})
-    return model
-
-
-def fbt_config_from(base_config, fusion_mode: str = "gate_product", **fbt_fields):
-    """An FBT config carrying every field of a stock Llama/Qwen2 config."""
-    backbone = base_config.model_type.removeprefix("fbt_")
-    if backbone not in FBT_CLASSES:
-        raise ValueError(f"model_type {base_config.model_type!r} is not a supported backbone; "
-                         f"supported: {sorted(FBT_CLASSES)}")
-    cfg_cls, model_cls = FBT_CLASSES[backbone]
-    fields = base_config.to_dict()
-    for k in ("model_type", "architectures", "transformers_version", "quantization_config"):
-        fields.pop(k, None)
-    fields.update(fbt_fusion_mode=fusion_mode, **fbt_fields)
-    cfg = cfg_cls(**fields)
-    cfg.architectures = [model_cls.__name__]
-    return cfg
-
-
-# Fusion epsilon of an identity conversion: ~0 next to any embedding's mean square (fp32 keeps 1e-12 exactly), so
-# the three RMS epsilons no longer scale the fused input by 1/sqrt(ms/(ms+eps) + eps) ≠ 1 (docs/BENCHMARKS.md).
-IDENTITY_RMS_EPS = 1e-12
-FUSION_INITS = ("random", "identity")
-_NO_IDENTITY = ("identity init: fusion mode 'gate_product' has no identity point (the carried state is its value "
-                "path, the token only gates it); use 'linear_addition' or 'concat_projection'")
-
-
-@torch.no_grad()
-def identity_init_fusion(model) -> None:
-    """Set the fusion to its identity point: fused input == token embedding, whatever the carried state.
-
-    linear_addition: W_U = 0, W_T = I, so RMS(W_U h + W_T RMS(e)) · rms(e) = e; concat_projection:
-    W_C = [0, I]. The state then has no effect on the forward pass, but ∂L/∂W_U = (∂L/∂z) hᵀ is not zero, so
-    SFT or RL can grow the latent channel from a model that decodes exactly like its backbone in every mode.
-    gate_product, RMS((W_U h) ⊙ σ(W_G RMS(e))), has no such point: the state is the value path, the token only
-    gates it, so no weights make the fused input equal e.
-    """
-    fusion = model.fusion
-    if fusion.mode == "gate_product":
-        raise ValueError(_NO_IDENTITY)
-    d = model.config.hidden_size
-    eye = torch.eye(d, dtype=model.dtype, device=model.device)
-    if fusion.mode == "linear_addition":
-        fusion.w_u.weight.zero_()
-        fusion.w_t.weight.copy_(eye)
-    else:
-        fusion.w_c.weight.zero_()
-        fusion.w_c.weight[:, d:].copy_(eye)
-
-
-def convert_to_fbt(model, fusion_mode: str = "gate_product", seed: int = 0, init: str = "random", **fbt_fields):
-    """Stock HF causal LM (module or directory) → FBT model.
-
-    The one-pass model is unchanged: every backbone tensor is copied bit for bit. `init="random"`: the paper's
-    fusion init (needs multi-pass SFT before feedback helps); `init="identity"`: `identity_init_fusion` with
-    `fbt_rms_eps=IDENTITY_RMS_EPS`, so every decode mode equals the backbone from step 0.
-    """
-    if init not in FUSION_INITS:
-        raise ValueError(f"init: expected one of {FUSION_INITS}, got {init!r}")
-    if isinstance(model, str):
-        model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    if init == "identity":
-        fbt_fields.setdefault("fbt_rms_eps", IDENTITY_RMS_EPS)
-    cfg = fbt_config_from(model.config, fusion_mode, **fbt_fields)
-    if init == "identity" and fusion_mode == "gate_product":
-        raise ValueError(_NO_IDENTITY)
-    torch.manual_seed(seed)
-    fbt = FBT_CLASSES[cfg.model_type.removeprefix("fbt_")][1](cfg).to(next(model.parameters()).dtype)
-    missing, unexpected = fbt.load_state_dict(model.state_dict(), strict=False)
-    if unexpected or any(not k.startswith("fusion.") for k in missing):
-        raise ValueError(f"backbone weights do not fit: missing={missing} unexpected={unexpected}")
-    if init == "identity":
-        identity_init_fusion(fbt)
-    return fbt

@@ -1,0 +1,47 @@
+"""JSON-lines files (errors name `file:line`) and `DataError`, the error of a dataset problem. The task generators
+(rl/data/arith.py, ...) and the loaders (rl/data/loaders.py) both use them."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from rl.errors import InputError
+
+
+class DataError(InputError):
+    """A dataset problem; the message names the file (and line or row) at fault."""
+
+
+def write_jsonl(rows: Iterable[dict], path: str | Path) -> None:
+    """Write rows as JSON lines, atomically (a half-written file never appears under `path`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Every non-blank line must be a JSON object; errors name `file:line`."""
+    return [row for _, row in read_numbered(path)]
+
+
+def read_numbered(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, row) of every non-blank line, so that a later error can name the line."""
+    out = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            out.append((lineno, row))
+    return out

@@ -1,0 +1,102 @@
+"""What a vLLM engine needs around it to decode an FBT with latent feedback: the `vllm.LLM` options it forces
+(`FORCED_OPTIONS`, each with the reason), the process environment it sets before vLLM starts
+(`engine_environment`, `apply_environment`), the eager token-rank count on CPU (`use_eager_token_ranks`) and
+where scratch files go (`scratch_dir`)."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+
+WORKER_EXTENSION = "rollout.vllm_worker_ext.FBTWorkerExtension"
+
+# Options latent-feedback decoding cannot run with: name -> (forced value, why).
+FORCED_OPTIONS = {
+    "enable_prefix_caching": (False, "a cached prefix carries no recurrent state"),
+    "enable_chunked_prefill": (False, "a fused prompt's passes must see the whole prompt in one step"),
+    "speculative_config": (None, "draft tokens would be fed without their latent state"),
+    "async_scheduling": (False, "the recorded states and slots assume one step at a time"),
+    "enforce_eager": (True, "the per-request modes and recorded states are host-side bookkeeping a captured CUDA "
+                            "graph would replay stale (docs/GPU.md)"),
+    "logprobs_mode": ("processed_logprobs", "engine log-probs must be those of the distribution sampled from"),
+    "worker_extension_cls": (WORKER_EXTENSION, "weights and recorded states travel through it"),
+    "skip_tokenizer_init": (True, "the engine is token-in, token-out"),
+    "pipeline_parallel_size": (1, "layer 0 needs the top layer's state"),
+    "mamba_cache_mode": ("none", "the state slot must hold only the latest h_prev"),
+}
+
+
+def engine_environment(on_cpu: bool, dtype: str, weight_transfer_backend: str | None):
+    """(required, defaults): environment variables the engine sets before vLLM starts, name -> (value, why).
+
+    A required variable the user set to another value is an error; a default yields to the user's value. They
+    are process-wide and inherited by vLLM's engine and worker processes (docs/GPU.md).
+    """
+    required = {
+        # vLLM 0.32 picks the V2 model runner on CUDA whenever Triton is installed (VllmConfig.use_v2_model_runner).
+        # The plugin finds each request's decode mode, key and prompt length in the V1 runner's request table
+        # (`input_batch.req_ids`, `requests`, `query_start_loc`), which V2 does not have; and the V1 runner is the
+        # one CI exercises (the CPU runner subclasses it). tests/test_vllm_gpu_ready.py pins this choice.
+        "VLLM_USE_V2_MODEL_RUNNER": ("0", "the FBT plugin reads the V1 model runner's request table"),
+    }
+    defaults = {}
+    if on_cpu:
+        # In-process engine: up in seconds, and no process to orphan (docs/DESIGN.md §9).
+        defaults["VLLM_ENABLE_V1_MULTIPROCESSING"] = ("0", "in-process engine on CPU")
+        # vLLM's CPU GEMMs (onednn_mm) build a oneDNN primitive per batch size M, and oneDNN keeps up to 1024 of them
+        # in its process-wide cache: a rollout actor's heap grew by ~250 MiB over its first ~40 steps (a new M at
+        # almost every decode step) before it levelled off. vLLM's per-layer handlers keep their own 32 per weight
+        # shape, so a small global cache costs no speed (bench/engine_memory.py; docs/RELIABILITY.md, "What grew
+        # in the rollout actor"). Read by oneDNN at its first primitive, i.e. when vLLM builds the model.
+        defaults["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = ("64", "bounds the memory oneDNN's primitive cache holds")
+    else:
+        if weight_transfer_backend == "ipc":
+            # The IPC update info (CUDA IPC handles: storage classes, dtypes) crosses collective_rpc to a worker in
+            # another process; vLLM's msgpack serializer refuses such objects unless pickling is allowed. The
+            # sockets are vLLM's own local IPC channels between this process and its engine core.
+            required["VLLM_ALLOW_INSECURE_SERIALIZATION"] = ("1", "CUDA IPC handles cross collective_rpc pickled")
+        if str(dtype).removeprefix("torch.") in ("float32", "float"):
+            # fp32 attention on GPU runs in Triton kernels whose tl.dot defaults to TF32 (10-bit mantissa, ~1e-3
+            # relative error per product): an fp32 engine then is not fp32. "ieee" makes those dots true fp32.
+            defaults["TRITON_F32_DEFAULT"] = ("ieee", "dtype=float32 means fp32 attention too")
+    return required, defaults
+
+
+def apply_environment(required: dict, defaults: dict) -> None:
+    """Set `engine_environment`'s variables; ValueError naming a required one the user set otherwise."""
+    for name, (value, why) in required.items():
+        current = os.environ.get(name)
+        if current is not None and current.strip() != value:
+            raise ValueError(f"VLLMEngine: environment variable {name}={current!r} is incompatible with "
+                             f"latent-feedback decoding ({why}); unset it or set it to {value!r}")
+    for name, (value, _) in required.items():
+        os.environ[name] = value
+    for name, (value, _) in defaults.items():
+        os.environ.setdefault(name, value)
+    # An in-process engine core freezes vLLM's view of the environment (vllm.envs.enable_envs_cache); a later
+    # engine in this process must see the values set above.
+    from vllm import envs
+
+    envs.disable_envs_cache()
+
+
+def count_at_least(x: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Per row of `x`, how many entries are >= that row's value: vLLM's sampled-token rank, eagerly."""
+    return (x >= values).sum(-1)
+
+
+def use_eager_token_ranks() -> None:
+    """On CPU, vLLM's sampler computes every sampled token's rank (`Logprob.rank`, which fbrl never reads) with
+    a `torch.compile`d function whose first call in a process JIT-compiles a C++ kernel through Inductor: ~10 s of
+    the first `generate` of every engine process on a 2-core machine (a profile of the first call: 80 % in
+    Inductor). The compiled kernel saves a [tokens, vocab] bool temporary, which matters on a GPU's memory, not
+    on a CPU's; the same count runs eagerly instead, with the same result."""
+    import vllm.v1.sample.sampler as sampler
+
+    sampler.batched_count_greater_than = count_at_least
+
+
+def scratch_dir() -> str:
+    """Shared memory when the machine has it (files there never touch a disk)."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()

@@ -1,0 +1,47 @@
+"""`fbrl train` prints fbrl's own input errors as one line (exit code 2) and lets every other exception — a bug —
+through with its traceback."""
+import argparse
+
+import pytest
+
+from actors import launch
+from rl.config import ConfigError
+from rl.data.loaders import DataError
+from rl.errors import InputError
+from rl.faults import EXIT_BAD_INPUT
+from rl.run import RunDirError
+from rewards.loader import RewardLoadError
+from actors.preflight import BadInput
+
+
+def _args():
+    return argparse.Namespace(print_config=False)
+
+
+@pytest.mark.parametrize("error", [ConfigError("train.steps: must be >= 1, got -1"), DataError("a.jsonl:2: bad"),
+                                   RunDirError("runs/x: not empty"), RewardLoadError("no function 'f'"),
+                                   BadInput("model.path: checkpoint not found"),
+                                   FileNotFoundError("configs/none.yaml")])
+def test_input_errors_are_one_line(monkeypatch, capsys, error):
+    def prepare(args):
+        raise error
+    monkeypatch.setattr(launch, "prepare", prepare)
+    assert launch.run(_args()) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err == f"fbrl train: error: {error}\n"
+
+
+@pytest.mark.parametrize("bug", [ValueError("too many values to unpack"), KeyError("rollout"), TypeError("x")])
+def test_other_errors_keep_their_traceback(monkeypatch, capsys, bug):
+    def prepare(args):
+        raise bug
+    monkeypatch.setattr(launch, "prepare", prepare)
+    with pytest.raises(type(bug)) as info:
+        launch.run(_args())
+    assert info.value is bug
+    assert "fbrl train: error" not in capsys.readouterr().err
+
+
+def test_every_input_error_shares_the_base():
+    for cls in (ConfigError, DataError, RunDirError, RewardLoadError, BadInput):
+        assert issubclass(cls, InputError) and issubclass(cls, ValueError), cls

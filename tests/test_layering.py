@@ -1,0 +1,88 @@
+"""The package arrows: actors → rollout → rl, actors → rewards, nothing pointing back.
+
+Every import in rl/, rollout/, rewards/ and actors/ counts — module level and inside functions, `from . import`
+resolved against the importing module — so a lazy import cannot hide a dependency. rl/ stays free of Ray, vLLM
+and DeepSpeed: the learning side is plain torch + transformers and runs (and is tested) without a cluster.
+"""
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("rl", "rollout", "rewards", "actors")
+
+# package -> top-level names it must never import
+FORBIDDEN = {
+    "rl": {"rollout", "rewards", "actors", "ray", "vllm", "deepspeed"},
+    "rollout": {"actors", "rewards"},
+    "rewards": {"actors", "rollout"},
+    "actors": set(),
+}
+
+
+def module_name(path: pathlib.Path) -> str:
+    """rl/algos/losses.py -> rl.algos.losses; rl/algos/__init__.py -> rl.algos."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(source: str, name: str, is_package: bool) -> list[tuple[int, str]]:
+    """Every module the source of module `name` imports, as (line, absolute dotted name): `import x`,
+    `from x import y`, `from . import y` resolved against `name`, and `import_module("x")` / `__import__("x")`
+    with a literal name, wherever they stand (module level, function, branch)."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                found.append((node.lineno, ".".join(base + ([node.module] if node.module else []))))
+            else:
+                found.append((node.lineno, node.module or ""))
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")):
+            found.append((node.lineno, node.args[0].value))
+    return found
+
+
+def imported_modules(path: pathlib.Path) -> list[tuple[int, str]]:
+    return imports_of(path.read_text(), module_name(path), path.name == "__init__.py")
+
+
+def sources():
+    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def violations(path: pathlib.Path) -> list[str]:
+    pkg = path.relative_to(ROOT).parts[0]
+    return [f"{path.relative_to(ROOT)}:{line} imports {target}"
+            for line, target in imported_modules(path) if target.split(".")[0] in FORBIDDEN[pkg]]
+
+
+def test_every_package_has_sources():
+    for pkg in PACKAGES:
+        assert (ROOT / pkg / "__init__.py").exists(), pkg
+    assert len(sources()) > 50
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_arrows(pkg):
+    bad = [v for p in sources() if p.relative_to(ROOT).parts[0] == pkg for v in violations(p)]
+    assert not bad, "imports pointing against the arrows actors → rollout → rl, actors → rewards:\n" + "\n".join(bad)
+
+
+def test_every_import_form_is_seen():
+    """Relative, function-level and import_module imports all count, so none can slip past the rule."""
+    src = ("from . import losses\nfrom ..config import schema\nfrom .. import model\n"
+           "def f():\n    import ray.util\n    from vllm import LLM\n"
+           "    return importlib.import_module('deepspeed')\n")
+    assert [t for _, t in imports_of(src, "rl.algos.advantages", False)] == [
+        "rl.algos", "rl.config", "rl", "ray.util", "vllm", "deepspeed"]
+    assert [t for _, t in imports_of("from . import x\nfrom .sub import y\n", "rl.algos", True)] == [
+        "rl.algos", "rl.algos.sub"]
+    assert module_name(ROOT / "rl" / "algos" / "losses.py") == "rl.algos.losses"
+    assert module_name(ROOT / "rl" / "algos" / "__init__.py") == "rl.algos"
