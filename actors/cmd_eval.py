@@ -113,11 +113,11 @@ def run(args) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import rl.model  # noqa: F401  (registers the FBT model classes)
-    from rl.sampling import SamplingParams
     from rl.data.loaders import load_task_split
     from rl.decode_modes import mode_warning
     from rl.evaluate import evaluate, format_levels, format_table, paired_tests
     from rl.model import as_standard_lm
+    from rl.sampling import SamplingParams
     from rollout.torch_engine import TorchEngine
 
     torch.set_num_threads(args.threads)

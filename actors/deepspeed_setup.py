@@ -11,6 +11,7 @@ import torch
 
 from actors.placement import role_threads
 
+
 # ---- process setup ------------------------------------------------------------------------------------------
 def free_port() -> int:
     """A TCP port free on this node right now (the OS picks it; the rendezvous binds it moments later)."""

@@ -41,16 +41,26 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from actors.deepspeed_setup import (ClippingAdamW, DeepSpeedBackend, client_optimizer, deepspeed_config,
-                                     disable_shm_comm_jit, dist_backend, free_port, init_loopback_process_group,
-                                     is_loopback, set_dist_env, use_gpu)
+from actors.deepspeed_setup import (
+    ClippingAdamW,
+    DeepSpeedBackend,
+    client_optimizer,
+    deepspeed_config,
+    disable_shm_comm_jit,
+    dist_backend,
+    free_port,
+    init_loopback_process_group,
+    is_loopback,
+    set_dist_env,
+    use_gpu,
+)
 from rl.batch import collate
 from rl.decode_modes import record_rl_mode
-from rl.latent_metrics import latent_metrics
 from rl.faults import injected
-from rl.policy_update import PolicyUpdater, rows_read
+from rl.latent_metrics import latent_metrics
 from rl.lora import maybe_wrap, reference_scope
 from rl.mismatch_parts import MismatchProbe
+from rl.policy_update import PolicyUpdater, rows_read
 from rl.workers import tensor_checksums
 
 log = logging.getLogger(__name__)
@@ -63,8 +73,9 @@ ADAPTER_SUBDIR = "adapter"  # a LoRA learner's adapters in peft's format, beside
 
 def load_policy(path: str, dtype=torch.float32):
     """The FBT checkpoint as a torch module (importing `rl.model` registers the FBT classes with the Auto classes)."""
-    import rl.model  # noqa: F401
     from transformers import AutoModelForCausalLM
+
+    import rl.model  # noqa: F401
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
 
 

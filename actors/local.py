@@ -12,15 +12,22 @@ from pathlib import Path
 
 import torch
 
-from actors.learner import (ADAPTER_SUBDIR, LearnerRank, compute_latent_metrics, copy_tokenizer_files, load_policy,
-                            pad_id_of, write_safetensors_atomic)
+from actors.learner import (
+    ADAPTER_SUBDIR,
+    LearnerRank,
+    compute_latent_metrics,
+    copy_tokenizer_files,
+    load_policy,
+    pad_id_of,
+    write_safetensors_atomic,
+)
 from actors.learner_group import merge_rank_metrics
 from actors.reward_workers import RewardHost
 from actors.rollout import EngineHost, chunk_params, merge_chunks, split_prompts
 from rl.decode_modes import record_rl_mode
-from rl.policy_update import PolicyUpdater, TorchBackend
 from rl.lora import maybe_wrap, reference_scope
 from rl.mismatch_parts import MismatchProbe
+from rl.policy_update import PolicyUpdater, TorchBackend
 from rl.workers import tensor_checksums
 
 

@@ -321,8 +321,7 @@ def trainer_transfer(backend: str, rank: int, client, source, init: dict, master
     """vLLM's trainer-side engine for `backend`, set up on learner rank `rank` (every rank calls this; rank 0
     opens the transfer with the engines through `client`)."""
     if backend == "nccl":
-        from vllm.distributed.weight_transfer.nccl_engine import (NCCLTrainerInitInfo,
-                                                                   NCCLTrainerWeightTransferEngine)
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
         info = NCCLTrainerInitInfo(master_address=master[0], master_port=master[1], world_size=init["world_size"],
                                    rank=rank)
         return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)

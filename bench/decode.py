@@ -33,8 +33,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
-
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from rl.model import convert_to_fbt  # noqa: E402

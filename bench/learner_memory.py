@@ -132,8 +132,8 @@ def measure_memory(shape: str, rows: int, threads: int) -> dict:
 
 def throughput(shape: str, repeats: int, rows: int = 256) -> dict:
     from rl.batch import collate
-    from rl.policy_update import plan_update
     from rl.likelihood import get_estimator, response_hidden, response_log_dists
+    from rl.policy_update import plan_update
     model = build_model(shape).train()
     samples = mixed_samples(rows, model.config.vocab_size, model.config.hidden_size)
     adv = torch.randn(rows, generator=torch.Generator().manual_seed(3))

@@ -40,7 +40,6 @@ import sys
 import time
 from pathlib import Path
 
-
 import torch  # noqa: E402
 
 STANDARD = ["likelihood.estimator=standard", "rollout.decode_mode=standard"]

@@ -30,7 +30,6 @@ import statistics
 import sys
 import time
 
-
 import torch  # noqa: E402
 
 from rl.batch import LearnerBatch  # noqa: E402

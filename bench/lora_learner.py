@@ -26,7 +26,6 @@ import subprocess
 import sys
 import time
 
-
 import torch  # noqa: E402
 
 

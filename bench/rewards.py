@@ -22,7 +22,6 @@ import os
 import random
 import time
 
-
 from rewards.math import MathReward, _parse_gold, warm_worker  # noqa: E402
 
 FILLER = ("We rewrite the expression and collect like terms. Substituting the known values and simplifying each "

@@ -26,7 +26,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"))
@@ -37,10 +36,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
 
     from actors.rollout import make_engine
+    from bench.rollout_speed import job_prompts
     from rl.config import load_config
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
-    from bench.rollout_speed import job_prompts
     from rl.sampling import sampling_params
     cfg = load_config(args.config, args.overrides)
     _, tok = job_prompts(cfg)

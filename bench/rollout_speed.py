@@ -38,7 +38,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-
 ROWS = ("vllm_standard", "vllm_soft", "vllm_stock", "torch_standard", "torch_soft", "hf_generate")
 
 

@@ -154,9 +154,9 @@ def run(args) -> list[dict]:
     import ray
 
     from actors.learner_group import LearnerGroup
-    from actors.rollout import EngineHost, RolloutFleet, rollout_actor_class
-    from rl.sampling import SamplingParams
+    from actors.rollout import RolloutFleet, rollout_actor_class
     from rl.config import load_config
+    from rl.sampling import SamplingParams
 
     cfg = load_config(None, ["rollout.engine=torch", "likelihood.estimator=replay",
                              f"learner.num_workers={args.ranks}", f"learner.micro_batch_size={args.samples}"])

@@ -84,8 +84,8 @@ def box_content(text: str, open_brace: int, max_chars: int) -> str | None:
 
 def _last_match(pattern: re.Pattern, text: str) -> re.Match | None:
     last = None
-    for last in pattern.finditer(text):
-        pass
+    for match in pattern.finditer(text):
+        last = match
     return last
 
 

@@ -29,8 +29,9 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Protocol, Sequence, Union, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ log = logging.getLogger(__name__)
 @runtime_checkable
 class RewardFn(Protocol):
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any],
-                 **row_fields: Any) -> Union[Sequence[float], Awaitable[Sequence[float]]]: ...
+                 **row_fields: Any) -> Sequence[float] | Awaitable[Sequence[float]]: ...
 
 
 class RewardResult(list):

@@ -15,8 +15,9 @@ import importlib.util
 import inspect
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from rewards.base import RewardEntry, RewardSet
 from rl.errors import InputError

@@ -34,7 +34,8 @@ import logging
 import math as _math
 import re
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rewards.answer import extract_answer, literal_equal, literal_value, normalize, strip_trailing_punctuation
 from rewards.base import RewardResult

@@ -39,10 +39,11 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Callable, Sequence
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class _Pending:
     def __bool__(self) -> bool:
         return self.n > 0
 
-    def take(self, w: "_Worker") -> int:
+    def take(self, w: _Worker) -> int:
         q = self.groups.get(w.key)
         if not q:
             while self.unclaimed and self.unclaimed[0] not in self.groups:

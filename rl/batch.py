@@ -71,7 +71,7 @@ class LearnerBatch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, rows) -> "LearnerBatch":
+    def select(self, rows) -> LearnerBatch:
         """A sub-batch (micro-batch or a rank's share) with the same padding."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         pick = lambda t: None if t is None else t[rows]

@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 import re
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 

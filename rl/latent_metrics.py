@@ -99,7 +99,7 @@ def plot_latent(rows: list[dict], path, prefix: str = "learner/latent/") -> bool
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(series), figsize=(3.6 * len(series), 3.0), squeeze=False)
-    for ax, (key, label, pts) in zip(axes[0], series):
+    for ax, (_key, label, pts) in zip(axes[0], series):
         ax.plot(*zip(*pts), marker=".")
         ax.set_title(label, fontsize=9)
         ax.set_xlabel("step")

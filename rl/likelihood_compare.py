@@ -28,8 +28,7 @@ import torch
 
 from rl import states as state_formats
 from rl.batch import LearnerBatch, Sample, collate
-from rl.likelihood import (get_estimator, last_pass_inputs, micro_batches, response_hidden, response_log_dists,
-                           run_pass)
+from rl.likelihood import get_estimator, last_pass_inputs, micro_batches, response_hidden, response_log_dists, run_pass
 
 # storage formats whose replay error is reported besides the states as recorded (rl/states.py; config names)
 STORED_FORMATS = ("bf16", "fp8")

@@ -21,8 +21,8 @@ persists. `stop_requested()` (a signal arrived) ends the job after the current s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

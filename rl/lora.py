@@ -62,7 +62,7 @@ class LoraPolicy:
         self.model = peft_model.get_base_model()  # the FBT module itself, adapted in place
 
     @classmethod
-    def wrap(cls, model, lora_cfg, seed: int = 0) -> "LoraPolicy":
+    def wrap(cls, model, lora_cfg, seed: int = 0) -> LoraPolicy:
         """A is drawn at random (B = 0) from `seed`, so every rank, and a learner rebuilt in the job, starts from the
         same adapters; the global RNG is left as it was."""
         from peft import get_peft_model

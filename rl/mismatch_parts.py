@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -33,7 +33,6 @@ from rl import algos
 from rl.batch import LearnerBatch, Sample, collate
 from rl.likelihood import get_estimator
 
-
 # Loss metrics of a micro-batch are its share of the mini-batch loss: summed over micro-batches and ranks.
 SUMMED_METRICS = ("loss", "pg_loss", "kl_loss")
 KPASS_CHECK_ROWS = 4  # rows per step on which a kpass reference is also run exactly, for its error

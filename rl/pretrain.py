@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from rl import decode_modes
 from rl import model as fbt_model
@@ -139,7 +138,7 @@ def validation_losses(model, batches, num_passes: int, feedback_on: str = "all",
         _, losses = multipass_loss(model, input_ids, attention, loss_mask, num_passes, feedback_on=feedback_on)
         if exact:
             losses = losses + exact_loss(model, input_ids, attention, loss_mask, feedback_on)[1]
-        sums = [s + float(l) * n for s, l in zip(sums, losses)]
+        sums = [s + float(loss) * n for s, loss in zip(sums, losses)]
         count += n
     model.train(was_training)
     return [s / max(count, 1) for s in sums]
@@ -233,7 +232,7 @@ def train(cfg: Config, log=print) -> dict:
     with_exact = p.exact_prob > 0
     val = validation_losses(model, val_batches, k_eval, p.feedback_on, with_exact)
     history.append({"step": 0, "val": val})
-    log(f"step 0 val " + _val_line(val, k_eval))
+    log("step 0 val " + _val_line(val, k_eval))
     t_loop = time.time()
     for step in range(p.steps):
         exact = exact_step(step, p)

@@ -13,7 +13,6 @@ import random
 import torch
 import torch.nn.functional as F
 
-
 # ------------------------------------------------------------------------------------------- objective
 
 

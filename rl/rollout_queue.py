@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -66,7 +67,7 @@ class RolloutBatch:
     time_rollout_s: float = 0.0
     time_reward_s: float = 0.0
 
-    def select(self, keep: list[int]) -> "RolloutBatch":
+    def select(self, keep: list[int]) -> RolloutBatch:
         """The same batch with only the samples (and their scores) at `keep`."""
         return RolloutBatch(self.step, self.rows, [self.samples[i] for i in keep], self.version, self.sampler_state,
                             self.preempted, [self.rewards[i] for i in keep],

@@ -88,7 +88,7 @@ class RunDir:
             shutil.rmtree(stale, ignore_errors=True)
 
     @classmethod
-    def new(cls, path: str | None, overwrite: bool = False) -> "RunDir":
+    def new(cls, path: str | None, overwrite: bool = False) -> RunDir:
         """The directory of a new run. One that holds anything is refused (its metrics would be appended to and
         its checkpoints overwritten), unless `overwrite` and it is an earlier run, whose files are deleted."""
         if path is not None and Path(path).exists():
@@ -114,7 +114,7 @@ class RunDir:
         return cls(path)
 
     @classmethod
-    def existing(cls, path: str) -> "RunDir":
+    def existing(cls, path: str) -> RunDir:
         """The directory of a run to resume: it must hold config.yaml and a complete checkpoint. Nothing is
         created when it does not."""
         p = Path(path)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 from rl.decode_modes import MODES as PROMPT_MODES
+from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 from rl.states import STATE_DTYPES, params_states_dtype
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ class RolloutWorkers(Protocol):
         """n samples per prompt from every engine together (ordered by prompt, then sample); refuses when
         an engine holds a policy older than `min_version`."""
 
-    def sync_weights(self, learner: "LearnerWorkers", version: int, weights_path: str) -> list[int]:
+    def sync_weights(self, learner: LearnerWorkers, version: int, weights_path: str) -> list[int]:
         """Move the learner's current weights onto every engine as policy `version`, through the transport the
         workers were built with (`rollout.weight_sync`, actors/weight_sync.py: the safetensors file
         `weights_path`, Ray's object store, or vLLM's native NCCL / IPC transfer driven by learner rank 0). Returns

@@ -44,9 +44,10 @@ LATENT_LAYER_TYPE = "fbt_latent_state"
 
 def register() -> None:
     """vLLM general-plugin entry point: make our config types and architectures known to vLLM."""
-    import rl.model  # noqa: F401  (registers fbt_llama / fbt_qwen2 with transformers' AutoConfig)
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    import rl.model  # noqa: F401  (registers fbt_llama / fbt_qwen2 with transformers' AutoConfig)
 
     for arch in ARCHITECTURES:
         if arch not in ModelRegistry.get_supported_archs():

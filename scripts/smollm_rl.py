@@ -93,7 +93,7 @@ def summarize(run_dir: Path, wall_s: float | None = None) -> dict:
 
 
 def format_summary(s: dict) -> str:
-    lines = [f"# SmolLM2-135M-Instruct (identity FBT), RL on word problems: held-out greedy accuracy",
+    lines = ["# SmolLM2-135M-Instruct (identity FBT), RL on word problems: held-out greedy accuracy",
              "", f"{s['n']} held-out problems, step {s['steps'][0]} vs step {s['steps'][1]}; paired McNemar exact "
                  f"test (gained = solved only after RL, lost = only before)", "",
              "| mode | read | start | end | lift (points) | gained | lost | McNemar p |", "|---" * 8 + "|"]

@@ -23,9 +23,9 @@ from actors.learner_group import merge_rank_metrics
 from actors.local import LocalLearner, LocalRewards, LocalRollout
 from actors.rollout import chunk_params, merge_chunks, split_prompts
 from rl.batch import Sample
-from rl.sampling import SamplingParams
 from rl.config import load_config
 from rl.data.tokenizer import build_tokenizer
+from rl.sampling import SamplingParams
 from rollout.base import StaleWeightsError
 
 LR = 1e-3
@@ -360,7 +360,8 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
     for step in range(3):
         samples = rollout.generate(prompts, params(max_tokens=8, seed=step), min_version=0)
         state_ids |= {s.states.handle.hex() for s in samples}
-        stored = lambda n, k=len({s.states.handle for s in samples}): n >= baseline + k
+        want = baseline + len({s.states.handle for s in samples})
+        stored = lambda n, want=want: n >= want
         assert stored(settled(stored)), f"step {step}: the states are not in the store"  # the step's states ...
         learner.update(samples, [1.0, -1.0] * 5)
         del samples

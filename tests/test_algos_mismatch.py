@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-
 from test_algos import A, D, close
 
 # ---- train / rollout mismatch -------------------------------------------------------------------------------

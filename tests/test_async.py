@@ -175,9 +175,9 @@ def test_rows_of_the_current_version_run_the_exact_recurrence_once():
     """Rows drawn with the current weights take exact(θ_v) = exact(θ_V) from the one recurrence under those
     weights (their staleness part is exactly 0); a row from an older version still gets its own."""
     from actors.learner import load_policy, pad_id_of
-    from rl.sampling import SamplingParams
     from rl.config import load_config
     from rl.mismatch_parts import MismatchProbe
+    from rl.sampling import SamplingParams
     from rollout.torch_engine import TorchEngine
     cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [f"model.path={CKPT}", "train.max_staleness=1"])
     model = load_policy(CKPT)

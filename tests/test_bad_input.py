@@ -35,7 +35,8 @@ def prepare(*argv: str, cwd: Path | None = None):
     """`fbrl train ARGV`'s checks (actors.launch.prepare), in this process."""
     import argparse
 
-    from actors.launch import add_arguments, prepare as launch_prepare
+    from actors.launch import add_arguments
+    from actors.launch import prepare as launch_prepare
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(list(argv))

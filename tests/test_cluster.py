@@ -32,8 +32,15 @@ import torch
 from safetensors.torch import save_file
 
 from actors.placement import plan_bundles
-from actors.weight_sync import (FileSync, GatheredWeights, RayBuckets, make_transport, pack_bucket,
-                                resolve_transport, unpack_bucket)
+from actors.weight_sync import (
+    FileSync,
+    GatheredWeights,
+    RayBuckets,
+    make_transport,
+    pack_bucket,
+    resolve_transport,
+    unpack_bucket,
+)
 from rl.config import ConfigError, load_config
 from rl.workers import tensor_checksums
 

@@ -3,7 +3,7 @@ import textwrap
 
 import pytest
 
-from rl.config import (Config, ConfigError, check_resume, config_from_dict, diff_configs, load_config)
+from rl.config import Config, ConfigError, check_resume, config_from_dict, diff_configs, load_config
 
 
 def write(tmp_path, text, name="x.yaml"):

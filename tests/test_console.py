@@ -11,8 +11,8 @@ import pytest
 from actors import console
 from actors.cli import COMMANDS, build_parser, main
 from rl import decode_modes
-from rl.report import plots
 from rl.config import load_config
+from rl.report import plots
 from rl.report.console import console_line
 from rl.run import RunDir
 

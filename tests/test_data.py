@@ -6,8 +6,16 @@ import pytest
 
 from rl.config import ConfigError, DataConfig, config_from_dict
 from rl.data import arith
-from rl.data.loaders import (DataError, PromptSampler, load_hf_disk, load_jsonl, load_parquet, load_task_split,
-                             read_jsonl, write_jsonl)
+from rl.data.loaders import (
+    DataError,
+    PromptSampler,
+    load_hf_disk,
+    load_jsonl,
+    load_parquet,
+    load_task_split,
+    read_jsonl,
+    write_jsonl,
+)
 
 ALL = (1, 2, 3, 4)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from rl.batch import Sample
-from rl.sampling import SamplingParams
 from rl.data.tokenizer import build_tokenizer
 from rl.evaluate import evaluate, format_table, mcnemar_exact, pass_at_k, plain_numeric_score
+from rl.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPT = ROOT / "checkpoints" / "tiny-arith"

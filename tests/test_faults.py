@@ -21,16 +21,32 @@ import json
 import os
 import re
 import signal
-import threading
-import time
 import uuid
-from pathlib import Path
 
 import pytest
-
-from fault_harness import (CONFIG, OUR_ACTORS, SMALL, alive, check_checkpoints, data_lost, descendants,  # noqa: F401
-                           expected_digests, fault_record, job, line_with, metrics_of, no_processes_left, output,
-                           quoted, same_weights, start_train, steps_lost, steps_logged, wait_for, write_jsonl_task)
+from fault_harness import (  # noqa: F401
+    CONFIG,
+    OUR_ACTORS,
+    SMALL,
+    alive,
+    check_checkpoints,
+    data_lost,
+    descendants,
+    expected_digests,
+    fault_record,
+    job,
+    line_with,
+    metrics_of,
+    no_processes_left,
+    output,
+    quoted,
+    same_weights,
+    start_train,
+    steps_logged,
+    steps_lost,
+    wait_for,
+    write_jsonl_task,
+)
 
 
 # ---- in CI: the two kills the issue names ------------------------------------------------------------------------

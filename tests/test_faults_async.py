@@ -12,9 +12,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from fault_harness import (alive, check_checkpoints, data_lost, expected_digests, fault_record, job,  # noqa: F401
-                           metrics_of, quoted, same_weights, steps_lost, wait_for)
+from fault_harness import (  # noqa: F401
+    alive,
+    check_checkpoints,
+    data_lost,
+    expected_digests,
+    fault_record,
+    job,
+    metrics_of,
+    quoted,
+    same_weights,
+    steps_lost,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPT = str(ROOT / "checkpoints" / "tiny-arith-mixed")

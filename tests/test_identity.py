@@ -17,7 +17,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import rl.model  # noqa: F401  (registers the Auto classes)
-from rl.batch import Sample, collate
+from rl.batch import collate
 from rl.latent_metrics import latent_metrics, weight_norms
 from rl.likelihood import get_estimator
 from rl.model import IDENTITY_RMS_EPS, convert_to_fbt, identity_init_fusion

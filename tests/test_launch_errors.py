@@ -5,13 +5,13 @@ import argparse
 import pytest
 
 from actors import launch
+from actors.preflight import BadInput
+from rewards.loader import RewardLoadError
 from rl.config import ConfigError
 from rl.data.loaders import DataError
 from rl.errors import InputError
 from rl.faults import EXIT_BAD_INPUT
 from rl.run import RunDirError
-from rewards.loader import RewardLoadError
-from actors.preflight import BadInput
 
 
 def _args():

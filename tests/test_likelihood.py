@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from rl.batch import Sample, collate
-from rl.likelihood import (ESTIMATORS, get_estimator, last_pass_inputs, response_hidden, run_pass,
-                           token_logprobs)
+from rl.likelihood import ESTIMATORS, get_estimator, last_pass_inputs, response_hidden, run_pass, token_logprobs
 from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM
 from rollout.base import SamplingParams
 from rollout.torch_engine import TorchEngine
@@ -176,9 +175,10 @@ def test_gradient_only_through_last_pass(model, rollouts, monkeypatch, name, pas
 def true_float64(monkeypatch):
     """The norms (ours and Llama's) upcast to fp32 by design, which would cap a float64 finite-difference
     check at fp32 precision: make them dtype-preserving for the check."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
     import rl.model.fbt
     import rl.model.fusion
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     inv_rms = lambda x, eps: torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     # where the model reads them: the fusion's norms, the embedding-RMS scale of the fused input

@@ -20,10 +20,10 @@ import torch
 import rl.model  # noqa: F401  (registers the FBT Auto classes)
 from rl.batch import collate
 from rl.config import ConfigError, load_config
-from rl.policy_update import PolicyUpdater, TorchBackend
 from rl.likelihood import ESTIMATORS, get_estimator
 from rl.lora import LoraPolicy, clean_name
 from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM
+from rl.policy_update import PolicyUpdater, TorchBackend
 from rollout.base import SamplingParams
 from rollout.torch_engine import TorchEngine
 

@@ -6,10 +6,10 @@ rounding, ~1e-6 here; 1e-5 leaves margin without hiding a wrong position (those 
 """
 import pytest
 import torch
-from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM)
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import rl.model  # noqa: F401  (registers the Auto classes)
-from rl.model import FUSION_MODES, Fusion, convert_to_fbt, rms_normalize, shift_right
+from rl.model import FUSION_MODES, Fusion, convert_to_fbt, shift_right
 
 TOL = 1e-5
 BOS = 1

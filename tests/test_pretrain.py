@@ -11,7 +11,6 @@ import random
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import rl.model  # noqa: F401
 from rl import pretrain as P
@@ -21,8 +20,8 @@ from rl.data.tokenizer import build_tokenizer
 
 def tiny_model(layers=2, seed=0):
     cfg = load_config(None, ["model.path=null", f"pretrain.seed={seed}",
-                             "model.init={backbone: llama, hidden_size: 64, num_layers: %d, num_heads: 1, "
-                             "num_kv_heads: 1, intermediate_size: 128}" % layers])
+                             f"model.init={{backbone: llama, hidden_size: 64, num_layers: {layers}, num_heads: 1, "
+                             "num_kv_heads: 1, intermediate_size: 128}"])
     return P.load_model_and_tokenizer(cfg)
 
 

@@ -9,8 +9,8 @@
 - the arithmetic task's own checker (rl/data/arith.py) and the strict reward agree on every adversarial case.
 """
 import importlib
-from fractions import Fraction
 import logging
+from fractions import Fraction
 
 import pytest
 

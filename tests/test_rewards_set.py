@@ -68,7 +68,7 @@ def test_weights_row_fields_and_metrics():
     assert out.per_reward["length_reward"] == [0.9, 0.9, 0.7]
     assert out.per_reward["uses_row_field"] == [1.0, 2.0, 3.0]  # only the fields it names are passed
     assert out.per_reward["async_reward"] == [2.0] * 3
-    expected = [2 * l - d + 2 + n for l, d, n in zip([0.9, 0.9, 0.7], [1, 2, 3], [0.5, 0.25, 1.0])]
+    expected = [2 * x - d + 2 + n for x, d, n in zip([0.9, 0.9, 0.7], [1, 2, 3], [0.5, 0.25, 1.0])]
     assert out.rewards == pytest.approx(expected)
     m = out.metrics
     assert m["rewards/length_reward/mean"] == pytest.approx(2.5 / 3)

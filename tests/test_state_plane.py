@@ -18,10 +18,10 @@ import rl.model  # noqa: F401
 from actors.state_plane import fetch, from_carrier, to_carrier
 from rl import states as sf
 from rl.batch import Sample, collate
-from rl.sampling import SamplingParams
 from rl.config import load_config
-from rl.policy_update import PolicyUpdater, TorchBackend, plan_for, rows_read
 from rl.likelihood import get_estimator
+from rl.policy_update import PolicyUpdater, TorchBackend, plan_for, rows_read
+from rl.sampling import SamplingParams
 from rollout.torch_engine import TorchEngine
 
 CKPT = "checkpoints/tiny-arith"

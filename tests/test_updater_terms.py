@@ -13,14 +13,14 @@ import math
 
 import pytest
 import torch
+from test_learner import tiny_arith_rollouts
 
 import rl.model  # noqa: F401
 from rl import algos
 from rl.batch import collate
 from rl.config import load_config
-from rl.policy_update import PolicyUpdater, TorchBackend
 from rl.likelihood import get_estimator
-from test_learner import tiny_arith_rollouts
+from rl.policy_update import PolicyUpdater, TorchBackend
 
 CKPT = "checkpoints/tiny-arith"
 

@@ -15,13 +15,13 @@ import torch
 
 pytest.importorskip("vllm")
 
+from test_vllm_engine import ON_GPU, TINY_ARITH, make_prompts, random_tiny_fbt  # noqa: E402
 from vllm import envs  # noqa: E402
 
 import rollout.vllm_plugin as plugin  # noqa: E402
 from rollout.base import SamplingParams  # noqa: E402
 from rollout.vllm_engine import VLLMEngine  # noqa: E402
 from rollout.vllm_env import apply_environment, engine_environment  # noqa: E402
-from test_vllm_engine import ON_GPU, TINY_ARITH, make_prompts, random_tiny_fbt  # noqa: E402
 
 ENV_VARS = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_ALLOW_INSECURE_SERIALIZATION", "TRITON_F32_DEFAULT",
             "VLLM_ENABLE_V1_MULTIPROCESSING", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")

@@ -1,7 +1,8 @@
 """Name → function registries shared by the GRPO-family modules (verl-style, without the 2,000 lines)."""
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 F = TypeVar("F", bound=Callable)
 

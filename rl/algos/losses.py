@@ -8,8 +8,8 @@ the batch loss (sum the parts over micro-batches and ranks — with ranks, sum g
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -17,7 +17,7 @@ from torch import Tensor
 from ._registry import lookup, make_register
 from .mismatch import IS_LEVELS, get_is_correction, mismatch_metrics, rollout_correction
 
-Count = Union[int, float, Tensor, None]
+Count = int | float | Tensor | None
 
 POLICY_LOSSES: dict[str, Callable] = {}
 LOSS_AGG_MODES: dict[str, Callable] = {}
@@ -49,12 +49,12 @@ class PolicyLossConfig:
     loss_type: str = "ppo"            # POLICY_LOSSES key: "ppo" | "reinforce"
     eps_low: float = 0.2              # ratio clipped below at 1 − eps_low (A < 0)
     eps_high: float = 0.2             # ratio clipped above at 1 + eps_high (A > 0); DAPO clip-higher: 0.28
-    clip_ratio_c: Optional[float] = None  # dual clip for A < 0: loss ≤ −A·c (c > 1); None = off
+    clip_ratio_c: float | None = None  # dual clip for A < 0: loss ≤ −A·c (c > 1); None = off
     agg_mode: str = "token_mean"      # LOSS_AGG_MODES key
-    max_length: Optional[int] = None  # constant normaliser of seq_mean_token_sum_norm (default: T of the call)
+    max_length: int | None = None  # constant normaliser of seq_mean_token_sum_norm (default: T of the call)
     kl_coef: float = 0.0              # 0 = no reference policy needed
     kl_estimator: str = "k3"          # KL_ESTIMATORS key
-    is_mode: Optional[str] = None     # engine/learner correction: None | an IS_CORRECTIONS name (truncate, mask, mis)
+    is_mode: str | None = None     # engine/learner correction: None | an IS_CORRECTIONS name (truncate, mask, mis)
     is_level: str = "token"           # "token" | "sequence" | "geometric"
     is_cap: float = 2.0               # TIS cap C
     is_bounds: tuple[float, float] = (0.5, 2.0)  # ratios kept by the "mask" and "mis" modes
@@ -132,7 +132,7 @@ def seq_count(mask: Tensor) -> int:
 
 @register_loss_agg_mode("token_mean")
 def agg_token_mean(loss_mat: Tensor, mask: Tensor, global_token_count: Count = None,
-                   global_seq_count: Count = None, max_length: Optional[int] = None) -> Tensor:
+                   global_seq_count: Count = None, max_length: int | None = None) -> Tensor:
     """Σ masked token losses / global_token_count (default: this call's token count)."""
     m = mask.to(loss_mat.dtype)
     return (loss_mat * m).sum() / _den(global_token_count, m.sum())
@@ -140,7 +140,7 @@ def agg_token_mean(loss_mat: Tensor, mask: Tensor, global_token_count: Count = N
 
 @register_loss_agg_mode("seq_mean_token_mean")
 def agg_seq_mean_token_mean(loss_mat: Tensor, mask: Tensor, global_token_count: Count = None,
-                            global_seq_count: Count = None, max_length: Optional[int] = None) -> Tensor:
+                            global_seq_count: Count = None, max_length: int | None = None) -> Tensor:
     """Mean over each sequence's tokens, then Σ over sequences / global_seq_count (default: non-empty seqs here)."""
     m = mask.to(loss_mat.dtype)
     per_seq = (loss_mat * m).sum(-1) / m.sum(-1).clamp_min(1)
@@ -149,7 +149,7 @@ def agg_seq_mean_token_mean(loss_mat: Tensor, mask: Tensor, global_token_count: 
 
 @register_loss_agg_mode("seq_mean_token_sum_norm")
 def agg_seq_mean_token_sum_norm(loss_mat: Tensor, mask: Tensor, global_token_count: Count = None,
-                                global_seq_count: Count = None, max_length: Optional[int] = None) -> Tensor:
+                                global_seq_count: Count = None, max_length: int | None = None) -> Tensor:
     """Dr. GRPO: each sequence's token-loss sum / max_length (a constant; default T), then Σ over sequences /
     global_seq_count (default: non-empty sequences here)."""
     m = mask.to(loss_mat.dtype)
@@ -159,7 +159,7 @@ def agg_seq_mean_token_sum_norm(loss_mat: Tensor, mask: Tensor, global_token_cou
 
 
 def aggregate_loss(loss_mat: Tensor, mask: Tensor, mode: str = "token_mean", *, global_token_count: Count = None,
-                   global_seq_count: Count = None, max_length: Optional[int] = None) -> Tensor:
+                   global_seq_count: Count = None, max_length: int | None = None) -> Tensor:
     """Reduce a `[B,T]` per-token loss with the aggregation mode registered as `mode`."""
     return get_loss_agg_mode(mode)(loss_mat, mask, global_token_count=global_token_count,
                                    global_seq_count=global_seq_count, max_length=max_length)
@@ -196,9 +196,9 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 # ---- the one call the learner makes --------------------------------------------------------------------------
 
-def compute_policy_loss(logp: Tensor, old_logp: Optional[Tensor], advantages: Tensor, mask: Tensor,
-                        cfg: Optional[PolicyLossConfig] = None, *, ref_logp: Optional[Tensor] = None,
-                        engine_logp: Optional[Tensor] = None, entropy: Optional[Tensor] = None,
+def compute_policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask: Tensor,
+                        cfg: PolicyLossConfig | None = None, *, ref_logp: Tensor | None = None,
+                        engine_logp: Tensor | None = None, entropy: Tensor | None = None,
                         global_token_count: Count = None, global_seq_count: Count = None
                         ) -> tuple[Tensor, dict[str, float]]:
     """Loss (scalar, differentiable w.r.t. `logp`) and float metrics for one (micro-)batch; pass the global
@@ -255,7 +255,7 @@ def compute_policy_loss(logp: Tensor, old_logp: Optional[Tensor], advantages: Te
     return loss, dict(zip(names, vals.tolist()))
 
 
-def no_usable_signal(keep: Optional[Tensor] = None, token_mask: Optional[Tensor] = None) -> bool:
+def no_usable_signal(keep: Tensor | None = None, token_mask: Tensor | None = None) -> bool:
     """True = skip the optimizer step: no group survives dynamic sampling (`keep` [B]) or no token of a kept
     sample is left (`token_mask` [B,T]). Decide on the whole batch, before sharding, so every rank agrees."""
     if keep is None and token_mask is None:

@@ -22,7 +22,7 @@ response mask), so masking never rescales the other tokens' gradients.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

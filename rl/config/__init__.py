@@ -24,9 +24,23 @@ from rl.config.loading import config_from_dict, load_config
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
 from rl.config.resume import RESUME_LOCKED, check_resume, diff_configs
 from rl.config.runtime import FaultsConfig, LoggingConfig, RayConfig
-from rl.config.schema import (AlgoConfig, CompareConfig, Config, ConfigError, DataConfig, DecodeMode, EvalConfig,
-                              LearnerConfig, LikelihoodConfig, ModelConfig, RewardConfig, RewardFn, RolloutConfig,
-                              TrainConfig, VllmOptions)
+from rl.config.schema import (
+                              AlgoConfig,
+                              CompareConfig,
+                              Config,
+                              ConfigError,
+                              DataConfig,
+                              DecodeMode,
+                              EvalConfig,
+                              LearnerConfig,
+                              LikelihoodConfig,
+                              ModelConfig,
+                              RewardConfig,
+                              RewardFn,
+                              RolloutConfig,
+                              TrainConfig,
+                              VllmOptions,
+)
 
 __all__ = ["config_from_dict", "load_config", "RESUME_LOCKED", "AlgoConfig", "CompareConfig", "Config", "ConfigError",
            "DataConfig", "DecodeMode", "EvalConfig", "FaultsConfig", "LearnerConfig", "LikelihoodConfig",

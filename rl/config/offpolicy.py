@@ -5,7 +5,7 @@ own (a mixin's fields come first in its section when dumped)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal
 
 
 @dataclass
@@ -19,7 +19,7 @@ class OffPolicyCorrection:
     `tis_cap: auto` (the default): truncate at AUTO_TIS_CAP when samples can be stale (`train.max_staleness` >= 1),
     off when they cannot; `load_config` resolves it (`resolve_auto_correction`), so config.yaml holds the number or
     null in force. null: off whatever the staleness."""
-    tis_cap: Union[float, Literal["auto"], None] = "auto"
+    tis_cap: float | Literal["auto"] | None = "auto"
     tis_mode: Literal["truncate", "mask", "mis"] = "truncate"
     tis_level: Literal["token", "sequence", "geometric"] = "token"
     tis_bounds: tuple[float, float] = (0.5, 2.0)

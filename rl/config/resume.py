@@ -7,7 +7,6 @@ from typing import Any
 from rl.config.schema import Config, ConfigError
 from rl.config.serialize import is_under
 
-
 # Fields whose change makes a resumed run a different experiment (checked by `check_resume`).
 RESUME_LOCKED = ("model.path", "model.init", "model.fusion_mode", "data", "likelihood.estimator",
                  "likelihood.passes", "rollout.decode_mode", "rollout.n_samples_per_prompt",

@@ -3,13 +3,13 @@ actors go) and faults (what a job survives inside itself, and when it stops inst
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 
 @dataclass
 class LoggingConfig:
     wandb_project: str = "fbrl"
-    wandb_entity: Optional[str] = None
+    wandb_entity: str | None = None
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
     log_every: int = 1
     progress: bool = True                 # a progress bar on stderr when it is a terminal
@@ -18,8 +18,8 @@ class LoggingConfig:
 
 @dataclass
 class RayConfig:
-    address: Optional[str] = None         # null: a private local Ray (inside `ray job submit`: the job's cluster)
-    num_cpus: Optional[int] = None
+    address: str | None = None         # null: a private local Ray (inside `ray job submit`: the job's cluster)
+    num_cpus: int | None = None
     dashboard: bool = False
     colocate: bool = False                # rollout and learner share resources
     trim_heap_every: int = 10             # engines and learner ranks give malloc's freed heap back every N batches

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from rl.config.lora import LoraConfig
 from rl.config.offpolicy import AsyncTraining, OffPolicyCorrection
@@ -32,11 +32,11 @@ class ConfigError(InputError):
 
 @dataclass
 class ModelConfig:
-    path: Optional[str] = "checkpoints/tiny-arith"   # FBT checkpoint, or a stock HF one to convert
-    tokenizer: Optional[str] = None                   # null: the tokenizer saved with `path`
+    path: str | None = "checkpoints/tiny-arith"   # FBT checkpoint, or a stock HF one to convert
+    tokenizer: str | None = None                   # null: the tokenizer saved with `path`
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     fusion_mode: Literal["gate_product", "concat_projection", "linear_addition"] = "gate_product"
-    init: Optional[ModelInitConfig] = None            # set: build fresh with this architecture, ignore path
+    init: ModelInitConfig | None = None            # set: build fresh with this architecture, ignore path
 
 
 @dataclass
@@ -44,8 +44,8 @@ class DataConfig:
     # arith: rl/data/arith.py; word_problems: rl/data/word_problems.py; cups / cups_moved / modsum / parity: state
     # tracking (rl/data/track.py); the rest read files
     task: Literal[TASKS] = "arith"   # rl/data/tasks.py
-    train_path: Optional[str] = None    # jsonl / parquet file, or a `datasets.save_to_disk` dir
-    test_path: Optional[str] = None
+    train_path: str | None = None    # jsonl / parquet file, or a `datasets.save_to_disk` dir
+    test_path: str | None = None
     train_split: str = "train"          # split names (arith: train|val|test; hf_disk: DatasetDict keys)
     test_split: str = "test"
     # arith levels to mix (1..4); state-tracking tasks: the chain lengths to mix (1..64)
@@ -67,7 +67,7 @@ class DataConfig:
     # Prompts longer than this many tokens (null: the rollout engine's context minus rollout.max_tokens, so every
     # prompt has room for a full response) are dropped when the data is loaded, with a count, or truncated; `error`
     # stops at load. An over-long prompt otherwise kills the job whenever it is sampled, possibly hours in.
-    max_prompt_tokens: Optional[int] = None
+    max_prompt_tokens: int | None = None
     overlong_prompts: Literal["drop", "truncate_left", "truncate_right", "error"] = "drop"
 
     def validate(self):
@@ -89,7 +89,7 @@ class VllmOptions:
     kv_cache_gib: float = 1.0             # CPU: VLLM_CPU_KVCACHE_SPACE
     gpu_memory_utilization: float = 0.5
     max_num_seqs: int = 64
-    max_model_len: Optional[int] = None   # null: prompt + max_tokens bound
+    max_model_len: int | None = None   # null: prompt + max_tokens bound
     enforce_eager: bool = True
     enable_prefix_caching: bool = False   # must stay false (recurrent state); the engine rejects true
     tensor_parallel_size: int = 1
@@ -130,7 +130,7 @@ class RolloutConfig:
     # synchronous job on one machine (a local Ray, train.max_staleness 0: nothing else computes while the engines
     # generate) shares all the machine's cores among the engines; otherwise an engine takes the CPUs Ray reserved
     # for it (at least 1).
-    num_threads: Optional[int] = None
+    num_threads: int | None = None
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
     def validate(self):
@@ -157,7 +157,7 @@ class AlgoConfig(OffPolicyCorrection):
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     eps_low: float = 0.2
     eps_high: float = 0.28
-    clip_ratio_c: Optional[float] = None  # dual clip (> 1); null: off
+    clip_ratio_c: float | None = None  # dual clip (> 1); null: off
     kl_coef: float = 0.0                  # 0: no reference model
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = 0.0
@@ -212,18 +212,18 @@ class LearnerConfig:
     # A micro-batch holds at most: this many rows,
     micro_batch_size: int = 8
     # this many padded tokens (rows x longest prompt + response: the decoder stack's activations; null: no bound),
-    max_tokens_per_micro_batch: Optional[int] = 4096
+    max_tokens_per_micro_batch: int | None = 4096
     # and this many response tokens (the [tokens, vocab] fp32 log-softmax; null: no bound). The same micro-batches
     # compute old, reference and policy log-probs, so these set a step's peak memory, not the rollout batch.
-    max_response_tokens_per_micro_batch: Optional[int] = 2048
+    max_response_tokens_per_micro_batch: int | None = 2048
     bf16: bool = False
     torch_adam: bool = True               # DeepSpeed's CPU FusedAdam JIT-compiles for minutes
     # LoRA adapters on the backbone, fusion weights in full (rl/config/lora.py); null: every weight trains
-    lora: Optional[LoraConfig] = None
+    lora: LoraConfig | None = None
     # torch threads of each learner rank (its intra-op pool). null: the cores it may use. A synchronous job on one
     # machine (a local Ray, train.max_staleness 0: nothing else computes while the learner trains) shares all the
     # machine's cores among the ranks; otherwise a rank takes the CPUs Ray reserved for it (at least 1).
-    num_threads: Optional[int] = None
+    num_threads: int | None = None
 
     def validate(self):
         if not 0 <= self.zero_stage <= 3:
@@ -254,7 +254,7 @@ class RewardFn:
     """One reward; the same keys as an entry of `rewards.loader.build_reward_set`."""
     fn: str                               # built-in name ("math", "format"), "path/to/file.py:fn" or "pkg.mod:fn"
     weight: float = 1.0
-    timeout_s: Optional[float] = None     # null: reward.timeout_s (math: its pool's per-item deadline)
+    timeout_s: float | None = None     # null: reward.timeout_s (math: its pool's per-item deadline)
     name: str = ""
     options: dict[str, Any] = field(default_factory=dict)   # keyword arguments for the reward
 
@@ -303,8 +303,8 @@ class TrainConfig(AsyncTraining):
     checkpoint_every: int = 10
     latent_metrics_rows: int = 4          # rows per step for the latent-channel metrics (rl/latent_metrics.py); 0: off
     # train.max_staleness / mismatch_parts_frac: asynchronous training (rl/config/offpolicy.py)
-    run_dir: Optional[str] = None         # null: runs/<date-time>/
-    resume: Optional[str] = None          # a run dir to continue
+    run_dir: str | None = None         # null: runs/<date-time>/
+    resume: str | None = None          # a run dir to continue
 
     def validate(self):
         for name in ("steps", "prompts_per_step", "eval_n"):
@@ -329,7 +329,7 @@ class EvalConfig:
     max_tokens: int = 48
     batch_size: int = 64
     seed: int = 0
-    json_out: Optional[str] = None
+    json_out: str | None = None
 
     def validate(self):
         for name in ("n", "samples", "max_tokens", "batch_size"):
@@ -344,8 +344,8 @@ class CompareConfig:
     max_passes: int = 6
     decode_mode: Literal["soft", "fused"] = "soft"
     seed: int = 0
-    json_out: Optional[str] = None
-    plot_out: Optional[str] = None
+    json_out: str | None = None
+    plot_out: str | None = None
 
 
 @dataclass

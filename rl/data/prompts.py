@@ -36,8 +36,9 @@ def prompt_token_limit(cfg, model_config=None) -> int:
     if cfg.data.max_prompt_tokens:
         return int(cfg.data.max_prompt_tokens)
     if model_config is None:
-        import rl.model  # noqa: F401  (AutoConfig must know the FBT configs)
         from transformers import AutoConfig
+
+        import rl.model  # noqa: F401  (AutoConfig must know the FBT configs)
         model_config = AutoConfig.from_pretrained(cfg.model.path)
     context = engine_context_len(cfg, model_config)
     limit = context - cfg.rollout.max_tokens

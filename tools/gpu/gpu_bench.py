@@ -47,8 +47,6 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-
-
 import transformers  # noqa: E402
 
 from rl.batch import LearnerBatch  # noqa: E402

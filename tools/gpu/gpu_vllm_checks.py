@@ -24,7 +24,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 # Test engines on a GPU take a small share each (vLLM checks free memory >= share x total at start), so several
 # coexist with the trainer's copy of the model.
 SMALL_ENGINE = dict(gpu_memory_utilization=0.1, kv_cache_gib=1.0)
