@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import importlib.util
 import re
+import types
 import typing
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -19,6 +20,8 @@ import yaml
 
 from rl.config.schema import Config, ConfigError
 from rl.config.serialize import is_under, join_key
+
+UNIONS = (Union, types.UnionType)  # Optional[X] and X | None alike
 
 # ---------------------------------------------------------------------------------------------- loading
 
@@ -117,7 +120,7 @@ def _type_name(tp) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in args)
-    if origin is Union:
+    if origin in UNIONS:
         rest = [a for a in args if a is not type(None)]
         return " or ".join(_type_name(a) for a in rest) + (" or null" if len(rest) < len(args) else "")
     if origin is list:
@@ -148,7 +151,7 @@ def _coerce(tp, value, path: str, origins: dict[str, str]):
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
         return value
-    if origin is Union:
+    if origin in UNIONS:
         if value is None:
             if type(None) in args:
                 return None
