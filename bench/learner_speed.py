@@ -11,7 +11,7 @@ read afterwards). Advantages are a fixed random draw: speed does not depend on t
 
 Variants (each timed on the whole batch: one optimizer step, as the loop's learner phase):
   * `plain` — the limit: a stock Hugging Face `LlamaForCausalLM` holding the checkpoint's backbone (every tensor
-    but the fusion's), fbrl's own micro-batches (the update plan of rl/learner.py: rows sorted by length, cut by
+    but the fusion's), fbrl's own micro-batches (the update plan of rl/policy_update.py: rows sorted by length, cut by
     the learner's row and token budgets), each right-padded; the decoder stack over prompt + response, the LM
     head and an fp32 log-softmax at the response positions only, loss = -sum(A * log p) / response tokens,
     backward; then clip_grad_norm_ and torch AdamW.

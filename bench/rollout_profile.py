@@ -6,7 +6,7 @@
 
 Builds the engine as the rollout actor does (`actors.rollout.make_engine`: vLLM or torch, per `rollout.engine`),
 then generates `--reps` requests of the job as the loop makes them (`train.prompts_per_step` prompts drawn by the
-loop's sampler, `rl.loop.sampling_params`: stop at EOS, the estimator's state recording), printing each
+loop's sampler, `rl.sampling.sampling_params`: stop at EOS, the estimator's state recording), printing each
 request's wall and CPU seconds and tokens, and the engine's start-up time. The first request carries whatever a
 fresh engine process pays once (allocations, kernel selection, any JIT); the median of the others is the steady
 state.

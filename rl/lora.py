@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 ADAPTER = "default"  # peft's adapter name
-FUSION = "fusion"    # the FBT's fusion module (rl/model.py)
+FUSION = "fusion"    # the FBT's fusion module (rl/model/)
 ADAPTER_FILE = "adapter_model.safetensors"  # peft's file name in an adapter directory
 _LORA_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector.")
 

@@ -2,7 +2,7 @@
 
 Owns `TorchEngine` (the `RolloutEngine` every other engine is checked against, the engine of unit tests, and
 the fallback where vLLM is not installed). It runs the FBT model's own building blocks (`prefill`, `embed`,
-`run_stack`, `logits_from_hidden` of rl/model.py), so what it computes is the model's recurrence
+`run_stack`, `logits_from_hidden` of rl/model/fbt.py), so what it computes is the model's recurrence
 (`recurrent_forward`), batched; tests/test_torch_engine.py holds it to that.
 
 Design choices (bench/decode.py measures them; docs/BENCHMARKS.md has the figures):
@@ -116,7 +116,7 @@ def load_state_dict_from(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 class TorchEngine(RolloutEngine):
     """Batched generation with the FBT model in this process (CPU or one GPU).
 
-    model: an FBT model (rl/model.py), used in place (load_weights writes into it).
+    model: an FBT model (rl/model/), used in place (load_weights writes into it).
     eos_token_ids: tokens that always end a sample besides `params.stop_token_ids`; None = the model's
         generation config / config `eos_token_id` (plus `tokenizer.eos_token_id` if a tokenizer is given);
         `()` = none (benchmarks that need fixed lengths).

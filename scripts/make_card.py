@@ -14,7 +14,7 @@ from pathlib import Path
 
 INTRO = ("A Llama-backbone full-bandwidth transformer (gate_product fusion, head_dim 64) trained from scratch with "
          "the multi-pass objective `L_1 + mean(L_2..L_K)` by `fbrl pretrain`. It half-solves the task on purpose: "
-         "RL needs headroom. Load it with `AutoModelForCausalLM.from_pretrained` after `import rl`; the char-level "
+         "RL needs headroom. Load it with `AutoModelForCausalLM.from_pretrained` after `import rl.model`; the char-level "
          "tokenizer is saved alongside.")
 
 
