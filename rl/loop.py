@@ -129,6 +129,7 @@ def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
             fresh, stale_dropped = split_stale(batch.samples, version, max_staleness)
             batch = batch.select(fresh)
             samples = batch.samples
+            ages = staleness_metrics(samples, version)  # against the weights that train on them, before the update
             report_failures(batch.failures, reported, log)
             reward = torch.tensor(batch.rewards, dtype=torch.float32)
             lengths = torch.tensor([s.response_len for s in samples], dtype=torch.float32)
@@ -171,7 +172,7 @@ def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
 
             # 6. metrics, the held-out eval when due, the checkpoint and RUN_DIR/policy/ when due
             metrics = step_row(step, version, batch, reward, lengths, skipped=skip, nonfinite=nonfinite,
-                               dropped=dropped, stale_dropped=stale_dropped, ages=staleness_metrics(samples, version),
+                               dropped=dropped, stale_dropped=stale_dropped, ages=ages,
                                reward_metrics=reward_metrics, learner_metrics=learner_metrics, parts=parts,
                                times={"rollout": batch.time_rollout_s, "reward": batch.time_reward_s,
                                       "wait": time_wait, "mismatch_parts": time_parts, "learner": time_learner,
