@@ -19,36 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
 import sys
 import time
-
-import torch  # noqa: E402
-
-
-def real_batch(cfg, seed: int = 0):
-    """(samples, advantages): step 1 of the job's prompts, sampled by the torch engine in this process."""
-    import copy
-
-    from actors.local import LocalRollout
-    from rl.data.loaders import PromptSampler, load_task_split
-    from rl.data.prompts import PromptFitter, prompt_token_limit
-    from rl.data.tokenizer import load_tokenizer
-    from rl.rollout_queue import generate_batch
-    tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
-    fitter = PromptFitter(tokenizer, prompt_token_limit(cfg), cfg.data.overlong_prompts)
-    rows, _ = fitter.fit(load_task_split(cfg.data, "train", tokenizer=tokenizer), "train data")
-    torch_cfg = copy.deepcopy(cfg)
-    torch_cfg.rollout.engine, torch_cfg.rollout.num_engines = "torch", 1  # the batch's maker, not measured
-    rollout = LocalRollout(torch_cfg)
-    batch = generate_batch(cfg, fitter, PromptSampler(rows, seed=cfg.train.seed), rollout, tokenizer.eos_token_id,
-                           1, 0)
-    rollout.close()
-    g = torch.Generator().manual_seed(seed)
-    return batch.samples, torch.randn(len(batch.samples), generator=g).tolist()
 
 
 def fusion_norms(rank) -> dict[str, float]:
@@ -96,13 +71,11 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(run_variant(args.config, json.loads(args.child[0]), args.child[1],
                                                  args.updates, args.rows)), flush=True)
         return 0
-    from rl.batch import save_samples
+    from bench.learner_speed import load_or_make_batch  # the same real batch as the learner-speed benchmark
     from rl.config import load_config
     cfg = load_config(args.config, args.override)
     samples_path = args.samples or "/tmp/lora_learner_batch.pt"
-    if not os.path.isfile(samples_path):
-        samples, adv = real_batch(cfg)
-        save_samples(samples, adv, samples_path)
+    load_or_make_batch(cfg, samples_path)
     variants = [v.partition("=") for v in args.variant] or [("full", "=", ""), ("lora", "=", "learner.lora={}")]
     results = {}
     for name, _, extra in variants:
