@@ -3,7 +3,9 @@
     python -m bench.soak                       # 300 steps of configs/tiny.yaml, a SIGKILL every 50 steps
     python -m bench.soak --steps 60 --kill-every 20 --out runs/soak-short
 
-Runs `fbrl train configs/tiny.yaml train.steps=N` as a subprocess and, while it runs:
+Runs `fbrl train configs/tiny.yaml rollout.engine=vllm train.steps=N` (the vLLM engine: the one real-model jobs
+decode with, and the one whose memory a long job must keep flat; later overrides win) as a subprocess and, while
+it runs:
 - SIGKILLs the rollout actor's process (`ray::RolloutActor`) each time the job passes another `--kill-every` steps;
 - samples the memory of the driver and of every actor (engine, learner ranks, reward actor and its pool, Ray's own
   processes) every `--sample-s` seconds, with the step the job is at: RSS, and USS / PSS (RSS counts shared pages
@@ -189,7 +191,7 @@ def main() -> int:
     env = dict(os.environ, FBRL_SOAK_MARK=mark, WANDB_MODE="offline", RAY_AUTH_MODE="disabled",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    cmd = [sys.executable, "-m", "actors.cli", "train", str(ROOT / "configs" / "tiny.yaml"),
+    cmd = [sys.executable, "-m", "actors.cli", "train", str(ROOT / "configs" / "tiny.yaml"), "rollout.engine=vllm",
            f"train.steps={args.steps}", f"train.run_dir={run_dir}", "logging.progress=false", "--overwrite",
            *args.overrides]
     log = open(out / "train.log", "w")

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "tiny.yaml"
 SMALL = ["train.prompts_per_step=8", "rollout.n_samples_per_prompt=4", "train.eval_every=0",
          "logging.progress=false", "logging.wandb_mode=disabled", "learner.micro_batch_size=16",
-         "learner.num_workers=2", "learner.zero_stage=2"]  # a group of ranks: what a lost rank takes down
+         "learner.num_workers=2", "learner.zero_stage=2",  # a group of ranks: what a lost rank takes down
+         "rollout.engine=vllm"]  # the engine a real model's job runs (the tiny default decodes with torch)
 ENV = dict(WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
            TOKENIZERS_PARALLELISM="false")
 

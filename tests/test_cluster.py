@@ -204,7 +204,7 @@ class TestLocalRun:
         from actors.learner import load_policy
         from actors.placement import build_workers
         cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [
-            f"model.path={CKPT}", "rollout.num_engines=2", "learner.num_workers=2", "learner.zero_stage=3",
+            f"model.path={CKPT}", "rollout.engine=vllm", "rollout.num_engines=2", "learner.num_workers=2", "learner.zero_stage=3",
             "rollout.weight_sync=native_ray", "rollout.vllm.max_num_seqs=16", "ray.num_cpus=6"])
         lines = []
         workers = build_workers(cfg, use_ray=True, log=lines.append)

@@ -26,7 +26,8 @@ FUSED_CKPT = str(ROOT / "checkpoints" / "tiny-arith-fused")
 REQUIRED = ("step", "reward_mean", "accuracy", "response_len_mean", "logprob_mismatch_abs_mean", "time_rollout_s",
             "time_learner_s", "time_sync_s", "time_step_s")
 SMALL = ["train.steps=2", "train.prompts_per_step=8", "rollout.n_samples_per_prompt=4", "train.eval_n=32",
-         "train.eval_every=2", "train.checkpoint_every=2", "logging.progress=false", "learner.micro_batch_size=16"]
+         "train.eval_every=2", "train.checkpoint_every=2", "logging.progress=false", "learner.micro_batch_size=16",
+         "rollout.engine=vllm"]  # the engine a real model's job runs (the tiny default decodes with torch)
 
 
 def fbrl_train(*args, timeout=900):
