@@ -124,8 +124,13 @@ def probe_rank_actor_class():
     from actors.learner_group import RankActor
 
     class ProbeRankActor(RankActor):
-        def setup(self, cfg, rank, world_size, master_addr, master_port):
+        def setup(self, cfg, rank, world_size, master_addr, master_port, *_):  # (later trees pass more)
             self.rank = ProbeRank(cfg, rank, world_size)
+            try:  # trees whose RankActor trims the heap after updates: never here (only the transfer is timed)
+                from actors.memory import HeapTrimmer
+                self.heap = HeapTrimmer(0)
+            except ImportError:
+                pass
             return True
 
     return ray.remote(ProbeRankActor)
