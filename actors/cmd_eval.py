@@ -20,11 +20,10 @@ from pathlib import Path
 
 import yaml
 
-from rl.config import DataConfig, EvalConfig, config_from_dict
+from rl.config import DataConfig, config_from_dict
 from rl.data.tasks import GENERATED_TASKS
 from rl.decode_modes import MODES
 
-_EVAL = EvalConfig()
 # GENERATED_TASKS: their problems are generated (difficulty levels apply, the checkpoint's training levels are the
 # default)
 
@@ -38,18 +37,18 @@ def add_arguments(p) -> None:
     p.add_argument("--chat-template", default="auto", choices=["auto", "on", "off"],
                    help="render chat rows (messages) with the tokenizer's chat template (off: base models)")
     p.add_argument("--data-path", default=None, help="JSONL file of the jsonl task")
-    p.add_argument("--split", default=_EVAL.split, help="arith split: train | val | test")
+    p.add_argument("--split", default="test", help="arith split: train | val | test")
     p.add_argument("--difficulty", type=int, nargs="+", default=None,
                    help="arith levels / state-tracking chain lengths (default: the checkpoint's training ones)")
-    p.add_argument("--n", type=int, default=_EVAL.n, help="number of problems")
-    p.add_argument("--decode-mode", nargs="+", default=list(_EVAL.decode_modes),
+    p.add_argument("--n", type=int, default=500, help="number of problems")
+    p.add_argument("--decode-mode", nargs="+", default=["standard", "soft", "fused"],
                    choices=list(MODES), help="one or more decode modes (paired test if several)")
-    p.add_argument("--samples", type=int, default=_EVAL.samples,
+    p.add_argument("--samples", type=int, default=1,
                    help="sampled completions per problem (pass@k); 0: greedy only")
-    p.add_argument("--temperature", type=float, default=_EVAL.temperature, help="sampling temperature")
-    p.add_argument("--max-tokens", type=int, default=_EVAL.max_tokens, help="response length cap (tokens)")
-    p.add_argument("--batch-size", type=int, default=_EVAL.batch_size, help="prompts per engine call")
-    p.add_argument("--seed", type=int, default=_EVAL.seed, help="seed of the sampled completions")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    p.add_argument("--max-tokens", type=int, default=48, help="response length cap (tokens)")
+    p.add_argument("--batch-size", type=int, default=64, help="prompts per engine call")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampled completions")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--scorer", default="auto", choices=["auto", "math", "plain", "task"],
                    help="auto: a state-tracking task's own literal scorer; else the math reward if importable, "

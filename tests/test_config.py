@@ -86,6 +86,19 @@ def test_errors_are_value_errors():
     assert issubclass(ConfigError, ValueError)
 
 
+def test_configs_saved_by_earlier_versions_load(tmp_path):
+    """Earlier versions wrote `eval:` and `compare:` sections (never read) into every saved config: a run directory
+    or checkpoint with one still loads, and the sections are not part of the config; below the top level the names
+    are unknown keys as any other."""
+    old = tmp_path / "config.yaml"
+    old.write_text("train:\n  steps: 3\neval:\n  n: 500\n  split: test\ncompare:\n  max_passes: 6\n")
+    cfg = load_config(old)
+    assert cfg.train.steps == 3 and "eval" not in cfg.to_dict() and "compare" not in cfg.to_dict()
+    assert "eval:" not in cfg.to_yaml()
+    with pytest.raises(ConfigError, match="train.eval: unknown key"):
+        load_config(None, ["train.eval=1"])
+
+
 def test_round_trip_through_yaml(tmp_path):
     cfg = load_config(None, ["learner.lr=3e-6", "pretrain.pass_schedule=[[0.5,1],[1.0,2]]",
                              "reward.fns=[{fn: a.py:f, weight: 2, options: {box: last}}]", "model.init={}"])

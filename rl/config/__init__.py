@@ -26,12 +26,10 @@ from rl.config.resume import RESUME_LOCKED, check_resume, diff_configs
 from rl.config.runtime import FaultsConfig, LoggingConfig, RayConfig
 from rl.config.schema import (
                               AlgoConfig,
-                              CompareConfig,
                               Config,
                               ConfigError,
                               DataConfig,
                               DecodeMode,
-                              EvalConfig,
                               LearnerConfig,
                               LikelihoodConfig,
                               ModelConfig,
@@ -42,7 +40,7 @@ from rl.config.schema import (
                               VllmOptions,
 )
 
-__all__ = ["config_from_dict", "load_config", "RESUME_LOCKED", "AlgoConfig", "CompareConfig", "Config", "ConfigError",
-           "DataConfig", "DecodeMode", "EvalConfig", "FaultsConfig", "LearnerConfig", "LikelihoodConfig",
+__all__ = ["config_from_dict", "load_config", "RESUME_LOCKED", "AlgoConfig", "Config", "ConfigError",
+           "DataConfig", "DecodeMode", "FaultsConfig", "LearnerConfig", "LikelihoodConfig",
            "LoggingConfig", "ModelConfig", "ModelInitConfig", "PretrainConfig", "RayConfig", "RewardConfig",
            "RewardFn", "RolloutConfig", "TrainConfig", "VllmOptions", "check_resume", "diff_configs"]

@@ -32,6 +32,10 @@ RETIRED_KEYS = {
                                    "old, reference and policy log-probs alike",
 }
 
+# Top-level sections that earlier versions wrote into every saved config (a run's config.yaml, a checkpoint's
+# pretrain_config.yaml) and never read: skipped, so those run directories and checkpoints still load.
+UNREAD_SECTIONS = ("eval", "compare")
+
 
 class _Loader(yaml.SafeLoader):
     pass
@@ -218,7 +222,7 @@ def _build(cls, raw, path: str, origins: dict[str, str]):
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in raw:
-        if key not in names:
+        if key not in names and not (not path and key in UNREAD_SECTIONS):
             sub = join_key(path, str(key))
             if sub in RETIRED_KEYS:
                 raise ConfigError(f"{sub}: {RETIRED_KEYS[sub]}{_where(sub, origins)}")
@@ -230,7 +234,7 @@ def _build(cls, raw, path: str, origins: dict[str, str]):
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"{join_key(path, missing[0])}: required{_where(path, origins)}")
-    obj = cls(**{k: _coerce(hints[k], v, join_key(path, k), origins) for k, v in raw.items()})
+    obj = cls(**{k: _coerce(hints[k], v, join_key(path, k), origins) for k, v in raw.items() if k in names})
     for name, msg in getattr(obj, "validate", lambda: ())():
         sub = join_key(path, name)
         raise ConfigError(f"{sub}: {msg}{_where(sub, origins)}")

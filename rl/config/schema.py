@@ -319,36 +319,6 @@ class TrainConfig(AsyncTraining):
 
 
 @dataclass
-class EvalConfig:
-    """`fbrl eval` (checkpoint = model.path, task = data)."""
-    split: str = "test"
-    n: int = 500
-    decode_modes: list[DecodeMode] = field(default_factory=lambda: ["standard", "soft", "fused"])
-    samples: int = 1                      # k for pass@k (sampled at `temperature`); greedy always runs
-    temperature: float = 1.0
-    max_tokens: int = 48
-    batch_size: int = 64
-    seed: int = 0
-    json_out: str | None = None
-
-    def validate(self):
-        for name in ("n", "samples", "max_tokens", "batch_size"):
-            if getattr(self, name) < 1:
-                yield name, f"must be >= 1, got {getattr(self, name)}"
-
-
-@dataclass
-class CompareConfig:
-    """`fbrl compare-likelihood` (checkpoint = model.path)."""
-    n_samples: int = 16
-    max_passes: int = 6
-    decode_mode: Literal["soft", "fused"] = "soft"
-    seed: int = 0
-    json_out: str | None = None
-    plot_out: str | None = None
-
-
-@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -359,8 +329,6 @@ class Config:
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    compare: CompareConfig = field(default_factory=CompareConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
