@@ -53,7 +53,7 @@ def test_print_config_is_the_whole_resolved_config(tmp_path, capsys):
     cfg = load_config(printed)
     assert cfg == load_config(ROOT / "configs" / "tiny.yaml", ["train.steps=3", "train.run_dir=runs/x"])
     # defaults the file does not set are printed too
-    for key in ("pretrain:", "compare:", "  verbose: false", "  eps_high: 0.28", "  fusion_mode: gate_product"):
+    for key in ("pretrain:", "faults:", "  verbose: false", "  eps_high: 0.28", "  fusion_mode: gate_product"):
         assert key in text, key
     assert not (ROOT / "runs" / "x").exists()  # nothing started, nothing created
 
