@@ -222,7 +222,7 @@ def _build(cls, raw, path: str, origins: dict[str, str]):
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in raw:
-        if key not in names and not (not path and key in UNREAD_SECTIONS):
+        if key not in names:
             sub = join_key(path, str(key))
             if sub in RETIRED_KEYS:
                 raise ConfigError(f"{sub}: {RETIRED_KEYS[sub]}{_where(sub, origins)}")
@@ -234,7 +234,7 @@ def _build(cls, raw, path: str, origins: dict[str, str]):
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"{join_key(path, missing[0])}: required{_where(path, origins)}")
-    obj = cls(**{k: _coerce(hints[k], v, join_key(path, k), origins) for k, v in raw.items() if k in names})
+    obj = cls(**{k: _coerce(hints[k], v, join_key(path, k), origins) for k, v in raw.items()})
     for name, msg in getattr(obj, "validate", lambda: ())():
         sub = join_key(path, name)
         raise ConfigError(f"{sub}: {msg}{_where(sub, origins)}")
@@ -250,6 +250,8 @@ def config_from_dict(data: dict | None, overrides: list[str] | tuple = (),
 def _config_and_origins(data: dict | None, overrides, origins: dict[str, str]) -> Config:
     """As `config_from_dict`; `origins` is updated in place with where each key finally came from."""
     raw = copy.deepcopy(data or {})
+    if isinstance(raw, dict):  # (anything else is refused by _build, naming the file)
+        raw = {k: v for k, v in raw.items() if k not in UNREAD_SECTIONS}
     for text in overrides:
         _apply_override(raw, origins, text)
     return _build(Config, raw, "", origins)
