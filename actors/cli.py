@@ -56,12 +56,15 @@ against the exact recurrence, on fresh rollouts of a checkpoint, with time per t
 examples:
   fbrl compare-likelihood --checkpoint checkpoints/tiny-arith --max-passes 6 --plot cmp.png
   fbrl compare-likelihood --checkpoint checkpoints/tiny-arith-fused --decode-mode fused --json cmp.json"""),
-    "convert": ("actors.cmd_convert", "a stock Hugging Face Llama/Qwen2 checkpoint -> an FBT checkpoint", """\
-Copy a stock Llama or Qwen2 checkpoint (safetensors) into an FBT checkpoint with new fusion weights. The result
-decodes like the original in standard mode and needs multi-pass training (fbrl pretrain) before feedback helps.
+    "convert": ("actors.cmd_convert", "a stock Hugging Face Llama/Qwen2 checkpoint (or GGUF) -> an FBT checkpoint", """\
+Copy a stock Llama or Qwen2 checkpoint (safetensors, or one GGUF file, dequantized) into an FBT checkpoint with new
+fusion weights. With --init random the result decodes like the original in standard mode and needs multi-pass
+training (fbrl pretrain) before feedback helps; with --init identity it decodes like the original in every mode.
 
-example:
-  fbrl convert path/to/SmolLM2-135M-Instruct runs/smollm-fbt --fusion-mode gate_product"""),
+examples:
+  fbrl convert path/to/SmolLM2-135M-Instruct runs/smollm-fbt --fusion-mode gate_product
+  fbrl convert SmolLM2-135M-Instruct.Q4_1.gguf runs/smollm2/hf --to hf     # GGUF -> plain Hugging Face
+  fbrl convert runs/smollm2/hf runs/smollm2/fbt-identity --init identity"""),
 }
 
 

@@ -1,7 +1,8 @@
 """The process and DeepSpeed set-up of a learner rank: the rendezvous (loopback-only on one machine), the rank's
 torch threads, the DeepSpeed config, and the pieces `actors.learner.LearnerRank` hands DeepSpeed (the stage-0 client
-optimizer, the `rl.policy_update.Backend` a DeepSpeed engine is). The gradient and accumulation contract these settings
-implement is in `actors.learner`'s docstring."""
+optimizer, the `rl.policy_update.Backend` a DeepSpeed engine is, a checkpoint engine that loads with
+`weights_only=True`). The gradient and accumulation contract these settings implement is in `actors.learner`'s
+docstring."""
 from __future__ import annotations
 
 import os
@@ -148,3 +149,28 @@ class DeepSpeedBackend:
             raise RuntimeError("DeepSpeed reported no gradient norm after step() (learner.zero_stage "
                                f"{self.engine.zero_optimization_stage()})")
         return float(norm)
+
+
+# ---- loading our own checkpoints without unpickling code --------------------------------------------------------
+def safe_checkpoint_engine(engine):
+    """DeepSpeed's torch checkpoint engine, loading with `weights_only=True` (tensors, containers and the few
+    DeepSpeed/Python types its files hold), so a tampered run directory cannot execute code at resume."""
+    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
+
+    class SafeLoadCheckpointEngine(TorchCheckpointEngine):
+        def load(self, path: str, map_location=None):
+            with torch.serialization.safe_globals(_checkpoint_safe_globals()):
+                return torch.load(path, map_location=map_location, weights_only=True)
+
+    if type(engine.checkpoint_engine) is not TorchCheckpointEngine:
+        return engine.checkpoint_engine  # a configured non-default engine (e.g. decoupled/nebula): keep it
+    return SafeLoadCheckpointEngine(engine._config)
+
+
+def _checkpoint_safe_globals() -> list:
+    """The non-tensor classes DeepSpeed 0.19.8 pickles into ZeRO 1-3 checkpoints (fp32 and bf16; found by loading
+    each with weights_only=True). Allow-listed classes are rebuilt from their fields; no other code runs."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+    return [LossScaler, ZeroStageEnum, fragment_address]

@@ -51,6 +51,7 @@ from actors.deepspeed_setup import (
     free_port,
     init_loopback_process_group,
     is_loopback,
+    safe_checkpoint_engine,
     set_dist_env,
     use_gpu,
 )
@@ -225,7 +226,7 @@ class LearnerRank:
             # Alone, nothing to reduce with; DeepSpeed would still flatten every gradient into buckets and copy it
             # back at each step (its all-reduce over a group of one).
             self.engine.enable_backward_allreduce = False
-        self.engine.checkpoint_engine = _safe_checkpoint_engine(self.engine)
+        self.engine.checkpoint_engine = safe_checkpoint_engine(self.engine)
         self.backend = DeepSpeedBackend(self.engine, world_size)
         ref = None
         if cfg.algo.kl_coef > 0 and self.lora is not None:  # the policy itself, adapters off (rl/lora.py)
@@ -383,28 +384,3 @@ class LearnerRank:
         """Drop the engine and models. The process group stays: DeepSpeed caches its groups per process, so a
         later in-process `LearnerRank` (world size 1) reuses it; a Ray rank's group ends with its actor."""
         self.updater = self.backend = self.engine = self.policy = self.probe = None
-
-
-# ---- loading our own checkpoints without unpickling code --------------------------------------------------------
-def _safe_checkpoint_engine(engine):
-    """DeepSpeed's torch checkpoint engine, loading with `weights_only=True` (tensors, containers and the few
-    DeepSpeed/Python types its files hold), so a tampered run directory cannot execute code at resume."""
-    from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
-
-    class SafeLoadCheckpointEngine(TorchCheckpointEngine):
-        def load(self, path: str, map_location=None):
-            with torch.serialization.safe_globals(_checkpoint_safe_globals()):
-                return torch.load(path, map_location=map_location, weights_only=True)
-
-    if type(engine.checkpoint_engine) is not TorchCheckpointEngine:
-        return engine.checkpoint_engine  # a configured non-default engine (e.g. decoupled/nebula): keep it
-    return SafeLoadCheckpointEngine(engine._config)
-
-
-def _checkpoint_safe_globals() -> list:
-    """The non-tensor classes DeepSpeed 0.19.8 pickles into ZeRO 1-3 checkpoints (fp32 and bf16; found by loading
-    each with weights_only=True). Allow-listed classes are rebuilt from their fields; no other code runs."""
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-    return [LossScaler, ZeroStageEnum, fragment_address]

