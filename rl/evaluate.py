@@ -1,6 +1,8 @@
 """Accuracy / pass@k per decode mode, written against any engine with `.generate(prompts, params)`.
 
-Owns: the evaluation logic behind `fbrl eval` (the CLI glue is `actors/cmd_eval.py`): greedy and sampled
+Owns: the evaluator. `decode_and_score` generates and scores completions a chunk at a time under both reads;
+training's held-out eval (`rl.heldout`, through the rollout and reward workers) and `fbrl eval` (`evaluate` below,
+through one engine; the CLI glue is `actors/cli/evaluate.py`) both use it. `evaluate` adds greedy and sampled
 accuracy, the unbiased pass@k estimator, mean response length, truncation rate, the paired comparison of
 decode modes (McNemar's exact test), the printed table, and the JSON layout.
 
@@ -25,7 +27,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
@@ -108,27 +110,52 @@ def _ks(samples: int) -> list[int]:
     return ks + ([samples] if ks[-1] != samples else [])
 
 
-def _run(engine, make_params, prompt_ids, rows, tokenizer, score_fn, batch_size, **fields):
-    """Generate n samples per prompt in chunks; returns per-prompt lists of (correct, length, truncated,
-    correct under the lenient read)."""
-    n = fields["n"]
-    out = []
-    for i in range(0, len(prompt_ids), batch_size):
-        chunk = prompt_ids[i:i + batch_size]
-        params = make_params(**{**fields, "seed": None if fields.get("seed") is None else fields["seed"] + i})
-        samples = engine.generate(chunk, params)
-        if len(samples) != n * len(chunk):
-            raise RuntimeError(f"engine returned {len(samples)} samples for {len(chunk)} prompts x n={n}")
+class Outcome(NamedTuple):
+    """One scored completion."""
+    correct: bool
+    length: int
+    truncated: bool
+    lenient: bool     # right under the lenient read (`last_number_score`)
+    text: str
+
+
+def decode_and_score(generate: Callable, prompt_ids: list[list[int]], rows: list[dict], tokenizer,
+                     score: Callable, n: int = 1, chunk: int = 64, log=None, label: str = "") -> list | None:
+    """Every prompt's n completions, generated and scored a chunk of prompts at a time; per prompt a list of
+    `Outcome`s. `generate(chunk_ids, first_index) -> samples` (n per prompt, in order); `score(rows, texts,
+    samples) -> [bool]` for the rows repeated n times, or None when the scorer has no notion of correct (then
+    None is returned). With `log`, one progress line per chunk: a long evaluation is never silent for minutes."""
+    out, t0 = [], time.perf_counter()
+    for i in range(0, len(prompt_ids), chunk):
+        ids = prompt_ids[i:i + chunk]
+        samples = generate(ids, i)
+        if len(samples) != n * len(ids):
+            raise RuntimeError(f"engine returned {len(samples)} samples for {len(ids)} prompts x n={n}")
         texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-        chunk_rows = [r for r in rows[i:i + batch_size] for _ in range(n)]
+        chunk_rows = [r for r in rows[i:i + chunk] for _ in range(n)]
+        correct = score(chunk_rows, texts, samples)
+        if correct is None:
+            return None
+        lenient = last_number_score([], texts, [r["answer"] for r in chunk_rows])
+        for j in range(len(ids)):
+            out.append([Outcome(bool(correct[k]), s.response_len, s.truncated, lenient[k] > 0.5, texts[k])
+                        for k, s in enumerate(samples[j * n:(j + 1) * n], start=j * n)])
+        if log and len(prompt_ids) > chunk:
+            log(f"  {label}: {len(out)}/{len(prompt_ids)} problems ({time.perf_counter() - t0:.0f}s)")
+    return out
+
+
+def _run(engine, make_params, prompt_ids, rows, tokenizer, score_fn, batch_size, **fields):
+    """`decode_and_score` for `evaluate`: the engine's own generate, a seed offset per chunk, scores > 0.5."""
+    def generate(ids, first):
+        seed = None if fields.get("seed") is None else fields["seed"] + first
+        return engine.generate(ids, make_params(**{**fields, "seed": seed}))
+
+    def score(chunk_rows, texts, samples):
         scores = score_fn([r["prompt"] for r in chunk_rows], texts, [r["answer"] for r in chunk_rows],
                           finish_reasons=[s.finish_reason for s in samples])
-        lenient = last_number_score([], texts, [r["answer"] for r in chunk_rows])
-        for j in range(len(chunk)):
-            group = samples[j * n:(j + 1) * n]
-            out.append([(scores[j * n + t] > 0.5, s.response_len, s.truncated, lenient[j * n + t] > 0.5)
-                        for t, s in enumerate(group)])
-    return out
+        return [x > 0.5 for x in scores]
+    return decode_and_score(generate, prompt_ids, rows, tokenizer, score, n=fields["n"], chunk=batch_size)
 
 
 def evaluate(engine, make_params: Callable[..., Any], tokenizer, rows: list[dict], modes: Sequence[str],
@@ -154,21 +181,21 @@ def evaluate(engine, make_params: Callable[..., Any], tokenizer, rows: list[dict
                        n=samples, temperature=temperature, seed=seed, **common) if samples > 0 else None
         g = [grp[0] for grp in greedy]
         flat = [s for grp in sampled for s in grp] if sampled else []
-        correct_counts = [sum(s[0] for s in grp) for grp in sampled] if sampled else []
+        correct_counts = [sum(s.correct for s in grp) for grp in sampled] if sampled else []
         mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
         result["modes"][mode] = {
-            "accuracy": {"greedy": mean([s[0] for s in g]), "sampled": mean([s[0] for s in flat])},
-            "lenient_accuracy": {"greedy": mean([s[3] for s in g]), "sampled": mean([s[3] for s in flat])},
+            "accuracy": {"greedy": mean([s.correct for s in g]), "sampled": mean([s.correct for s in flat])},
+            "lenient_accuracy": {"greedy": mean([s.lenient for s in g]), "sampled": mean([s.lenient for s in flat])},
             "pass_at_k": {str(k): mean([pass_at_k(samples, c, k) for c in correct_counts])
                           for k in (_ks(samples) if samples > 0 else [])},
-            "mean_length": {"greedy": mean([s[1] for s in g]), "sampled": mean([s[1] for s in flat])},
-            "truncation_rate": {"greedy": mean([s[2] for s in g]), "sampled": mean([s[2] for s in flat])},
+            "mean_length": {"greedy": mean([s.length for s in g]), "sampled": mean([s.length for s in flat])},
+            "truncation_rate": {"greedy": mean([s.truncated for s in g]), "sampled": mean([s.truncated for s in flat])},
             "wall_s": round(time.time() - t0, 1),
         }
-        per_mode[mode] = {"greedy": [int(s[0]) for s in g], "greedy_lenient": [int(s[3]) for s in g]}
+        per_mode[mode] = {"greedy": [int(s.correct) for s in g], "greedy_lenient": [int(s.lenient) for s in g]}
         if sampled:
-            per_mode[mode]["sampled"] = [int(grp[0][0]) for grp in sampled]
-            per_mode[mode]["sampled_lenient"] = [int(grp[0][3]) for grp in sampled]
+            per_mode[mode]["sampled"] = [int(grp[0].correct) for grp in sampled]
+            per_mode[mode]["sampled_lenient"] = [int(grp[0].lenient) for grp in sampled]
         if log:
             acc, len_acc = result["modes"][mode]["accuracy"], result["modes"][mode]["lenient_accuracy"]
             log(f"{mode}: greedy {acc['greedy']:.3f} sampled {_f(acc['sampled'])} | lenient: greedy "

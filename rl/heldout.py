@@ -1,11 +1,9 @@
 """The held-out evaluation during training: greedy accuracy per decode mode on the task's test split, through
-the same rollout and reward workers the steps use (`fbrl eval` evaluates a checkpoint offline: rl/evaluate.py)."""
+the same rollout and reward workers the steps use, with the evaluator `fbrl eval` uses (`rl.evaluate`)."""
 from __future__ import annotations
 
-import time
-
 from rl.data.loaders import encode_prompt, reward_columns
-from rl.evaluate import last_number_score
+from rl.evaluate import decode_and_score
 from rl.run import RunDir
 from rl.sampling import sampling_params
 from rl.workers import RewardWorkers, RolloutWorkers
@@ -19,27 +17,25 @@ def heldout_accuracy(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: Rew
     per-problem outcomes and responses go to RUN_DIR/eval/step_<step>.json, so two evaluations pair up."""
     strict, lenient, record = {}, {}, {}
     prompts = [encode(r) if encode else encode_prompt(tokenizer, r) for r in rows]
-    answers = [r["answer"] for r in rows]
+
+    def correct(chunk_rows, texts, samples):  # the task's correctness check, as the reward workers apply it
+        return rewards.score([r["prompt"] for r in chunk_rows], texts, [r["answer"] for r in chunk_rows],
+                             [s.finish_reason for s in samples], reward_columns(chunk_rows)).correct
+
     # in chunks of two engine batches, each reported: a long held-out eval is minutes, never silent ones
     chunk = 2 * cfg.rollout.vllm.max_num_seqs * cfg.rollout.num_engines
     for mode in cfg.train.eval_decode_modes:
-        samples, t0 = [], time.perf_counter()
-        for i in range(0, len(prompts), chunk):
-            samples += rollout.generate(prompts[i:i + chunk], sampling_params(cfg, tokenizer.eos_token_id, True, mode),
-                                        version)
-            if log and len(prompts) > chunk:
-                log(f"  eval {mode}: {len(samples)}/{len(prompts)} problems ({time.perf_counter() - t0:.0f}s)")
-        texts = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-        scored = rewards.score([r["prompt"] for r in rows], texts, answers,
-                               [s.finish_reason for s in samples], reward_columns(rows))
-        if scored.correct is None:
+        params = sampling_params(cfg, tokenizer.eos_token_id, True, mode)
+        outcomes = decode_and_score(lambda ids, _first: rollout.generate(ids, params, version), prompts, rows,
+                                    tokenizer, correct, chunk=chunk, log=log, label=f"eval {mode}")
+        if outcomes is None:
             return {}, {}
-        loose = [int(x > 0.5) for x in last_number_score([], texts, answers)]
-        strict[mode] = sum(scored.correct) / len(scored.correct)
-        lenient[mode] = sum(loose) / len(loose)
-        record[mode] = {"strict": [int(bool(c)) for c in scored.correct], "lenient": loose,
-                        "truncated": [int(s.truncated) for s in samples], "responses": texts}
+        greedy = [group[0] for group in outcomes]
+        record[mode] = {"strict": [int(o.correct) for o in greedy], "lenient": [int(o.lenient) for o in greedy],
+                        "truncated": [int(o.truncated) for o in greedy], "responses": [o.text for o in greedy]}
+        strict[mode] = sum(record[mode]["strict"]) / len(greedy)
+        lenient[mode] = sum(record[mode]["lenient"]) / len(greedy)
     if run is not None:
-        run.write_eval(step, {"step": step, "policy_version": version, "answers": answers,
+        run.write_eval(step, {"step": step, "policy_version": version, "answers": [r["answer"] for r in rows],
                               "questions": [r.get("question", r["prompt"]) for r in rows], "modes": record})
     return strict, lenient

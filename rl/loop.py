@@ -2,7 +2,7 @@
 eval / checkpoint.
 
 Written against the worker interfaces of `rl/workers.py`, so the same function drives in-process workers and Ray
-actor groups (`actors/launch.py` builds either). By default a step is synchronous (docs/DESIGN.md §7): the
+actor groups (`actors/cli/launch.py` builds either). By default a step is synchronous (docs/DESIGN.md §7): the
 engines generate with policy version v, the learner updates once per rollout batch, and the new weights are
 tagged v+1 before the next rollout asks for them (`min_version`). With `train.max_staleness: s > 0` the same loop
 is fed by a producer thread that generates the next batches while the learner trains (rl/rollout_queue.py): batch

@@ -32,11 +32,11 @@ def write_task_with_long_prompt(path: Path, n: int) -> None:
 
 # ---- bad input: refused before Ray or any engine starts -----------------------------------------------------------
 def prepare(*argv: str, cwd: Path | None = None):
-    """`fbrl train ARGV`'s checks (actors.launch.prepare), in this process."""
+    """`fbrl train ARGV`'s checks (actors.cli.launch.prepare), in this process."""
     import argparse
 
-    from actors.launch import add_arguments
-    from actors.launch import prepare as launch_prepare
+    from actors.cli.launch import add_arguments
+    from actors.cli.launch import prepare as launch_prepare
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(list(argv))

@@ -260,7 +260,7 @@ def test_rl_adds_its_mode_to_the_record():
 def test_verbose_flag_reaches_config_and_workers():
     from types import SimpleNamespace
 
-    from actors.launch import load_train_config
+    from actors.cli.launch import load_train_config
     from actors.placement import runtime_env
     args = lambda verbose: SimpleNamespace(config="configs/tiny.yaml", overrides=[], resume=None,  # noqa: E731
                                            verbose=verbose)

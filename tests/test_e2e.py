@@ -40,7 +40,7 @@ def fbrl_train(*args, timeout=900):
     return proc.stdout
 
 
-# The lines fbrl itself prints (rl/loop.py, actors/launch.py, actors/console.py); anything else is a library's.
+# The lines fbrl itself prints (rl/loop.py, actors/cli/launch.py, actors/console.py); anything else is a library's.
 OWN_LINE = re.compile(r"^(fbrl train: |starting |placement: |weight sync: |workers ready |step +\d+/\d+ \| |done: "
                       r"|held-out greedy accuracy "
                       r"|accuracy on training |reward failures|faults: |warning: |resumed |(policy|metrics|plots|wandb"

@@ -175,3 +175,49 @@ def test_lenient_read_takes_the_last_number_anywhere():
     # a truncated response counts too (the lenient read ignores finish reasons), a non-numeric gold never does
     assert last_number_score([], ["so 18"], ["18"], finish_reasons=["length"]) == [1.0]
     assert last_number_score([], ["x = 2"], ["x"]) == [0.0]
+
+
+def test_heldout_eval_reads_strict_and_lenient_apart_and_records_each_problem(tmp_path):
+    """Training's held-out eval (rl.heldout) runs on the same evaluator: strict is the reward workers' `correct`,
+    lenient the last number in the response; each problem's outcome and response go to RUN_DIR/eval in chunks."""
+    from rl.config import load_config
+    from rl.heldout import heldout_accuracy
+    from rl.run import RunDir
+    from rl.workers import Scores
+    tok = build_tokenizer()
+    rows = [{"prompt": f"Q: {i}+1=?", "answer": str(i + 1)} for i in range(7)]
+    # problem i answers: boxed and right (i % 3 == 0), right but unboxed (1), boxed and wrong (2)
+    texts = [f"so \\boxed{{{i + 1}}}" if i % 3 == 0 else f"it is {i + 1}" if i % 3 == 1 else f"\\boxed{{{i}}}"
+             for i in range(7)]
+
+    class Rollout:
+        calls = []
+
+        def generate(self, prompts, params, version):
+            self.calls.append((len(prompts), params.temperature, params.decode_mode, version))
+            out = []
+            for p in prompts:
+                i = next(j for j, r in enumerate(rows) if tok(r["prompt"])["input_ids"] == p)
+                ids = tok(texts[i], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                out.append(Sample(p, ids, [0.0] * len(ids), "stop", version, group_id=i, decode_mode=params.decode_mode))
+            return out
+
+    class Rewards:
+        def score(self, prompts, completions, answers, finish_reasons, columns=None):
+            correct = [f"\\boxed{{{a}}}" in c for c, a in zip(completions, answers)]
+            return Scores(rewards=[float(c) for c in correct], correct=correct, metrics={}, failures=[])
+
+    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), ["train.eval_decode_modes=[standard]",
+                                                             "rollout.vllm.max_num_seqs=2", "rollout.num_engines=1"])
+    run, lines = RunDir(str(tmp_path)), []
+    rollout = Rollout()
+    strict, lenient = heldout_accuracy(cfg, rows, tok, rollout, Rewards(), 5,
+                                       encode=lambda r: tok(r["prompt"])["input_ids"], run=run, step=3, log=lines.append)
+    assert strict == {"standard": pytest.approx(3 / 7)} and lenient == {"standard": pytest.approx(5 / 7)}
+    assert [c[0] for c in rollout.calls] == [4, 3] and {c[1:] for c in rollout.calls} == {(0.0, "standard", 5)}
+    assert lines == ["  eval standard: 4/7 problems (0s)", "  eval standard: 7/7 problems (0s)"]
+    (record,) = run.read_evals()
+    assert record["step"] == 3 and record["answers"] == [r["answer"] for r in rows]
+    assert record["modes"]["standard"]["strict"] == [1, 0, 0, 1, 0, 0, 1]
+    assert record["modes"]["standard"]["lenient"] == [1, 1, 0, 1, 1, 0, 1]
+    assert record["modes"]["standard"]["responses"][1] == "it is 2"

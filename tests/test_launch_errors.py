@@ -4,8 +4,8 @@ import argparse
 
 import pytest
 
-from actors import launch
-from actors.preflight import BadInput
+from actors.cli import launch
+from actors.cli.preflight import BadInput
 from rewards.loader import RewardLoadError
 from rl.config import ConfigError
 from rl.data.loaders import DataError

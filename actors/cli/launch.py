@@ -4,7 +4,7 @@ With no `ray.address` a private local Ray is started (dashboard off, loopback on
 submit with `ray job submit --address ... --working-dir . -- fbrl train configs/<config>.yaml` (docs/CLUSTER.md). `--no-ray` runs the
 same loop with in-process workers, for debugging. With no CONFIG the embedded default (configs/tiny.yaml) runs.
 
-Before anything starts, the inputs are checked (actors/preflight.py) and the run directory's rules applied
+Before anything starts, the inputs are checked (actors/cli/preflight.py) and the run directory's rules applied
 (rl/run.py): a problem is one line on stderr and exit code 2, in seconds. `--resume RUN_DIR` takes the run's own
 config.yaml (or the CONFIG given), plus overrides of fields that do not change the experiment. SIGTERM / SIGINT
 end the job after the current step, which is checkpointed, with nothing left running (a second signal ends it at
@@ -73,7 +73,7 @@ def load_train_config(args):
 def prepare(args):
     """(cfg, config path, run dir, tokenizer) with every input checked; raises an `rl.errors.InputError` naming
     the first bad one. Starts nothing (no Ray, no engine)."""
-    from actors.preflight import check_job
+    from actors.cli.preflight import check_job
     from rl.config import ConfigError
     from rl.config.secrets import REDACTED
     from rl.run import RunDir, durable_run_dir

@@ -1,4 +1,5 @@
-"""`fbrl` — the command line.
+"""`fbrl` — the command line: `train` (launch.py, with the input checks of preflight.py), `eval` (evaluate.py),
+`compare-likelihood` (compare.py), `convert` (convert.py); `pretrain` is `rl.pretrain`.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`; a module is
 imported only when its command runs or shows its help (so `fbrl pretrain` never starts Ray). The text users read
@@ -20,7 +21,7 @@ EPILOG = """\
 First run: `make demo` (= fbrl train configs/tiny.yaml: the embedded RL job, about 3 minutes on 2 CPU cores)."""
 
 COMMANDS = {
-    "train": ("actors.launch", "run an RL job (local Ray unless ray.address names a cluster)", """\
+    "train": ("actors.cli.launch", "run an RL job (local Ray unless ray.address names a cluster)", """\
 Run an online RL job: a vLLM rollout fleet decoding with latent feedback, DeepSpeed learners, rule-based or your
 own reward functions (docs/REWARDS.md), the likelihood estimator of your choice, on Ray. Without ray.address a
 private local Ray is started (loopback only, dashboard off). Without CONFIG the embedded default runs
@@ -42,21 +43,21 @@ result serves depends on the objective (docs/PRETRAINING.md); the checkpoint rec
 examples:
   fbrl pretrain configs/tiny_pretrain.yaml pretrain.out_dir=runs/my-tiny
   fbrl pretrain configs/tiny_sft_fused.yaml pretrain.steps=100"""),
-    "eval": ("actors.cmd_eval", "accuracy and pass@k of a checkpoint, per decode mode", """\
+    "eval": ("actors.cli.evaluate", "accuracy and pass@k of a checkpoint, per decode mode", """\
 Accuracy (greedy and sampled) and pass@k of a checkpoint in one or more decode modes, with the paired McNemar test
 between modes, on the arithmetic task or a JSONL file. Warns when a mode is not one the checkpoint was trained for.
 
 examples:
   fbrl eval --checkpoint checkpoints/tiny-arith-fused --decode-mode standard soft fused --samples 4
   fbrl eval --checkpoint runs/try/checkpoints/step_000010/learner/model --n 200 --json eval.json"""),
-    "compare-likelihood": ("actors.cmd_compare", "likelihood estimators against the exact recurrence", """\
+    "compare-likelihood": ("actors.cli.compare", "likelihood estimators against the exact recurrence", """\
 The log-prob, KL, top-1 and KV-cache error of each likelihood estimator (K-pass for K = 1..M, replay, standard)
 against the exact recurrence, on fresh rollouts of a checkpoint, with time per token.
 
 examples:
   fbrl compare-likelihood --checkpoint checkpoints/tiny-arith --max-passes 6 --plot cmp.png
   fbrl compare-likelihood --checkpoint checkpoints/tiny-arith-fused --decode-mode fused --json cmp.json"""),
-    "convert": ("actors.cmd_convert", "a stock Hugging Face Llama/Qwen2 checkpoint (or GGUF) -> an FBT checkpoint", """\
+    "convert": ("actors.cli.convert", "a stock Hugging Face Llama/Qwen2 checkpoint (or GGUF) -> an FBT checkpoint", """\
 Copy a stock Llama or Qwen2 checkpoint (safetensors, or one GGUF file, dequantized) into an FBT checkpoint with new
 fusion weights. With --init random the result decodes like the original in standard mode and needs multi-pass
 training (fbrl pretrain) before feedback helps; with --init identity it decodes like the original in every mode.
