@@ -29,7 +29,7 @@ demo: venv
 	$(BIN)/fbrl train configs/tiny.yaml
 
 # SmolLM2-135M-Instruct -> identity-converted FBT under runs/smollm2/ (gitignored, 517 MB each), then RL on the
-# word problems (configs/smollm_rl.yaml; budgeted at <= 45 min on 2 cores), then the start-vs-end summary.
+# word problems (configs/smollm_rl.yaml; ~16 min on 2 cores), then the start-vs-end summary.
 # `make smollm` only builds the checkpoints.
 smollm: venv
 	$(BIN)/python scripts/smollm_rl.py --prepare-only
