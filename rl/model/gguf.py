@@ -1,9 +1,9 @@
 """A GGUF checkpoint (llama.cpp's format) → a plain Hugging Face causal LM, dequantized to fp32.
 
 transformers reads GGUF itself (`from_pretrained(dir, gguf_file=name)`, which needs the `gguf` package: the
-`gguf` extra) and dequantizes every tensor. The model it returns still carries the file's `quantization_config`,
-which would tell later loaders the weights are quantized; the plain model rebuilt here from the same config,
-without that field, holds exactly the dequantized weights. GGUF holds tensors and metadata only (no pickled
+`gguf` extra) and dequantizes every tensor. The model it returns is still marked as GGUF-quantized, so
+transformers refuses to `save_pretrained` it and later loaders would read its `quantization_config`; the plain
+model rebuilt here from the same config, without that field, holds exactly the dequantized weights. GGUF holds tensors and metadata only (no pickled
 code), so reading one runs nothing from the file.
 """
 from __future__ import annotations
