@@ -103,7 +103,3 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         args.overrides = list(args.overrides) + rest
     return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
