@@ -1,6 +1,6 @@
 """The process and DeepSpeed set-up of a learner rank: the rendezvous (loopback-only on one machine), the rank's
 torch threads, the DeepSpeed config, and the pieces `actors.learner.LearnerRank` hands DeepSpeed (the stage-0 client
-optimizer, the `rl.policy_update.Backend` a DeepSpeed engine is, a checkpoint engine that loads with
+optimizer, the `rl.train.policy_update.Backend` a DeepSpeed engine is, a checkpoint engine that loads with
 `weights_only=True`). The gradient and accumulation contract these settings implement is in `actors.learner`'s
 docstring."""
 from __future__ import annotations
@@ -127,7 +127,7 @@ class ClippingAdamW(torch.optim.AdamW):
 
 
 class DeepSpeedBackend:
-    """`rl.policy_update.Backend` on a DeepSpeed engine: gradients summed over ranks and micro-batches."""
+    """`rl.train.policy_update.Backend` on a DeepSpeed engine: gradients summed over ranks and micro-batches."""
 
     def __init__(self, engine, world_size: int):
         self.engine = engine

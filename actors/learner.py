@@ -1,15 +1,15 @@
-"""One DeepSpeed learner rank: the policy, its optimizer state, and the `rl.policy_update.Backend` that DeepSpeed is.
+"""One DeepSpeed learner rank: the policy, its optimizer state, and the `rl.train.policy_update.Backend` that DeepSpeed is.
 
 `LearnerRank` works in-process (world_size 1, e.g. `actors/local.py` and the tests) and as a Ray actor
 (`actors/learner_group.py` wraps it with `ray.remote`). Each rank loads the FBT checkpoint, wraps it in a
 DeepSpeed engine (ZeRO stage 0–3 from `learner.zero_stage`, torch AdamW, gloo on CPU / NCCL on GPU) and runs
-`rl.policy_update.PolicyUpdater` on the WHOLE rollout batch: the updater picks this rank's rows from a plan computed
+`rl.train.policy_update.PolicyUpdater` on the WHOLE rollout batch: the updater picks this rank's rows from a plan computed
 on the whole batch, so every rank makes the same number of backward/step calls. Stage 0 (no ZeRO: the shipped
 one-machine layout, one rank on every core, `learner_threads`) steps `ClippingAdamW` as the client optimizer.
 Under ZeRO-2 DeepSpeed reduces gradients in the backward hooks of every micro-batch (bucket copies, an
 all-reduce of the whole fp32 gradient over the ranks); stages 0 and 1 reduce once, at `step()`.
 
-Gradient semantics (the contract of `rl.policy_update.Backend`): each micro-batch loss is already divided by the
+Gradient semantics (the contract of `rl.train.policy_update.Backend`): each micro-batch loss is already divided by the
 GLOBAL token count, so the gradients of all micro-batches on all ranks must be SUMMED. DeepSpeed 0.19.8 instead
 (a) averages gradients over the data-parallel ranks and (b) divides the loss by `gradient_accumulation_steps`
 when `scale_wrt_gas=True`, and (c) decides by itself, from a micro-step counter, which backward is the
@@ -57,19 +57,19 @@ from actors.deepspeed_setup import (
 )
 from rl.batch import collate
 from rl.decode_modes import record_rl_mode
-from rl.faults import injected
-from rl.latent_metrics import latent_metrics
-from rl.lora import maybe_wrap, reference_scope
-from rl.mismatch_parts import MismatchProbe
-from rl.policy_update import PolicyUpdater, rows_read
-from rl.workers import tensor_checksums
+from rl.estimators.mismatch_parts import MismatchProbe
+from rl.model.lora import maybe_wrap, reference_scope
+from rl.report.latent_metrics import latent_metrics
+from rl.train.faults import injected
+from rl.train.policy_update import PolicyUpdater, rows_read
+from rl.train.workers import tensor_checksums
 
 log = logging.getLogger(__name__)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model")
 DS_SUBDIR, MODEL_SUBDIR, DS_TAG = "deepspeed", "model", "state"
-ADAPTER_SUBDIR = "adapter"  # a LoRA learner's adapters in peft's format, beside model/ (rl/lora.py)
+ADAPTER_SUBDIR = "adapter"  # a LoRA learner's adapters in peft's format, beside model/ (rl/model/lora.py)
 
 
 def load_policy(path: str, dtype=torch.float32):
@@ -149,7 +149,7 @@ class _EngineUpdater(PolicyUpdater):
             # This rank has no rows in this micro-batch. It still runs a real forward (the stand-in row the updater
             # passes, loss x 0): under ZeRO-3 every module call all-gathers its parameters, a collective the other
             # ranks are making now, and every parameter gets a (zero) gradient, as on the ranks with rows.
-            # rl.policy_update's own fallback, sum(p.sum()) x 0, fails on ZeRO-3's partitioned (empty) parameters.
+            # rl.train.policy_update's own fallback, sum(p.sum()) x 0, fails on ZeRO-3's partitioned (empty) parameters.
             loss, _ = self.engine(super()._micro_loss, micro, tokens, seqs)
             return loss * 0.0, {}
         return self.engine(super()._micro_loss, micro, tokens, seqs)
@@ -160,7 +160,7 @@ class MergedWeights:
     actors/weight_sync.py's `GatheredWeights`: `metadata()` and `__iter__`, the same names and order)."""
 
     def __init__(self, lora):
-        self.lora = lora  # rl.lora.LoraPolicy
+        self.lora = lora  # rl.model.lora.LoraPolicy
 
     def metadata(self) -> list:
         from actors.weight_sync import ParamMeta
@@ -212,7 +212,7 @@ class LearnerRank:
 
         self.policy = load_policy(cfg.model.path)
         record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
-        # learner.lora: peft adapters and the fusion train, the rest is frozen (rl/lora.py)
+        # learner.lora: peft adapters and the fusion train, the rest is frozen (rl/model/lora.py)
         self.policy, self.lora = maybe_wrap(self.policy, lcfg.lora, cfg.train.seed)
         self.pad_id = pad_id_of(self.policy)
         routed = _Routed(self.policy)
@@ -229,19 +229,19 @@ class LearnerRank:
         self.engine.checkpoint_engine = safe_checkpoint_engine(self.engine)
         self.backend = DeepSpeedBackend(self.engine, world_size)
         ref = None
-        if cfg.algo.kl_coef > 0 and self.lora is not None:  # the policy itself, adapters off (rl/lora.py)
+        if cfg.algo.kl_coef > 0 and self.lora is not None:  # the policy itself, adapters off (rl/model/lora.py)
             ref = self.policy
         elif cfg.algo.kl_coef > 0:  # frozen copy of the starting policy, outside DeepSpeed (never updated)
             ref = load_policy(cfg.model.path, torch.bfloat16 if lcfg.bf16 else torch.float32)
             ref = ref.to(self.engine.device).eval().requires_grad_(False)
         self.updater = _EngineUpdater(self.engine, self.policy, cfg, self.pad_id, ref, reference_scope(self.lora))
         self.updates = 0  # update() calls on this rank (fault injection counts them)
-        self.probe = None  # rl.mismatch_parts.MismatchProbe, built at the first mismatch_parts call (rank 0)
+        self.probe = None  # rl.estimators.mismatch_parts.MismatchProbe, built at the first mismatch_parts call (rank 0)
 
     # -- training ---------------------------------------------------------------------------------------------
     def update(self, samples, advantages, rows=None) -> dict:
         """This rank's share of one rollout batch. `rows`: the rows whose states this rank reads, as its group
-        assigned them (`rl.policy_update.rows_read`; computed here when not given); their states, and those of the rows
+        assigned them (`rl.train.policy_update.rows_read`; computed here when not given); their states, and those of the rows
         the latent metrics read on this rank, are fetched first when the samples carry references
         (actors/state_plane.py). Returns the updater's metrics (token-weighted means over this rank's
         micro-batches), the latent metrics, `_tokens`, the response tokens this rank trained on (the weight a group
@@ -269,7 +269,7 @@ class LearnerRank:
         return list(range(min(n, len(samples))))
 
     def mismatch_parts(self, samples, version: int) -> dict:
-        """The mismatch taken apart on `samples` (rl/mismatch_parts.py); records the current weights as `version`.
+        """The mismatch taken apart on `samples` (rl/estimators/mismatch_parts.py); records the current weights as `version`.
         Rank 0 reports; collective under ZeRO-3 (the full weights are gathered)."""
         state = self.full_state()
         if self.rank != 0:
@@ -282,7 +282,7 @@ class LearnerRank:
         return self.probe.measure(samples, version, state)
 
     def _latent_metrics(self, samples) -> dict:
-        """`latent/*` metrics (rl/latent_metrics.py), reported by rank 0. Under ZeRO-3 every rank runs the same
+        """`latent/*` metrics (rl/report/latent_metrics.py), reported by rank 0. Under ZeRO-3 every rank runs the same
         forwards (each module call gathers its parameters collectively) and the fusion weights are gathered."""
         if not self._latent_rows(samples):
             return {}
@@ -300,7 +300,7 @@ class LearnerRank:
     def full_tensors(self):
         """(name, full weight on CPU) per parameter on rank 0, (name, None) on the other ranks, named as in the
         checkpoint (tied weights once). Collective under ZeRO-3: parameters are gathered one at a time (bounding
-        memory), so every rank must run it to the end. A LoRA learner's are the merged weights (rl/lora.py)."""
+        memory), so every rank must run it to the end. A LoRA learner's are the merged weights (rl/model/lora.py)."""
         if self.lora is not None:
             for name, t in self.lora.merged_tensors():
                 yield name, (t.to("cpu", copy=True) if self.rank == 0 else None)

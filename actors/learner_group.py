@@ -6,23 +6,23 @@ rank 0 reports its node IP and a free port, then all ranks build their `actors.l
 (deepspeed.initialize is collective).
 
 `update` puts the WHOLE sample list into the object store once and hands the same reference to every rank; each
-rank takes its rows from the plan `rl.policy_update` computes on the whole batch, so all ranks make the same number of
+rank takes its rows from the plan `rl.train.policy_update` computes on the whole batch, so all ranks make the same number of
 backward/step calls, and gradients are summed over ranks (see actors/learner.py). The samples carry references to
 their recorded states, not the states (actors/state_plane.py): the group assigns each rank the rows it reads
-(`rl.policy_update.rows_read`, from row lengths) before anything is fetched, and each rank fetches those rows' states
+(`rl.train.policy_update.rows_read`, from row lengths) before anything is fetched, and each rank fetches those rows' states
 only. Weight access (export,
 checksums, checkpoints) is called on every rank because under ZeRO-3 it is collective; rank 0 writes the files.
 
 A rank that dies (its process is gone) takes the group with it: the other ranks are bound to it by collectives.
 With `make_rank(r)` and a `supervisor`, every rank is killed and a new group is set up from the checkpoint the
-job started from (actors/supervision.py); the call raises `rl.faults.LearnerRebuilt` and the loop restores the
+job started from (actors/supervision.py); the call raises `rl.train.faults.LearnerRebuilt` and the loop restores the
 run's last checkpoint into the new group.
 """
 from __future__ import annotations
 
 from actors.supervision import actor_class, gather, kill
-from rl.faults import LearnerRebuilt
-from rl.policy_update import SUMMED_METRICS, rows_read
+from rl.train.faults import LearnerRebuilt
+from rl.train.policy_update import SUMMED_METRICS, rows_read
 
 # Metrics that are the same on every rank (global after the collective step) and are taken from rank 0; every
 # other metric is a token-weighted mean over this rank's micro-batches and is merged over ranks the same way.

@@ -3,7 +3,7 @@
 - `LocalRollout`: `RolloutWorkers` over engines living in this process (one by default), with the same prompt
   split, seeds and sample order as the Ray fleet (actors/rollout.py).
 - `LocalLearner`: `LearnerWorkers` with one learner rank — DeepSpeed at world size 1 (`actors.learner.LearnerRank`,
-  the same code as each Ray rank) or plain torch (`rl.policy_update.TorchBackend`, no DeepSpeed at all).
+  the same code as each Ray rank) or plain torch (`rl.train.policy_update.TorchBackend`, no DeepSpeed at all).
 - `LocalRewards`: `RewardWorkers` scoring in this process (the math reward still uses its process pool).
 """
 from __future__ import annotations
@@ -25,10 +25,10 @@ from actors.learner_group import merge_rank_metrics
 from actors.reward_workers import RewardHost
 from actors.rollout import EngineHost, chunk_params, merge_chunks, split_prompts
 from rl.decode_modes import record_rl_mode
-from rl.lora import maybe_wrap, reference_scope
-from rl.mismatch_parts import MismatchProbe
-from rl.policy_update import PolicyUpdater, TorchBackend
-from rl.workers import tensor_checksums
+from rl.estimators.mismatch_parts import MismatchProbe
+from rl.model.lora import maybe_wrap, reference_scope
+from rl.train.policy_update import PolicyUpdater, TorchBackend
+from rl.train.workers import tensor_checksums
 
 
 class LocalRollout:
@@ -59,7 +59,7 @@ class LocalRollout:
 
 
 class TorchLearner:
-    """One rank without DeepSpeed: `rl.policy_update.TorchBackend` (AdamW, clipping), same files as `LearnerRank`."""
+    """One rank without DeepSpeed: `rl.train.policy_update.TorchBackend` (AdamW, clipping), same files as `LearnerRank`."""
 
     OPTIMIZER_FILE = "optimizer.pt"
 
@@ -68,7 +68,7 @@ class TorchLearner:
         self.cfg = cfg
         self.policy = load_policy(cfg.model.path)
         record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
-        self.policy, self.lora = maybe_wrap(self.policy, lcfg.lora, cfg.train.seed)  # learner.lora (rl/lora.py)
+        self.policy, self.lora = maybe_wrap(self.policy, lcfg.lora, cfg.train.seed)  # learner.lora (rl/model/lora.py)
         self.backend = TorchBackend(self.policy, lcfg.lr, lcfg.weight_decay, tuple(lcfg.adam_betas), lcfg.grad_clip)
         ref = None
         if cfg.algo.kl_coef > 0:  # a LoRA policy is its own reference, adapters off

@@ -1,7 +1,7 @@
 """Starting the workers: Ray (a private local instance or a cluster), placement groups, and `build_workers`.
 
 `build_workers(cfg, use_ray)` returns the three objects the loop calls — `(rollout, learner, rewards)`, i.e.
-`RolloutWorkers`, `LearnerWorkers`, `RewardWorkers` (rl/workers.py) — either in this process (`actors/local.py`)
+`RolloutWorkers`, `LearnerWorkers`, `RewardWorkers` (rl/train/workers.py) — either in this process (`actors/local.py`)
 or as Ray actors placed here, with the weight-sync transport (actors/weight_sync.py) resolved for that placement.
 
 Placement: one placement group holds a bundle per rollout engine and per learner rank, with the strategy
@@ -281,7 +281,7 @@ def role_threads(num_threads: int | None, role_count: int, max_staleness: int, c
 def build_workers(cfg, use_ray: bool, faults=None, log=print, startup: dict | None = None):
     """`(rollout, learner, rewards)` for `rl.loop.train`: Ray actors placed as above, or in-process workers; the
     rollout workers carry the weight-sync transport (`rollout.weight_sync`, resolved for this placement).
-    On Ray, dead actors are replaced within `cfg.faults`' bounds and counted in `faults` (a `rl.faults.FaultLog`
+    On Ray, dead actors are replaced within `cfg.faults`' bounds and counted in `faults` (a `rl.train.faults.FaultLog`
     shared with the loop). `startup`, when given, receives the seconds after which each role's actors were up
     (`reward`, `rollout`, `learner`: they start at once and come up concurrently) and the engines' `threads`."""
     from actors.weight_sync import attach_transport, resolve_transport

@@ -1,7 +1,7 @@
 """Reward workers: the configured reward set behind the loop's `RewardWorkers` interface.
 
 `RewardHost` builds the `rewards` package's `RewardSet` from `reward.fns` (built-ins `math` / `format`, user
-`file.py:fn` / `pkg.mod:fn`, weights) and scores a batch: `score(...) -> rl.workers.Scores` — the training reward
+`file.py:fn` / `pkg.mod:fn`, weights) and scores a batch: `score(...) -> rl.train.workers.Scores` — the training reward
 per sample (weighted sum), each sample's correctness by the task's check (`reward.accuracy`, never "total reward
 > 0"), and the metrics of every reward term on its own. Dataset columns reach the rewards as keyword lists. The
 math reward scores in its own process pool with a hard per-item timeout (`reward.num_workers` processes).
@@ -24,7 +24,7 @@ import logging
 import os
 
 from actors.supervision import actor_class, gather, kill
-from rl.workers import Scores
+from rl.train.workers import Scores
 
 log = logging.getLogger(__name__)
 

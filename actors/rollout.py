@@ -23,7 +23,7 @@ import os
 from actors.placement import role_threads
 from actors.supervision import actor_class, describe, gather, kill, lost_object
 from rl.batch import Sample
-from rl.workers import tensor_checksums
+from rl.train.workers import tensor_checksums
 
 
 def max_model_len(cfg, model_config) -> int:

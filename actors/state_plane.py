@@ -5,12 +5,12 @@ reference shape in bf16). Samples go through the driver (rewards, advantages); t
 
 1. `pack` (in the rollout actor, after its engine returned the samples): the states of all its samples, one
    after the other, become ONE array, which the actor call returns as a second return value; each sample carries
-   an `rl.states.StateRef` (its first row and row count) in their place. Ray stores a return value of more than
+   an `rl.estimators.states.StateRef` (its first row and row count) in their place. Ray stores a return value of more than
    100 KB in the object store of the actor's node, and its owner is the caller: the driver holds the reference,
    not the bytes, and the object outlives the actor that made it — a batch already generated and queued, or between
    `generate` and the ranks' fetch, keeps its states when its engine's actor is killed (`RolloutFleet.generate`
    `attach`es the reference to the samples). (A smaller one travels inline through the driver: a few KB.)
-2. The learner group assigns rows to ranks from the update plan (`rl.policy_update.rows_read`, a function of row
+2. The learner group assigns rows to ranks from the update plan (`rl.train.policy_update.rows_read`, a function of row
    lengths only) before anything is fetched, and hands every rank the same list of samples plus its rows.
    A `StateRef` nested in that list is not resolved by Ray (only top-level task arguments are), so nothing moves.
 3. `fetch` (in a rank): one `ray.get` of the objects its rows are in, and each row's slice in place. On the
@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rl.batch import Sample
-from rl.states import StateRef, width
+from rl.estimators.states import StateRef, width
 
 # storage dtype <-> what numpy carries (numpy has no bf16 or fp8: same-size integer views of the same bytes)
 _CARRIER = {torch.float32: torch.float32, torch.bfloat16: torch.int16, torch.uint8: torch.uint8}
@@ -62,7 +62,7 @@ def to_carrier(states: torch.Tensor):
     """The numpy array Ray stores for a stored-states tensor (same bytes)."""
     if states.dtype not in _CARRIER:
         raise TypeError(f"state plane: recorded states of dtype {states.dtype} (expected a storage format of "
-                        f"rl/states.py)")
+                        f"rl/estimators/states.py)")
     return states.detach().cpu().contiguous().view(_CARRIER[states.dtype]).numpy()
 
 

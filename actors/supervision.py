@@ -10,7 +10,7 @@ error its method raised, and hands the death to the worker object's own recovery
   native transfer, nccl / ipc / native_ray, a new engine cannot join the transfer group after the first sync, and
   the job stops with `RunStopped` instead: actors/weight_sync.py `NativeSync`);
 - learner rank: every rank is killed (the others are bound to the dead one by collectives) and a new group starts
-  at the initial weights; the group raises `rl.faults.LearnerRebuilt` and the loop restores the last checkpoint;
+  at the initial weights; the group raises `rl.train.faults.LearnerRebuilt` and the loop restores the last checkpoint;
 - reward actor: restarted, and the batch scored again.
 
 `Supervisor` counts every replacement (`faults/rollout_restarts`, `faults/learner_rebuilds`,
@@ -28,7 +28,7 @@ import threading
 import time
 from collections import Counter
 
-from rl.faults import FaultLog, RunStopped
+from rl.train.faults import FaultLog, RunStopped
 
 log = logging.getLogger(__name__)
 

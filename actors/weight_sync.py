@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from actors.supervision import describe, lost_object
-from rl.faults import RunStopped
+from rl.train.faults import RunStopped
 
 TRANSPORTS = ("file", "ray", "nccl", "ipc", "native_ray")
 NATIVE = ("nccl", "ipc", "native_ray")

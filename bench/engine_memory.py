@@ -57,7 +57,7 @@ def main() -> int:
     ap.add_argument("--vary", action="store_true", help="new prompts of random lengths (4-40 tokens) every step, "
                                                         "as a real job's, instead of the same 32 of 20 tokens")
     args = ap.parse_args()
-    from rl.sampling import SamplingParams
+    from rl.train.sampling import SamplingParams
     from rollout.vllm_engine import VLLMEngine
     ckpt = str(ROOT / "checkpoints" / "tiny-arith")
     engine = VLLMEngine(ckpt, max_model_len=128, max_num_seqs=256, dtype="float32", seed=0, kv_cache_gib=1)

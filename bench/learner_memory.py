@@ -5,7 +5,7 @@ token-budget micro-batches vs padded ones on mixed lengths. Prints JSON (also `b
 
 Goal: the 256-row peak <= 1.2 x the 64-row peak.
 
-Memory: one learner step as `rl.policy_update.PolicyUpdater` runs it (replay estimator, `algo.mini_batches=2`, so
+Memory: one learner step as `rl.train.policy_update.PolicyUpdater` runs it (replay estimator, `algo.mini_batches=2`, so
 the old log-probs are computed first and two optimizer steps follow), on rows of mixed lengths (prompts 8-40,
 responses 1-64 tokens) with recorded states. Each figure comes from a fresh process whose glibc mmap threshold
 is fixed at 64 KiB (freed tensors go back to the OS, so the resident high-water mark is what was live). The
@@ -17,8 +17,8 @@ grow with the batch by construction, are already resident) and the absolute peak
 Throughput: fwd+bwd of the replay log-probs under a GRPO-like surrogate over every micro-batch of a 256-row batch
 (no optimizer), two ways on the same rows: `padded` — rows in arrival order, `micro_batch_size` rows per
 micro-batch, log-softmax over [rows, R, V] (the learner before token budgets) — and `token_budget` — the
-micro-batches of `rl.policy_update.plan_update` (rows sorted by length, <= 2048 padded tokens and <= 1024 response
-tokens) with logits at real response tokens only (`rl.likelihood.token_logprobs`). tokens/s counts real prompt +
+micro-batches of `rl.train.policy_update.plan_update` (rows sorted by length, <= 2048 padded tokens and <= 1024 response
+tokens) with logits at real response tokens only (`rl.estimators.likelihood.token_logprobs`). tokens/s counts real prompt +
 response tokens; medians of round-robin repeats after a warm-up round.
 
 Shapes: `tiny` is the committed checkpoints/tiny-arith (d=128, 3 layers, vocab 101); `tiny-v32k` a random FBT
@@ -96,7 +96,7 @@ def memory_child(shape: str, rows: int, threads: int) -> dict:
     """One measured learner step in this (fresh) process."""
     import gc
 
-    from rl.policy_update import PolicyUpdater, TorchBackend
+    from rl.train.policy_update import PolicyUpdater, TorchBackend
     torch.set_num_threads(threads)
     model = build_model(shape).train()
     cfg = learner_config()
@@ -132,8 +132,8 @@ def measure_memory(shape: str, rows: int, threads: int) -> dict:
 
 def throughput(shape: str, repeats: int, rows: int = 256) -> dict:
     from rl.batch import collate
-    from rl.likelihood import get_estimator, response_hidden, response_log_dists
-    from rl.policy_update import plan_update
+    from rl.estimators.likelihood import get_estimator, response_hidden, response_log_dists
+    from rl.train.policy_update import plan_update
     model = build_model(shape).train()
     samples = mixed_samples(rows, model.config.vocab_size, model.config.hidden_size)
     adv = torch.randn(rows, generator=torch.Generator().manual_seed(3))

@@ -11,7 +11,7 @@ read afterwards). Advantages are a fixed random draw: speed does not depend on t
 
 Variants (each timed on the whole batch: one optimizer step, as the loop's learner phase):
   * `plain` — the limit: a stock Hugging Face `LlamaForCausalLM` holding the checkpoint's backbone (every tensor
-    but the fusion's), fbrl's own micro-batches (the update plan of rl/policy_update.py: rows sorted by length, cut by
+    but the fusion's), fbrl's own micro-batches (the update plan of rl/train/policy_update.py: rows sorted by length, cut by
     the learner's row and token budgets), each right-padded; the decoder stack over prompt + response, the LM
     head and an fp32 log-softmax at the response positions only, loss = -sum(A * log p) / response tokens,
     backward; then clip_grad_norm_ and torch AdamW.
@@ -53,7 +53,7 @@ def real_batch(cfg, seed: int = 0):
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
     from rl.data.tokenizer import load_tokenizer
-    from rl.rollout_queue import generate_batch
+    from rl.train.rollout_queue import generate_batch
 
     tokenizer = load_tokenizer(cfg.model.tokenizer or cfg.model.path)
     fitter = PromptFitter(tokenizer, prompt_token_limit(cfg), cfg.data.overlong_prompts)
@@ -107,7 +107,7 @@ class PlainStep:
     """fwd + bwd over fbrl's micro-batches of the batch, then clip + torch AdamW: the machine's practical limit."""
 
     def __init__(self, cfg, samples, advantages):
-        from rl.policy_update import plan_for
+        from rl.train.policy_update import plan_for
         lcfg = cfg.learner
         self.model = plain_llama(cfg.model.path)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lcfg.lr, betas=tuple(lcfg.adam_betas), eps=1e-8,

@@ -33,7 +33,7 @@ import time
 import torch  # noqa: E402
 
 from rl.batch import LearnerBatch  # noqa: E402
-from rl.likelihood import get_estimator  # noqa: E402
+from rl.estimators.likelihood import get_estimator  # noqa: E402
 from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,7 +12,7 @@ Each variant runs in a fresh process (so its peak RSS is its own): one `actors.l
 engine of the config, world size 1: what each Ray rank runs) taking `--updates` updates on the batch. Reported:
 `peak_rss_gib` (ru_maxrss of that process: weights, optimizer state, activations, everything), `s_per_update`
 (median of the updates after the first, which is warm-up), and the fusion norms `latent/w_state_norm` /
-`latent/w_token_norm` (rl/latent_metrics.py) before the first update and after the last. Default variants:
+`latent/w_token_norm` (rl/report/latent_metrics.py) before the first update and after the last. Default variants:
 `full` (the config as it is) and `lora` (`learner.lora={}`).
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import time
 
 
 def fusion_norms(rank) -> dict[str, float]:
-    from rl.latent_metrics import weight_norms
+    from rl.report.latent_metrics import weight_norms
     return {f"latent/{k}": v for k, v in weight_norms(rank.policy).items()}
 
 

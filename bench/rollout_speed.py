@@ -71,7 +71,7 @@ def export_plain_llama(fbt_dir: str, out: str) -> str:
 
 
 def fbrl_params(cfg, mode: str, seed: int):
-    from rl.sampling import SamplingParams
+    from rl.train.sampling import SamplingParams
     r = cfg.rollout
     return SamplingParams(n=r.n_samples_per_prompt, temperature=r.temperature, top_p=r.top_p,
                           top_k=0 if r.top_k < 0 else r.top_k, max_tokens=r.max_tokens, stop_token_ids=(),

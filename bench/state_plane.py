@@ -76,7 +76,7 @@ class PrerecordedEngine:
             g = torch.Generator().manual_seed(self.seed)
             raw = torch.randn(n, self.tokens, self.hidden, generator=g)
             if dtype == "float8_rowscale":
-                from rl.states import encode
+                from rl.estimators.states import encode
                 self.states[(n, dtype)] = [encode(raw[i], dtype) for i in range(n)]
             else:
                 self.states[(n, dtype)] = [raw[i].to(DTYPES_BY_NAME[dtype]).clone() for i in range(n)]
@@ -161,7 +161,7 @@ def run(args) -> list[dict]:
     from actors.learner_group import LearnerGroup
     from actors.rollout import RolloutFleet, rollout_actor_class
     from rl.config import load_config
-    from rl.sampling import SamplingParams
+    from rl.train.sampling import SamplingParams
 
     cfg = load_config(None, ["rollout.engine=torch", "likelihood.estimator=replay",
                              f"learner.num_workers={args.ranks}", f"learner.micro_batch_size={args.samples}"])

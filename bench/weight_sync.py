@@ -78,7 +78,7 @@ def run_one(model: str, transport: str, out: Path, steps: int, reps: int) -> dic
     from rl.config import load_config
     from rl.data.tokenizer import load_tokenizer
     from rl.loop import train
-    from rl.run import RunDir
+    from rl.train.run_dir import RunDir
 
     cfg = load_config(str(ROOT / "configs" / "tiny.yaml"),
                       overrides_for(model, out, steps) + [f"rollout.weight_sync={transport}"])

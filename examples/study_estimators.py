@@ -14,7 +14,7 @@ the overrides behind `--`.
 
 `--staleness 0 1 2` crosses the arms with asynchronous training (`train.max_staleness`): run
 `replay-s1` is replay trained one policy version behind its samples. The table then adds the median step time,
-the mean staleness and the mismatch taken apart (rl/mismatch_parts.py: engine / staleness / estimator, mean
+the mean staleness and the mismatch taken apart (rl/estimators/mismatch_parts.py: engine / staleness / estimator, mean
 |Δ log p| per token over the run's diagnostic rows), and the plot a panel of the three parts per run.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ run as a standard transformer? Teacher-forced answer-token accuracy by chain len
 
 Each spec trains a fresh Llama-backbone model (`layers` x `d`, head_dim 64, 1 thread, batch 32, AdamW, linear
 warm-up 50 steps then constant lr) on `task`'s train split with chain lengths `lengths[0]..lengths[1]`:
-- mode `exact`: the FBT's exact recurrence with feedback on the response (`rl.pretrain.exact_loss`, BPTT), i.e.
+- mode `exact`: the FBT's exact recurrence with feedback on the response (`rl.pretrain.trainer.exact_loss`, BPTT), i.e.
   what soft decoding computes; evaluated the same way;
 - mode `plain`: one pass without feedback (`multipass_loss` with K = 1): a standard transformer of the same size.
 Every `every` steps it prints the last batch loss and, per chain length in `eval_lengths`, the fraction of 200
@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from rl import pretrain as P
+import rl.pretrain.trainer as P
 from rl.config import load_config
 from rl.data import track
 

@@ -1,17 +1,17 @@
 """The RL loop: prompts → rollouts → rewards → advantages → mismatch parts → update → weight sync → metrics /
 eval / checkpoint.
 
-Written against the worker interfaces of `rl/workers.py`, so the same function drives in-process workers and Ray
+Written against the worker interfaces of `rl/train/workers.py`, so the same function drives in-process workers and Ray
 actor groups (`actors/cli/launch.py` builds either). By default a step is synchronous (docs/DESIGN.md §7): the
 engines generate with policy version v, the learner updates once per rollout batch, and the new weights are
 tagged v+1 before the next rollout asks for them (`min_version`). With `train.max_staleness: s > 0` the same loop
-is fed by a producer thread that generates the next batches while the learner trains (rl/rollout_queue.py): batch
+is fed by a producer thread that generates the next batches while the learner trains (rl/train/rollout_queue.py): batch
 k comes from the weights of step k - 1 - s, and no sample more than s versions behind the learner is trained on.
 The estimators then see stale samples as follows: `replay` feeds the states the sampling version recorded to the
 current weights, `kpass` recomputes them under the current weights, `exact` recomputes everything; the
 off-policy correction (algo.tis_*) divides by the engine's log-prob of the sampling version.
 
-Faults (rl/faults.py, docs/RELIABILITY.md): dead rollout and reward actors are replaced inside the worker objects
+Faults (rl/train/faults.py, docs/RELIABILITY.md): dead rollout and reward actors are replaced inside the worker objects
 and only show up here as `faults/...` counts. A learner that lost a rank comes back rebuilt (`LearnerRebuilt`):
 `train` restores the last checkpoint and runs the lost steps again with the same prompts; the rollout queue of
 the failed pass is closed with it and a new one regenerates the batches from the restored step. A step whose loss
@@ -30,14 +30,14 @@ from rl import algos
 from rl.config import Config
 from rl.data.loaders import PromptSampler, load_task_split, reward_columns
 from rl.data.prompts import PromptFitter, prompt_token_limit
-from rl.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, nonfinite_update
-from rl.heldout import heldout_accuracy
-from rl.mismatch_parts import measure_parts
+from rl.estimators.mismatch_parts import measure_parts
 from rl.report.console import console_line, eval_line, report_failures
 from rl.report.metrics import eval_metrics, step_row
-from rl.rollout_queue import RolloutQueue, Serialized, generate_batch, score_batch, split_stale, staleness_metrics
-from rl.run import RunDir, restore_step, save_step, stop_after_step, stopped_before_step, weights_file
-from rl.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
+from rl.train.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, nonfinite_update
+from rl.train.heldout import heldout_accuracy
+from rl.train.rollout_queue import RolloutQueue, Serialized, generate_batch, score_batch, split_stale, staleness_metrics
+from rl.train.run_dir import RunDir, restore_step, save_step, stop_after_step, stopped_before_step, weights_file
+from rl.train.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
 
 
 def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorkers, rewards: RewardWorkers,
@@ -56,7 +56,7 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
                                     "eval data", faults, log) if cfg.train.eval_every > 0 else []
     reward_columns(train_rows + eval_rows)  # a column that would shadow a reward argument fails now, not at step 1
     # rollout and reward calls from the loop and from the producer thread take turns (new weights reach the
-    # engines between requests: rl/rollout_queue.py); one lock per worker object for the whole job, so a
+    # engines between requests: rl/train/rollout_queue.py); one lock per worker object for the whole job, so a
     # generation still in flight from a pass that a rebuilt learner ended finishes before the next pass syncs
     parts = _Parts(cfg, tokenizer, fitter, train_rows, eval_rows, Serialized(rollout), learner, Serialized(rewards),
                    run, log, progress, faults)
@@ -96,7 +96,7 @@ class _Job:
     stop_requested: object        # () -> a reason to stop (str) or None
     step: int = 0                 # the last step completed
     version: int = 0              # the newest policy version pushed to the engines (versions only increase)
-    background_rollouts: bool | None = None  # rl/rollout_queue.py's producer thread (None: when max_staleness > 0)
+    background_rollouts: bool | None = None  # rl/train/rollout_queue.py's producer thread (None: when max_staleness > 0)
 
 
 def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
@@ -238,7 +238,7 @@ def _log_step(p: _Parts, job: _Job, history: list[dict], metrics: dict) -> None:
 
 def _sync(learner: LearnerWorkers, rollout: RolloutWorkers, run: RunDir, version: int) -> int:
     """The learner's weights onto every engine as `version`, by the workers' transport (`rollout.weight_sync`:
-    the file `rl.run.weights_file`, Ray's object store, vLLM's NCCL / IPC transfer; actors/weight_sync.py)."""
+    the file `rl.train.run_dir.weights_file`, Ray's object store, vLLM's NCCL / IPC transfer; actors/weight_sync.py)."""
     versions = rollout.sync_weights(learner, version, weights_file(run))
     if any(v != version for v in versions):
         raise RuntimeError(f"weight sync: engines report versions {versions}, expected {version}")

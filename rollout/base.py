@@ -1,7 +1,7 @@
 """The one interface every rollout engine implements, and the validation they share.
 
 Token ids in, token ids out: an engine never re-tokenizes text. Each call returns `rl.batch.Sample`s carrying
-engine log-probs under the log-prob contract (rl/logprob_contract.py: log-probs of the distribution sampled from,
+engine log-probs under the log-prob contract (rl/estimators/logprob_contract.py: log-probs of the distribution sampled from,
 softmax(logits / T) truncated by top-k / top-p and renormalised; T = 0 means greedy and log-probs of the
 untempered logits), the finish reason, the policy version, and, when asked, the
 recorded states (row j = the state that predicted response token j).
@@ -12,8 +12,8 @@ import abc
 
 # re-exported: engines import these from here
 from rl.batch import Sample  # noqa: F401
-from rl.sampling import SamplingParams  # noqa: F401
-from rl.states import STATE_DTYPES  # noqa: F401
+from rl.estimators.states import STATE_DTYPES  # noqa: F401
+from rl.train.sampling import SamplingParams  # noqa: F401
 
 
 class StaleWeightsError(RuntimeError):

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from rl import states as state_formats
+import rl.estimators.states as state_formats
 from rl.batch import Sample
 from rl.model import rms_normalize, rms_value
 from rollout.base import RolloutEngine, SamplingParams, validate_prompts

@@ -1,6 +1,6 @@
 """Per-tensor checksums of the weights a vLLM FBT model really computes with, under Hugging Face names.
 
-The weight-sync check compares them with the learner's (`rl.workers.tensor_checksums`, float64 sum + 1e-3 x sum
+The weight-sync check compares them with the learner's (`rl.train.workers.tensor_checksums`, float64 sum + 1e-3 x sum
 of squares per tensor). Two things stand between vLLM's parameters and the checkpoint's names and values:
 
 - **Stacked layers.** vLLM fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`

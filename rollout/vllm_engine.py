@@ -10,7 +10,7 @@ deleted as soon as it is read; never bulk tensors through RPC between processes)
   (`fbt_decode_mode`), which applies to requests that do not come through this class.
 - Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`: log_softmax of the logits after temperature
   and top-k / top-p masking, i.e. log π_b of the sampled token, the truncated renormalised distribution sampled
-  from — our contract (rl/logprob_contract.py; T = 0: log_softmax(logits)), which the torch engine and the
+  from — our contract (rl/estimators/logprob_contract.py; T = 0: log_softmax(logits)), which the torch engine and the
   learner's estimators follow too (tests/test_logprob_contract.py).
 - Samples are matched to their recorded states by a per-sample key (not vLLM's request id, which vLLM suffixes
   internally). A sample whose request vLLM preempted and recomputed is returned with `preempted=True` and no
@@ -331,7 +331,7 @@ class VLLMEngine(RolloutEngine):
         self._weights_invalid = False
 
     def weight_checksums(self) -> dict[str, float]:
-        """Per-tensor checksums (`rl.workers.tensor_checksums` under Hugging Face names) of the weights vLLM
+        """Per-tensor checksums (`rl.train.workers.tensor_checksums` under Hugging Face names) of the weights vLLM
         computes with, read through the worker extension; the weight-sync check compares them with the learner's."""
         return self._rpc("fbt_weight_checksums")
 

@@ -50,7 +50,7 @@ def prepare(work: Path, log=print) -> Path:
 
 def mcnemar(before: list[int], after: list[int]) -> dict:
     """Paired comparison of two evaluations of the same problems: who solves what, and McNemar's exact p."""
-    from rl.evaluate import mcnemar_exact
+    from rl.train.evaluate import mcnemar_exact
     if len(before) != len(after):
         raise ValueError(f"paired test: {len(before)} and {len(after)} problems; it needs the same problems")
     lost = sum(a and not b for a, b in zip(before, after))
@@ -63,7 +63,7 @@ def mcnemar(before: list[int], after: list[int]) -> dict:
 
 def summarize(run_dir: Path, wall_s: float | None = None) -> dict:
     """Start vs end on the held-out problems, per decode mode and read, from RUN_DIR/eval/step_*.json."""
-    from rl.run import RunDir
+    from rl.train.run_dir import RunDir
     if not (run_dir / "metrics.jsonl").is_file():
         raise SystemExit(f"{run_dir}: not a finished fbrl run (no metrics.jsonl)")
     run = RunDir(str(run_dir))

@@ -208,7 +208,7 @@ class Job:
         from actors.placement import build_workers
         from rl.config import load_config
         from rl.data.tokenizer import load_tokenizer
-        from rl.faults import FaultLog
+        from rl.train.faults import FaultLog
         for k, v in ENV.items():
             os.environ.setdefault(k, v)
         self.run_dir = run_dir
@@ -241,7 +241,7 @@ class Job:
 
     def train(self, **overrides):
         from rl.loop import train
-        from rl.run import RunDir
+        from rl.train.run_dir import RunDir
         cfg = self.cfg
         if overrides:
             from dataclasses import replace

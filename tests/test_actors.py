@@ -2,7 +2,7 @@
 
 Model: a tiny random FBT Llama (d=128, 2 layers, 2 heads of 64, vocab 64) with the char tokenizer, fp32 on CPU.
 
-Tolerances. The reference is `rl.policy_update.TorchBackend` (plain torch AdamW) on the whole batch in one process.
+Tolerances. The reference is `rl.train.policy_update.TorchBackend` (plain torch AdamW) on the whole batch in one process.
 - Scalars (grad norm, loss metrics): DeepSpeed sums the same per-element gradients in a different order
   (flattened partitions, reductions over ranks), so they agree to fp32 rounding: rel 1e-5.
 - Weights after one AdamW step: the first step moves each weight by lr * g / (|g| + eps) with eps = 1e-8, so an
@@ -25,7 +25,7 @@ from actors.rollout import chunk_params, merge_chunks, split_prompts
 from rl.batch import Sample
 from rl.config import load_config
 from rl.data.tokenizer import build_tokenizer
-from rl.sampling import SamplingParams
+from rl.train.sampling import SamplingParams
 from rollout.base import StaleWeightsError
 
 LR = 1e-3
@@ -288,7 +288,7 @@ def test_ray_fleet_generates_like_local_engines_and_syncs(ray_workers, tmp_path)
 def rows_fetched(samples, cfg) -> list[set[int]]:
     """Rows each of 2 ZeRO-2 ranks fetches: its rows of the update plan, and on rank 0 the first
     train.latent_metrics_rows rows, which the latent metrics read."""
-    from rl.policy_update import rows_read
+    from rl.train.policy_update import rows_read
     latent = set(range(min(cfg.train.latent_metrics_rows, len(samples))))
     assert latent  # the default config computes latent metrics
     return [set(rows_read(samples, cfg, 2, 0)) | latent, set(rows_read(samples, cfg, 2, 1))]
@@ -298,14 +298,14 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
     """Engine actors put each sample's states into the object store; the samples the driver receives carry
     references only (no tensor anywhere), the driver never gets a state object (neither while generating nor
     while updating), each rank fetches exactly the rows it trains on (rows and bytes per rank against
-    rl.policy_update.rows_read), and once the driver drops the samples the objects are gone (nothing accumulates)."""
+    rl.train.policy_update.rows_read), and once the driver drops the samples the objects are gone (nothing accumulates)."""
     import gc
     import time
 
     import ray
 
-    from rl.policy_update import rows_read
-    from rl.states import StateRef
+    from rl.estimators.states import StateRef
+    from rl.train.policy_update import rows_read
     cfg, rollout, learner, _ = ray_workers
     asked, real_get = [], ray.get
 

@@ -138,7 +138,7 @@ def test_is_modes_registry_and_config():
     with pytest.raises(ValueError, match="mis"):
         A.PolicyLossConfig(is_mode="icepopp")
     from rl.config import load_config
-    from rl.policy_update import policy_loss_config
+    from rl.train.policy_update import policy_loss_config
     off = policy_loss_config(load_config(None, []).algo, 48)
     assert off.is_mode is None  # the default: no correction
     tis = policy_loss_config(load_config(None, ["algo.tis_cap=2"]).algo, 48)

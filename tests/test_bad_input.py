@@ -92,7 +92,7 @@ def test_run_dir_rules(tmp_path):
     """A new run into a used run dir is refused (or replaced with --overwrite); --resume of a missing dir creates
     nothing; --resume takes the run's own config.yaml plus the overrides it allows, and refuses locked ones."""
     from rl.config import ConfigError
-    from rl.run import RunDirError
+    from rl.train.run_dir import RunDirError
     run = tmp_path / "run"
     cfg, _, run_dir, _ = prepare("train.checkpoint_every=7", "train.steps=3", f"train.run_dir={run}")
     run_dir.write_config(cfg)
@@ -133,7 +133,7 @@ def test_embedded_default_from_another_directory(tmp_path, monkeypatch):
 
 def test_secrets_are_not_saved_and_resume_asks_for_them(tmp_path):
     from rl.config import ConfigError, load_config
-    from rl.run import RunDir
+    from rl.train.run_dir import RunDir
     secret = uuid.uuid4().hex
     cfg = load_config(CONFIG, [f"reward.fns=[{{fn: math}}, {{fn: x.py:f, options: {{api_key: {secret}}}}}]"])
     run = RunDir(str(tmp_path / "run"))
@@ -200,7 +200,7 @@ def test_prompt_fitter_drops_truncates_or_refuses():
 
 def test_run_guard_stops_on_persistent_faults_only():
     from rl.config import FaultsConfig
-    from rl.faults import FaultLog, RunGuard, RunStopped
+    from rl.train.faults import FaultLog, RunGuard, RunStopped
     lines = []
     guard = RunGuard(FaultsConfig(max_nonfinite_steps=2, reward_error_share=0.5, reward_error_steps=3),
                      FaultLog(lines.append))
@@ -226,7 +226,7 @@ def test_run_guard_stops_on_persistent_faults_only():
 def test_torch_backend_skips_a_nonfinite_step():
     import torch
 
-    from rl.policy_update import TorchBackend
+    from rl.train.policy_update import TorchBackend
     model = torch.nn.Linear(3, 1)
     backend = TorchBackend(model, lr=0.1)
     before = [p.detach().clone() for p in model.parameters()]

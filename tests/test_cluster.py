@@ -10,7 +10,7 @@ two-node cluster started on this machine.
   token auth), `ray job submit --working-dir` the tiny job with engines pinned to one node and learners to the
   other, wait for SUCCEEDED, check metrics.jsonl and where every actor ran, and stop exactly what was started.
 
-Checksums: `rl.workers.tensor_checksums` (float64 sum + 1e-3 x sum of squares per tensor) of the same fp32 values
+Checksums: `rl.train.workers.tensor_checksums` (float64 sum + 1e-3 x sum of squares per tensor) of the same fp32 values
 are equal up to float64 summation order; vLLM's live weights are read back exactly (rollout/vllm_checksums.py), so
 engines and reference agree to rel 1e-12, while a perturbation of 1e-3 per weight moves them by far more.
 """
@@ -42,7 +42,7 @@ from actors.weight_sync import (
     unpack_bucket,
 )
 from rl.config import ConfigError, load_config
-from rl.workers import tensor_checksums
+from rl.train.workers import tensor_checksums
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPT = str(ROOT / "checkpoints" / "tiny-arith-mixed")
@@ -287,7 +287,7 @@ class TestLocalRun:
         """After a real DeepSpeed update (ZeRO-3, 2 ranks) the ray transport delivers the new weights."""
         cfg, (rollout, learner, _), (ref, _), _ = run
         v = max(rollout.versions())
-        from rl.sampling import sampling_params
+        from rl.train.sampling import sampling_params
         samples = rollout.generate([[1, 5, 6, 7], [1, 8, 9]], sampling_params(cfg, 2, seed=0), min_version=v)
         learner.update(samples, [1.0 if i % 2 else -1.0 for i in range(len(samples))])
         after = learner.weight_checksums()
@@ -312,7 +312,7 @@ def _outputs(rollout) -> list[float]:
 
 
 def _greedy(max_tokens=4):
-    from rl.sampling import SamplingParams
+    from rl.train.sampling import SamplingParams
     return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop_token_ids=(2,))
 
 

@@ -135,7 +135,7 @@ def test_every_section_rule_runs():
 def test_an_offpolicy_correction_is_on_whenever_samples_can_be_stale():
     """`algo.tis_cap: auto` (the default): token TIS at 2.0 from max_staleness 1, off at 0; a set number or null
     stays as set; config.yaml gets the value in force."""
-    from rl.policy_update import is_correction_mode
+    from rl.train.policy_update import is_correction_mode
     for s, cap in ((0, None), (1, 2.0), (2, 2.0)):
         cfg = load_config(None, [f"train.max_staleness={s}"])
         assert cfg.algo.tis_cap == cap and is_correction_mode(cfg.algo) == (None if cap is None else "truncate")

@@ -1,4 +1,4 @@
-"""Evaluation (rl/evaluate.py, `fbrl eval`): estimators by hand, the logic on a scripted engine, the CLI on the
+"""Evaluation (rl/train/evaluate.py, `fbrl eval`): estimators by hand, the logic on a scripted engine, the CLI on the
 committed checkpoint."""
 import json
 import math
@@ -8,8 +8,8 @@ import pytest
 
 from rl.batch import Sample
 from rl.data.tokenizer import build_tokenizer
-from rl.evaluate import evaluate, format_table, mcnemar_exact, pass_at_k, plain_numeric_score
-from rl.sampling import SamplingParams
+from rl.train.evaluate import evaluate, format_table, mcnemar_exact, pass_at_k, plain_numeric_score
+from rl.train.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPT = ROOT / "checkpoints" / "tiny-arith"
@@ -121,7 +121,7 @@ def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys, monkeypatch):
 
 
 def test_paired_tests_across_checkpoints_and_level_table():
-    from rl.evaluate import format_levels, paired_tests
+    from rl.train.evaluate import format_levels, paired_tests
     a = {"greedy": [1, 1, 1, 1, 1, 1, 0, 0], "sampled": [1, 0, 1, 0, 1, 0, 1, 0]}
     b = {"greedy": [0, 0, 0, 0, 0, 1, 0, 1], "sampled": [1, 0, 1, 0, 1, 0, 1, 0]}
     greedy, sampled = paired_tests(a, b, "soft", "baseline:standard")
@@ -140,8 +140,8 @@ def test_paired_tests_across_checkpoints_and_level_table():
 def test_fbrl_eval_baseline_by_difficulty_on_a_state_tracking_task(tmp_path, capsys):
     """Two tiny checkpoints on the same cups problems, per chain length: one JSON entry per level, the baseline's
     mode under `baseline:standard`, paired with each mode of the first checkpoint on the same rows."""
+    import rl.pretrain.trainer as P
     from actors.cli import main
-    from rl import pretrain as P
     from rl.config import load_config
 
     for name, seed in (("fbt", 0), ("std", 1)):
@@ -166,7 +166,7 @@ def test_fbrl_eval_baseline_by_difficulty_on_a_state_tracking_task(tmp_path, cap
 
 
 def test_lenient_read_takes_the_last_number_anywhere():
-    from rl.evaluate import last_number, last_number_score
+    from rl.train.evaluate import last_number, last_number_score
     assert last_number("3 * 4 = 12\n12 - 2 = 10\nSo Ana has 10 pens.") == 10
     assert last_number("It costs $1,250.") == 1250 and last_number("10-3") == 3 and last_number("-7") == -7
     assert last_number("no digits here") is None and last_number("\\boxed{2.50}") == 2.5
@@ -178,12 +178,12 @@ def test_lenient_read_takes_the_last_number_anywhere():
 
 
 def test_heldout_eval_reads_strict_and_lenient_apart_and_records_each_problem(tmp_path):
-    """Training's held-out eval (rl.heldout) runs on the same evaluator: strict is the reward workers' `correct`,
+    """Training's held-out eval (rl.train.heldout) runs on the same evaluator: strict is the reward workers' `correct`,
     lenient the last number in the response; each problem's outcome and response go to RUN_DIR/eval in chunks."""
     from rl.config import load_config
-    from rl.heldout import heldout_accuracy
-    from rl.run import RunDir
-    from rl.workers import Scores
+    from rl.train.heldout import heldout_accuracy
+    from rl.train.run_dir import RunDir
+    from rl.train.workers import Scores
     tok = build_tokenizer()
     rows = [{"prompt": f"Q: {i}+1=?", "answer": str(i + 1)} for i in range(7)]
     # problem i answers: boxed and right (i % 3 == 0), right but unboxed (1), boxed and wrong (2)

@@ -48,7 +48,7 @@ from fault_harness import (  # noqa: F401
     write_jsonl_task,
 )
 
-from rl.lora import ADAPTER_FILE
+from rl.model.lora import ADAPTER_FILE
 
 
 # ---- in CI: the two kills the issue names ------------------------------------------------------------------------
@@ -216,7 +216,7 @@ def test_reward_actor_killed_mid_score(job, fault_record):
 def test_learner_bound_stops_clearly_and_resume_continues(job, fault_record):
     """Past `faults.max_learner_rebuilds` the job stops with a message that says how to continue, and `--resume`
     (here: train.resume) continues from the last checkpoint with the sampler's own prompts."""
-    from rl.faults import RunStopped
+    from rl.train.faults import RunStopped
     j = job("train.steps=4", "train.checkpoint_every=2", "faults.max_learner_rebuilds=0")
     j.kill_during(j.learner, "update", 3, lambda: j.learner.pids()[0])
     with pytest.raises(RunStopped, match=r"faults.max_learner_rebuilds=0 .*--resume") as stop:
@@ -247,7 +247,7 @@ def test_nonfinite_loss_is_skipped_then_stops(job, monkeypatch, fault_record):
     """A NaN loss (injected on the learner ranks' updates 2, 4, 5, 6) skips that optimizer step: counted, the
     weights and policy version unchanged, the job goes on; three in a row stop it, naming the steps, with the last
     step checkpointed and the engine still holding finite weights equal to the learner's."""
-    from rl.faults import RunStopped
+    from rl.train.faults import RunStopped
     monkeypatch.setenv("FBRL_INJECT_NONFINITE_UPDATES", "2,4,5,6")
     j = job("train.steps=10", "faults.max_nonfinite_steps=3", "train.checkpoint_every=0")
     with pytest.raises(RunStopped, match=r"not finite in 3 steps in a row") as stop:

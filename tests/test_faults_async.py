@@ -120,7 +120,7 @@ class StopsAt:
     def generate(self, prompts, params, min_version):
         import threading
 
-        from rl.faults import RunStopped
+        from rl.train.faults import RunStopped
         if params.temperature > 0:
             self.requests += 1
             if self.requests == self.n:
@@ -208,7 +208,7 @@ def test_a_partly_applied_nonfinite_step_is_a_new_version(tmp_path, fault_record
     from rl.config import load_config
     from rl.data.tokenizer import load_tokenizer
     from rl.loop import train
-    from rl.run import RunDir
+    from rl.train.run_dir import RunDir
     cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), local_args(tmp_path, "train.steps=3",
                                                                       "algo.mini_batches=2")[3:])
     rollout, rewards = LocalRollout(cfg), LocalRewards(cfg)

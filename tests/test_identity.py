@@ -1,6 +1,6 @@
 """Identity conversion (`convert_to_fbt(..., init="identity")`, `fbrl convert --init identity`): a stock
 checkpoint becomes an FBT that decodes exactly like its backbone in every mode, and one update grows the latent
-channel. Also the latent-channel metrics (rl/latent_metrics.py) at and away from the identity point.
+channel. Also the latent-channel metrics (rl/report/latent_metrics.py) at and away from the identity point.
 
 The backbone is a random tiny Llama with the default initializer_range 0.02, so its embeddings' RMS is ~0.02: the
 case where the fusion's RMS epsilons matter most (mean square 4e-4 against eps 1e-6).
@@ -18,9 +18,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 import rl.model  # noqa: F401  (registers the Auto classes)
 from rl.batch import collate
-from rl.latent_metrics import latent_metrics, weight_norms
-from rl.likelihood import get_estimator
+from rl.estimators.likelihood import get_estimator
 from rl.model import IDENTITY_RMS_EPS, convert_to_fbt, identity_init_fusion
+from rl.report.latent_metrics import latent_metrics, weight_norms
 from rollout.base import SamplingParams
 from rollout.torch_engine import TorchEngine
 
@@ -135,7 +135,7 @@ def test_one_sft_step_grows_the_latent_channel(stock):
 
 def test_one_rl_step_grows_the_latent_channel_and_the_metrics_see_it(stock):
     from rl.config import Config
-    from rl.policy_update import PolicyUpdater, TorchBackend
+    from rl.train.policy_update import PolicyUpdater, TorchBackend
     fbt = convert_to_fbt(stock, "linear_addition", init="identity")
     samples, batch = rollout_batch(fbt.eval())
     before = latent_metrics(fbt, batch, "soft")
@@ -195,7 +195,7 @@ def test_run_dir_policy_is_a_loadable_save_pretrained_dir(stock, tmp_path):
 
     from actors.learner import write_safetensors_atomic
     from rl.data.tokenizer import build_tokenizer
-    from rl.run import RunDir
+    from rl.train.run_dir import RunDir
     start = tmp_path / "start"
     fbt = convert_to_fbt(stock, "linear_addition", init="identity")
     fbt.save_pretrained(start)
@@ -216,7 +216,7 @@ def test_run_dir_policy_is_a_loadable_save_pretrained_dir(stock, tmp_path):
 
 
 def test_latent_plot_has_a_panel_per_logged_metric(tmp_path):
-    from rl.latent_metrics import plot_latent
+    from rl.report.latent_metrics import plot_latent
     rows = [{"step": s, "learner/latent/w_state_norm": 0.01 * s, "learner/latent/policy_shift": 1e-3 * s}
             for s in range(1, 5)]
     assert plot_latent(rows, tmp_path / "latent.png") and (tmp_path / "latent.png").stat().st_size > 1000

@@ -10,8 +10,8 @@ from rewards.loader import RewardLoadError
 from rl.config import ConfigError
 from rl.data.loaders import DataError
 from rl.errors import InputError
-from rl.faults import EXIT_BAD_INPUT
-from rl.run import RunDirError
+from rl.train.faults import EXIT_BAD_INPUT
+from rl.train.run_dir import RunDirError
 
 
 def _args():

@@ -1,4 +1,4 @@
-"""Likelihood estimators (rl/likelihood.py) against the exact recurrence, on rollouts of the torch engine.
+"""Likelihood estimators (rl/estimators/likelihood.py) against the exact recurrence, on rollouts of the torch engine.
 
 Model: a tiny random FBT Llama in fp32 whose fusion value weights are scaled up, so that feedback changes the
 log-probs by ~0.1 nats (with the paper's init the estimators would agree trivially and prove nothing).
@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from rl.batch import Sample, collate
-from rl.likelihood import ESTIMATORS, get_estimator, last_pass_inputs, response_hidden, run_pass, token_logprobs
+from rl.estimators.likelihood import (
+    ESTIMATORS,
+    get_estimator,
+    last_pass_inputs,
+    response_hidden,
+    run_pass,
+    token_logprobs,
+)
 from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM
 from rollout.base import SamplingParams
 from rollout.torch_engine import TorchEngine
@@ -254,7 +261,7 @@ def check_report(rep):
 
 
 def test_compare_estimators(model, rollouts):
-    from rl.likelihood_compare import compare_estimators, format_report
+    from rl.estimators.compare import compare_estimators, format_report
 
     mode, batch = rollouts
     rep = compare_estimators(model, batch, mode, max_passes=3, micro_batch_size=3)

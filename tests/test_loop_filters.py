@@ -15,7 +15,7 @@ import torch
 from rl.batch import Sample
 from rl.config import config_from_dict
 from rl.data.tokenizer import build_tokenizer
-from rl.workers import Scores
+from rl.train.workers import Scores
 
 MAX_TOKENS = 8
 
@@ -70,7 +70,7 @@ class RecordingLearner:
         self.calls.append((list(samples), list(advantages)))
         return {"mismatch/abs_logp_diff": 0.0}
 
-    def mismatch_parts(self, samples, version):  # the diagnostic of rl/mismatch_parts.py: nothing to take apart
+    def mismatch_parts(self, samples, version):  # the diagnostic of rl/estimators/mismatch_parts.py: nothing to take apart
         return {}
 
     def export_weights(self, path):
@@ -79,7 +79,7 @@ class RecordingLearner:
 
 def run_loop(tmp_path, table, steps=1, **algo):
     from rl.loop import train
-    from rl.run import RunDir
+    from rl.train.run_dir import RunDir
     cfg = config_from_dict({
         "data": {"task": "arith", "difficulty": [1], "num_train": 64},
         "rollout": {"engine": "torch", "n_samples_per_prompt": len(table[0]), "max_tokens": MAX_TOKENS},

@@ -1,4 +1,4 @@
-"""Learner micro-batches by token budget (rl/policy_update.py `plan_update`): every rank makes the same calls, no
+"""Learner micro-batches by token budget (rl/train/policy_update.py `plan_update`): every rank makes the same calls, no
 estimator call (old, reference or policy log-probs) ever sees more than one micro-batch, and splitting the
 batch over ranks and micro-batches leaves the summed gradient unchanged.
 
@@ -17,10 +17,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import rl.model  # noqa: F401
-import rl.policy_update as learner_mod
+import rl.train.policy_update as learner_mod
 from rl.batch import Sample
 from rl.config import ConfigError, load_config
-from rl.policy_update import PolicyUpdater, plan_update
+from rl.train.policy_update import PolicyUpdater, plan_update
 
 CKPT = str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith")
 

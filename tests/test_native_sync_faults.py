@@ -11,7 +11,7 @@ from actors.rollout import RolloutFleet
 from actors.supervision import Supervisor
 from actors.weight_sync import NativeSync, make_transport
 from rl.config import load_config
-from rl.faults import FaultLog, RunStopped
+from rl.train.faults import FaultLog, RunStopped
 
 
 class FakeLearner:

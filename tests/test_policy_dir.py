@@ -28,7 +28,7 @@ def policy(tmp_path_factory) -> tuple[Path, Path]:
 
     from actors.learner import write_safetensors_atomic
     from rl.decode_modes import rl_modes
-    from rl.run import RunDir
+    from rl.train.run_dir import RunDir
     tmp = tmp_path_factory.mktemp("policy")
     start = tmp / "start"
     shutil.copytree(TINY_ARITH, start)

@@ -1,4 +1,4 @@
-"""Multi-pass pretraining (rl/pretrain.py): the objective, no-detach gradients, the pass schedule, a short run.
+"""Multi-pass pretraining (rl/pretrain/trainer.py): the objective, no-detach gradients, the pass schedule, a short run.
 
 The short runs train on a copy task (a random 8-letter string, `|`, the same string): copying needs an
 induction match (find where the current letter occurred, emit the letter after it), which a one-layer
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import rl.model  # noqa: F401
-from rl import pretrain as P
+import rl.pretrain.trainer as P
 from rl.config import load_config
 from rl.data.tokenizer import build_tokenizer
 

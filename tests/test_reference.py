@@ -17,8 +17,8 @@ from transformers import AutoModelForCausalLM
 import rl.model  # noqa: F401
 from rl.batch import collate
 from rl.config import ConfigError, load_config
-from rl.likelihood import get_estimator
-from rl.policy_update import PolicyUpdater
+from rl.estimators.likelihood import get_estimator
+from rl.train.policy_update import PolicyUpdater
 from rollout.base import SamplingParams
 from rollout.torch_engine import TorchEngine
 

@@ -67,7 +67,7 @@ def test_each_score_reaches_the_learner_with_its_own_sample(tmp_path):
     from rl.config import load_config
     from rl.data.tokenizer import load_tokenizer
     from rl.loop import train
-    from rl.run import RunDir
+    from rl.train.run_dir import RunDir
     (tmp_path / "fp.py").write_text(REWARD)
     cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [
         f"model.path={CKPT}", "rollout.engine=torch", "rollout.num_engines=2", "learner.num_workers=1",

@@ -141,7 +141,7 @@ class NoLearner:
 def test_loop_accuracy_and_eval_accuracy_use_the_check(tmp_path):
     from rl.data.tokenizer import build_tokenizer
     from rl.loop import train
-    from rl.run import RunDir
+    from rl.train.run_dir import RunDir
 
     (tmp_path / "my_rewards.py").write_text(textwrap.dedent(REWARDS_PY))
     cfg = config_from_dict({

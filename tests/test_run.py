@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rl.config import ConfigError, load_config
-from rl.run import RunDir
+from rl.train.run_dir import RunDir
 
 
 class FileLearner:
@@ -76,7 +76,7 @@ def test_a_submitted_job_puts_its_run_where_it_lasts(tmp_path):
     """Inside Ray's copy of a job's working dir (`ray job submit --working-dir`), a run without train.run_dir goes
     to $FBRL_RUNS_DIR/<time>, a relative one is refused naming the key, an absolute one stays; elsewhere nothing
     changes."""
-    from rl.run import RunDirError, durable_run_dir
+    from rl.train.run_dir import RunDirError, durable_run_dir
     copy = tmp_path / "session_x" / "runtime_resources" / "working_dir_files" / "_ray_pkg_abc"
     copy.mkdir(parents=True)
     env = {"FBRL_RUNS_DIR": str(tmp_path / "runs")}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.run import RunDir
+from rl.train.run_dir import RunDir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from scripts.smollm_rl import format_summary, mcnemar, summarize  # noqa: E402

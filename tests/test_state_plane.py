@@ -1,6 +1,6 @@
-"""Recorded states on their way to the learner, without Ray: storage formats (rl/states.py), the carrier arrays Ray
+"""Recorded states on their way to the learner, without Ray: storage formats (rl/estimators/states.py), the carrier arrays Ray
 stores (actors/state_plane.py), collation of a batch whose unread rows still hold references, and the rows a rank
-reads (`rl.policy_update.rows_read`) against what `PolicyUpdater.update` actually reads. The Ray path (engine actors put,
+reads (`rl.train.policy_update.rows_read`) against what `PolicyUpdater.update` actually reads. The Ray path (engine actors put,
 the driver holds references only, each rank fetches its rows) is tested in tests/test_actors.py; the vLLM engine's
 handover (in-process tensor, or a scratch file deleted once read) in tests/test_vllm_engine.py.
 
@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
+import rl.estimators.states as sf
 import rl.model  # noqa: F401
 from actors.state_plane import fetch, from_carrier, to_carrier
-from rl import states as sf
 from rl.batch import Sample, collate
 from rl.config import load_config
-from rl.likelihood import get_estimator
-from rl.policy_update import PolicyUpdater, TorchBackend, plan_for, rows_read
-from rl.sampling import SamplingParams
+from rl.estimators.likelihood import get_estimator
+from rl.train.policy_update import PolicyUpdater, TorchBackend, plan_for, rows_read
+from rl.train.sampling import SamplingParams
 from rollout.torch_engine import TorchEngine
 
 CKPT = "checkpoints/tiny-arith"

@@ -124,7 +124,7 @@ def test_shipped_cups_checkpoints_are_small_reproducible_and_lean_on_the_latent_
     import yaml
 
     import rl.model  # noqa: F401  (registers the FBT classes)
-    from rl import pretrain as P
+    import rl.pretrain.trainer as P
     from rl.config import load_config
 
     root = Path(__file__).resolve().parents[1]

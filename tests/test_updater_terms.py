@@ -19,8 +19,8 @@ import rl.model  # noqa: F401
 from rl import algos
 from rl.batch import collate
 from rl.config import load_config
-from rl.likelihood import get_estimator
-from rl.policy_update import PolicyUpdater, TorchBackend
+from rl.estimators.likelihood import get_estimator
+from rl.train.policy_update import PolicyUpdater, TorchBackend
 
 CKPT = "checkpoints/tiny-arith"
 

@@ -1,5 +1,5 @@
 """`fbrl` — the command line: `train` (launch.py, with the input checks of preflight.py), `eval` (evaluate.py),
-`compare-likelihood` (compare.py), `convert` (convert.py); `pretrain` is `rl.pretrain`.
+`compare-likelihood` (compare.py), `convert` (convert.py); `pretrain` is `rl.pretrain.trainer`.
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`; a module is
 imported only when its command runs or shows its help (so `fbrl pretrain` never starts Ray). The text users read
@@ -35,7 +35,7 @@ examples:
   fbrl train configs/tiny.yaml --print-config        # every setting, defaults included, as YAML
   fbrl train --resume runs/try train.steps=20        # continue from the run's latest checkpoint
   ray job submit --address ADDR -- fbrl train configs/gpu_1b.yaml   (docs/CLUSTER.md)"""),
-    "pretrain": ("rl.pretrain", "multi-pass pretraining / SFT that makes an FBT checkpoint", """\
+    "pretrain": ("rl.pretrain.trainer", "multi-pass pretraining / SFT that makes an FBT checkpoint", """\
 Multi-pass pretraining or supervised fine-tuning of an FBT checkpoint: pass 1 is the ordinary forward, pass k
 feeds pass k-1's top-layer states back in, and the loss is L_1 + mean(L_2..L_K). Which decode modes the
 result serves depends on the objective (docs/PRETRAINING.md); the checkpoint records them (fbt_decode_modes).

@@ -3,7 +3,7 @@
 Generates N rollouts with the torch engine (recording, in fp32, the states the engine fed back), then reports, for
 K = 1..M passes, for replay and for standard (no feedback: what a learner blind to the latent channel would
 compute), the log-prob error, KL, top-1 agreement and KV-cache error against the exact recurrence, and time per
-token (rl/likelihood_compare.py). Replay is reported as recorded and after storing the states in each format of
+token (rl/estimators/compare.py). Replay is reported as recorded and after storing the states in each format of
 `--state-formats` (bf16, fp8: what `rollout.record_states_dtype` costs). Optional JSON (keys `passes`, `replay`,
 `replay_formats`, `standard`, ...) and a plot of error against passes with replay and standard as horizontal lines.
 """
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward in the comparison")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the sampling")
     p.add_argument("--state-formats", nargs="*", default=["bf16", "fp8"], choices=("fp32", "bf16", "fp8"),
-                   help="replay also after storing the recorded states in these formats (rl/states.py)")
+                   help="replay also after storing the recorded states in these formats (rl/estimators/states.py)")
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
     p.add_argument("--plot", dest="plot_out", default=None, metavar="OUT.png", help="error-vs-passes figure")
 
@@ -89,7 +89,7 @@ def run(args) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import rl.model  # noqa: F401  (registers the FBT model types with the Auto classes)
-    from rl.likelihood_compare import compare_samples, format_report, plot_report
+    from rl.estimators.compare import compare_samples, format_report, plot_report
 
     if args.n_samples < 1 or args.max_passes < 1:
         raise SystemExit("compare-likelihood: --n-samples and --max-passes must be >= 1")

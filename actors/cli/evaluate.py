@@ -1,4 +1,4 @@
-"""`fbrl eval` — accuracy / pass@k of a checkpoint per decode mode (CLI glue; the logic is rl/evaluate.py).
+"""`fbrl eval` — accuracy / pass@k of a checkpoint per decode mode (CLI glue; the logic is rl/train/evaluate.py).
 
     fbrl eval --checkpoint checkpoints/tiny-arith --task arith --split test --n 500 \
               --decode-mode standard soft fused --samples 4 --json eval.json
@@ -7,7 +7,7 @@
 
 The engine is the pure-torch reference engine (`rollout.torch_engine.TorchEngine`); completions are scored with
 the math reward (`rewards.math.MathReward`, math-verify; strict on the arithmetic task, as in training) when it
-is importable, else with `rl.evaluate.plain_numeric_score`. For the arithmetic task the difficulty levels default
+is importable, else with `rl.train.evaluate.plain_numeric_score`. For the arithmetic task the difficulty levels default
 to the ones the checkpoint was trained on (its `pretrain_config.yaml`), so the test split matches the training
 distribution. A decode mode the checkpoint was not trained for (rl/decode_modes.py) is warned about before the
 evaluation and under the table, and the warning is kept in the JSON's `meta`.
@@ -101,7 +101,7 @@ def _scorer(choice: str, task: str):
         except ImportError:
             if choice == "math":
                 raise
-    from rl.evaluate import plain_numeric_score
+    from rl.train.evaluate import plain_numeric_score
     return plain_numeric_score
 
 
@@ -114,9 +114,9 @@ def run(args) -> int:
     import rl.model  # noqa: F401  (registers the FBT model classes)
     from rl.data.loaders import load_task_split
     from rl.decode_modes import mode_warning
-    from rl.evaluate import evaluate, format_levels, format_table, paired_tests
     from rl.model import as_standard_lm
-    from rl.sampling import SamplingParams
+    from rl.train.evaluate import evaluate, format_levels, format_table, paired_tests
+    from rl.train.sampling import SamplingParams
     from rollout.torch_engine import TorchEngine
 
     torch.set_num_threads(args.threads)

@@ -5,11 +5,11 @@ submit with `ray job submit --address ... --working-dir . -- fbrl train configs/
 same loop with in-process workers, for debugging. With no CONFIG the embedded default (configs/tiny.yaml) runs.
 
 Before anything starts, the inputs are checked (actors/cli/preflight.py) and the run directory's rules applied
-(rl/run.py): a problem is one line on stderr and exit code 2, in seconds. `--resume RUN_DIR` takes the run's own
+(rl/train/run_dir.py): a problem is one line on stderr and exit code 2, in seconds. `--resume RUN_DIR` takes the run's own
 config.yaml (or the CONFIG given), plus overrides of fields that do not change the experiment. SIGTERM / SIGINT
 end the job after the current step, which is checkpointed, with nothing left running (a second signal ends it at
 once); exit code 128 + the signal. A stop rule, a spent restart bound, or a run that trained nothing: exit code 3.
-The end of every run prints what trained, what was skipped and every fault (rl/faults.py, docs/RELIABILITY.md).
+The end of every run prints what trained, what was skipped and every fault (rl/train/faults.py, docs/RELIABILITY.md).
 `--print-config` prints the resolved config (defaults included) and exits. What the console shows — one line per
 step, a progress bar on a terminal, a summary, third-party output quieted unless `--verbose` — is
 actors/console.py; the plots (written during the run) are rl/report/plots.py.
@@ -51,7 +51,7 @@ def load_train_config(args):
     or the resumed run's own config.yaml), overrides, flags. Creates nothing."""
     from rl.config import load_config
     from rl.config.loading import DEFAULT_CONFIG  # the embedded default job, wherever fbrl is installed
-    from rl.run import RunDir
+    from rl.train.run_dir import RunDir
 
     config_path = args.config
     if args.config and "=" in args.config and not Path(args.config).exists():  # `fbrl train key=value`
@@ -76,7 +76,7 @@ def prepare(args):
     from actors.cli.preflight import check_job
     from rl.config import ConfigError
     from rl.config.secrets import REDACTED
-    from rl.run import RunDir, durable_run_dir
+    from rl.train.run_dir import RunDir, durable_run_dir
 
     config_path, cfg, run_dir = load_train_config(args)
     if args.resume:
@@ -117,7 +117,7 @@ def _workers_line(cfg, use_ray: bool) -> str:
 def run(args) -> int:
     from rl.config import ConfigError
     from rl.errors import InputError
-    from rl.faults import EXIT_BAD_INPUT, EXIT_STOPPED, FaultLog, RunStopped
+    from rl.train.faults import EXIT_BAD_INPUT, EXIT_STOPPED, FaultLog, RunStopped
 
     if args.print_config:
         try:

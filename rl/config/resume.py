@@ -29,7 +29,7 @@ def diff_configs(a: Config, b: Config, keys: tuple[str, ...] | list[str] | None 
 
 
 # Fields that set which weights make which batch when batches are made ahead (`train.max_staleness` >= 1: a batch
-# never crosses a checkpoint, rl/rollout_queue.py `gate_step`): locked on resume of an asynchronous run only.
+# never crosses a checkpoint, rl/train/rollout_queue.py `gate_step`): locked on resume of an asynchronous run only.
 RESUME_LOCKED_ASYNC = ("train.checkpoint_every",)
 
 

@@ -19,7 +19,7 @@ from rl.config.serialize import flatten, plain, yaml_dump
 from rl.data.tasks import FILE_TASKS, LEVEL_TASKS, TASKS
 from rl.decode_modes import MODES as DECODE_MODES
 from rl.errors import InputError
-from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
+from rl.estimators.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 
 DecodeMode = Literal[DECODE_MODES]  # rl/decode_modes.py: the one list of decode modes
 
@@ -118,7 +118,7 @@ class RolloutConfig:
     top_k: int = -1                       # -1: off (vLLM's convention)
     max_tokens: int = 48
     n_samples_per_prompt: int = 8         # G
-    # how recorded states (replay) are stored on their way to the learner (rl/states.py): auto = bf16 when the
+    # how recorded states (replay) are stored on their way to the learner (rl/estimators/states.py): auto = bf16 when the
     # engines have GPUs, else fp32; fp8 = e4m3 with a per-row scale (its replay error: fbrl compare-likelihood)
     record_states_dtype: Literal["auto", "fp32", "bf16", "fp8"] = "auto"
     # How new weights reach the engines (actors/weight_sync.py, docs/CLUSTER.md): a file under RUN_DIR/weights,
@@ -301,7 +301,7 @@ class TrainConfig(AsyncTraining):
     eval_n: int = 500
     eval_decode_modes: list[DecodeMode] = field(default_factory=lambda: ["soft"])
     checkpoint_every: int = 10
-    latent_metrics_rows: int = 4          # rows per step for the latent-channel metrics (rl/latent_metrics.py); 0: off
+    latent_metrics_rows: int = 4          # rows per step for the latent-channel metrics (rl/report/latent_metrics.py); 0: off
     # train.max_staleness / mismatch_parts_frac: asynchronous training (rl/config/offpolicy.py)
     run_dir: str | None = None         # null: runs/<date-time>/
     resume: str | None = None          # a run dir to continue

@@ -69,7 +69,7 @@ class PromptFitter:
         return head + ids[len(ids) - (self.limit - len(head)):]
 
     def fit_reported(self, rows: list[dict], what: str, faults, log) -> list[dict]:
-        """`fit`, with the over-long prompts counted in `faults` (rl.faults.FaultLog) and one log line when any
+        """`fit`, with the over-long prompts counted in `faults` (rl.train.faults.FaultLog) and one log line when any
         were over the limit."""
         rows, over = self.fit(rows, what)
         if over:

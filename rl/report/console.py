@@ -41,7 +41,7 @@ def console_line(m: dict, steps: int) -> str:
     if m.get("learner/kl_loss") is not None:
         parts.append(f"kl {m['learner/kl_loss']:.2e}")
     phases = {p: m[f"time_{p}_s"] for p in ("rollout", "reward", "learner", "sync")}
-    # eval and checkpoint: what the phases do not account for. With the rollout queue (rl/rollout_queue.py) the
+    # eval and checkpoint: what the phases do not account for. With the rollout queue (rl/train/rollout_queue.py) the
     # step holds only the wait for its batch (all of steps 1-2 when made inline, none when made ahead) and the
     # mismatch parts besides the learner and sync.
     accounted = sum(phases.values()) if "time_wait_s" not in m else \

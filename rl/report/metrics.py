@@ -17,7 +17,7 @@ REWARD_FAILURE_KINDS = ("errors", "timeouts")
 
 
 def eval_metrics(strict: dict, lenient: dict, first_mode: str) -> dict:
-    """The metrics row fields of one held-out evaluation (`rl.heldout.heldout_accuracy`)."""
+    """The metrics row fields of one held-out evaluation (`rl.train.heldout.heldout_accuracy`)."""
     return {**{f"{EVAL_ACCURACY}_{m}": a for m, a in strict.items()},
             **{f"{EVAL_LENIENT}_{m}": a for m, a in lenient.items()},
             EVAL_ACCURACY: strict.get(first_mode), EVAL_LENIENT: lenient.get(first_mode)}

@@ -13,9 +13,9 @@ panel whose metrics a run does not log is left out, and keys added later fit wit
 | clip fraction (`clip_fraction.png`)  | `learner/pg_clipfrac_*`                                                 |
 | length (`length.png`)                | `response_len_mean`; `truncation_rate` on the right axis                |
 | mismatch (`mismatch.png`)            | every `.../mismatch/<part>` size (not its ESS / outside-share), log scale |
-| mismatch parts (`mismatch_parts.png`) | `mismatch_parts/{engine,staleness,estimator,total}` (rl/mismatch_parts.py), log scale |
+| mismatch parts (`mismatch_parts.png`) | `mismatch_parts/{engine,staleness,estimator,total}` (rl/estimators/mismatch_parts.py), log scale |
 | step time (`step_time.png`)          | `time_<phase>_s` stacked per step; the rest of `time_step_s` as "other" (eval, checkpoint) |
-| latent channel (`latent.png`)        | `learner/latent/*` (rl/latent_metrics.py): weight norms; shares, shift right |
+| latent channel (`latent.png`)        | `learner/latent/*` (rl/report/latent_metrics.py): weight norms; shares, shift right |
 
 Steps are integers on every x axis; steps whose optimizer step was skipped are shaded. Rendering uses
 matplotlib's object API (no pyplot state), so it is safe to call from any thread of the driver.
@@ -162,7 +162,7 @@ def build_panels(rows: list[dict]) -> list[Panel]:
         p.series.append(Series("other (eval, checkpoint)", [o[0] for o in other], [max(o[1], 0.0) for o in other]))
     panels.append(p)
 
-    latent = [k for k in keys if k.startswith("learner/latent/")]  # rl/latent_metrics.py
+    latent = [k for k in keys if k.startswith("learner/latent/")]  # rl/report/latent_metrics.py
     p = Panel("latent", "Latent channel", "weight norm (Frobenius)", right_label="share / log-prob shift",
               shares=("left", "right"), legend_top=True)
     p.series += [_series(train, k, _LABELS.get(k, k.split("/")[-1]), right=not k.split("/")[-1].startswith("w_"),

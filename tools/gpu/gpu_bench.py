@@ -50,7 +50,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from rl.batch import LearnerBatch  # noqa: E402
-from rl.likelihood import get_estimator  # noqa: E402
+from rl.estimators.likelihood import get_estimator  # noqa: E402
 from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM  # noqa: E402
 from rollout.base import SamplingParams  # noqa: E402
 from rollout.torch_engine import TorchEngine  # noqa: E402

@@ -47,7 +47,7 @@ import importlib.util, platform, sys
 for name in ("vllm", "ray", "deepspeed", "math_verify", "wandb"):  # not installed on a torch-only machine
     sys.modules.setdefault(name, None)
 import torch, transformers, safetensors, huggingface_hub
-import rl.model, rl.likelihood, rl.policy_update, rollout.torch_engine  # noqa: F401  (the torch-only packages)
+import rl.model, rl.estimators.likelihood, rl.train.policy_update, rollout.torch_engine  # noqa: F401  (the torch-only packages)
 print(f"python {platform.python_version()} | torch {torch.__version__} | transformers {transformers.__version__} "
       f"| huggingface_hub {huggingface_hub.__version__} | safetensors {safetensors.__version__} "
       f"| pytest {'yes' if importlib.util.find_spec('pytest') else 'no'}")

@@ -32,7 +32,7 @@ def check(transport: str, model: str, reps: int) -> dict:
     from actors.learner import load_policy
     from actors.placement import build_workers
     from rl.config import load_config
-    from rl.workers import tensor_checksums
+    from rl.train.workers import tensor_checksums
 
     colocate = transport == "ipc"
     cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [

@@ -1,19 +1,19 @@
 """The held-out evaluation during training: greedy accuracy per decode mode on the task's test split, through
-the same rollout and reward workers the steps use, with the evaluator `fbrl eval` uses (`rl.evaluate`)."""
+the same rollout and reward workers the steps use, with the evaluator `fbrl eval` uses (`rl.train.evaluate`)."""
 from __future__ import annotations
 
 from rl.data.loaders import encode_prompt, reward_columns
-from rl.evaluate import decode_and_score
-from rl.run import RunDir
-from rl.sampling import sampling_params
-from rl.workers import RewardWorkers, RolloutWorkers
+from rl.train.evaluate import decode_and_score
+from rl.train.run_dir import RunDir
+from rl.train.sampling import sampling_params
+from rl.train.workers import RewardWorkers, RolloutWorkers
 
 
 def heldout_accuracy(cfg, rows, tokenizer, rollout: RolloutWorkers, rewards: RewardWorkers, version: int,
                      encode=None, run: RunDir | None = None, step: int | None = None, log=None) -> tuple[dict, dict]:
     """Greedy held-out accuracy per decode mode under two reads: ({mode: the fraction of problems the task's
     correctness check (`reward.accuracy`) calls right — never "reward > 0"}, {mode: the lenient read, the last
-    number in the response (`rl.evaluate.last_number_score`)}). Both empty when accuracy is off. With `run`, the
+    number in the response (`rl.train.evaluate.last_number_score`)}). Both empty when accuracy is off. With `run`, the
     per-problem outcomes and responses go to RUN_DIR/eval/step_<step>.json, so two evaluations pair up."""
     strict, lenient, record = {}, {}, {}
     prompts = [encode(r) if encode else encode_prompt(tokenizer, r) for r in rows]

@@ -5,7 +5,7 @@ objects (one process, real engines and a real learner) and Ray actor groups — 
 and on a cluster. Arguments and results are plain Python / tensors so they cross Ray unchanged.
 
 Faults: rollout and reward workers replace a dead actor and redo its call themselves; a learner method may raise
-`rl.faults.LearnerRebuilt` (the group was rebuilt at its initial weights: the caller restores a checkpoint).
+`rl.train.faults.LearnerRebuilt` (the group was rebuilt at its initial weights: the caller restores a checkpoint).
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class LearnerWorkers(Protocol):
 
     def mismatch_parts(self, samples: list[Sample], version: int) -> dict[str, float]:
         """Record the current weights as policy `version` (kept for `train.max_staleness` more versions) and take
-        the rollout/learner mismatch of `samples` apart: engine, staleness, estimator (rl/mismatch_parts.py)."""
+        the rollout/learner mismatch of `samples` apart: engine, staleness, estimator (rl/estimators/mismatch_parts.py)."""
 
     def export_weights(self, path: str) -> str:
         """Rank 0 writes the current weights as one safetensors file at `path` (atomically); returns it."""

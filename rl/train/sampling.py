@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rl.decode_modes import MODES as PROMPT_MODES
-from rl.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
-from rl.states import STATE_DTYPES, params_states_dtype
+from rl.estimators.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
+from rl.estimators.states import STATE_DTYPES, params_states_dtype
 
 if TYPE_CHECKING:
     from rl.config import Config

@@ -41,14 +41,14 @@ import torch
 
 from rl.batch import Sample
 from rl.data.loaders import reward_columns
-from rl.faults import RunStopped
-from rl.sampling import sampling_params
+from rl.train.faults import RunStopped
+from rl.train.sampling import sampling_params
 
 if TYPE_CHECKING:
     from rl.config import Config
     from rl.data.loaders import PromptSampler
     from rl.data.prompts import PromptFitter
-    from rl.workers import RewardWorkers, RolloutWorkers
+    from rl.train.workers import RewardWorkers, RolloutWorkers
 
 
 @dataclass

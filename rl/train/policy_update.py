@@ -31,7 +31,7 @@ import torch
 
 from rl import algos
 from rl.batch import LearnerBatch, Sample, collate
-from rl.likelihood import get_estimator
+from rl.estimators.likelihood import get_estimator
 
 # Loss metrics of a micro-batch are its share of the mini-batch loss: summed over micro-batches and ranks.
 SUMMED_METRICS = ("loss", "pg_loss", "kl_loss")
@@ -170,7 +170,7 @@ class PolicyUpdater:
     """Holds the policy (and optional frozen reference) and runs one rank's share of an update.
 
     `ref_scope`: the context the reference log-probs are computed in (a LoRA policy is its own reference with the
-    adapters off, rl/lora.py)."""
+    adapters off, rl/model/lora.py)."""
 
     def __init__(self, model, cfg, pad_id: int, ref_model=None, ref_scope=contextlib.nullcontext):
         self.model, self.cfg, self.pad_id, self.ref_model = model, cfg, pad_id, ref_model

@@ -16,7 +16,7 @@ log-prob. It splits exactly (per token, signed) into three parts:
   the latent states: `replay` feeds the states θ_v recorded to θ_V (its error grows with staleness), `kpass`
   recomputes them under θ_V (its error is the K-pass truncation only), `exact` is 0.
 
-`exact` is the teacher-forced recurrence (rl/likelihood.py) under each version's weights. The learner keeps a CPU
+`exact` is the teacher-forced recurrence (rl/estimators/likelihood.py) under each version's weights. The learner keeps a CPU
 copy of the weights of every version it trained at in the last `max_staleness + 1` (`WeightHistory`), records
 the current one at each step, and runs the exact recurrence of old versions in a scratch model (`MismatchProbe`,
 rank 0). Costs per step: one CPU copy of the weights and, on `train.mismatch_parts_frac` of the rows, three
@@ -34,7 +34,7 @@ import torch
 
 from rl.algos.mismatch import mismatch_decomposition
 from rl.batch import Sample, collate
-from rl.likelihood import get_estimator
+from rl.estimators.likelihood import get_estimator
 
 PARTS = ("engine", "staleness", "estimator")
 
@@ -108,7 +108,7 @@ class MismatchProbe:
 
     def _logprobs(self, estimator: str, model, batch) -> torch.Tensor:
         c, r = self.cfg, self.cfg.rollout
-        # the learner's log-prob contract (rl/logprob_contract.py): the engines' behaviour density, top-k / top-p
+        # the learner's log-prob contract (rl/estimators/logprob_contract.py): the engines' behaviour density, top-k / top-p
         # kept set included, so the engine part compares like with like
         return get_estimator(estimator)(model, batch, r.decode_mode, passes=c.likelihood.passes,
                                         temperature=r.temperature or 1.0, top_k=max(r.top_k, 0), top_p=r.top_p,

@@ -1,4 +1,4 @@
-"""The multi-pass objective of `fbrl pretrain` and its pass schedule (rl/pretrain.py runs them).
+"""The multi-pass objective of `fbrl pretrain` and its pass schedule (rl/pretrain/trainer.py runs them).
 
 Pass 1 is the ordinary forward; pass k fuses pass k-1's final-normalized states shifted one position right and
 reruns the whole stack; `L = L_1 + mean(L_2..L_K)` with nothing detached (`multipass_loss`). `exact_loss` is

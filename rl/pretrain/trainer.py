@@ -2,7 +2,7 @@
 
 Owns: the single-process training loop (torch AdamW, warmup + cosine/linear decay), per-pass validation loss,
 and atomic checkpoints (save_pretrained + tokenizer); the multi-pass objective and the pass schedule are
-rl/pretrain_objective.py.
+rl/pretrain/objective.py.
 
 The objective (docs/DESIGN.md §3): pass 1 is the ordinary forward; pass k fuses pass k-1's final-normalized
 states shifted one position right and reruns the whole stack; `L = L_1 + mean(L_2..L_K)` with nothing
@@ -32,8 +32,8 @@ from rl import decode_modes
 from rl import model as fbt_model
 from rl.config import Config, load_config
 from rl.data.tasks import FILE_TASKS
-from rl.lora import maybe_wrap
-from rl.pretrain_objective import exact_loss, exact_step, lr_factor, max_passes, multipass_loss, passes_for_step
+from rl.model.lora import maybe_wrap
+from rl.pretrain.objective import exact_loss, exact_step, lr_factor, max_passes, multipass_loss, passes_for_step
 
 # ---------------------------------------------------------------------------------------- model + data
 
@@ -159,7 +159,7 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str
                     lora=None) -> None:
     """Write the checkpoint to `<out_dir>.tmp-<pid>` and swap it in, so `out_dir` is never half-written.
 
-    With LoRA (`learner.lora`; `lora` an rl.lora.LoraPolicy) the checkpoint is the merged model, and the adapters
+    With LoRA (`learner.lora`; `lora` an rl.model.lora.LoraPolicy) the checkpoint is the merged model, and the adapters
     in peft's format go into its `adapter/` subdirectory.
 
     A directory cannot be replaced by os.replace while non-empty, so the old one is first renamed aside and
@@ -199,7 +199,7 @@ def train(cfg: Config, log=print) -> dict:
     model, tokenizer = load_model_and_tokenizer(cfg)
     if p.fusion_init == "identity":
         identity_fusion_(model)
-    model, lora = maybe_wrap(model, cfg.learner.lora, p.seed)  # learner.lora: adapters + fusion train (rl/lora.py)
+    model, lora = maybe_wrap(model, cfg.learner.lora, p.seed)  # learner.lora: adapters + fusion train (rl/model/lora.py)
     model.train()
     decode_modes.record(model.config, decode_modes.modes_of_pretraining(p))  # saved in every checkpoint's config
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

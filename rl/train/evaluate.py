@@ -1,7 +1,7 @@
 """Accuracy / pass@k per decode mode, written against any engine with `.generate(prompts, params)`.
 
 Owns: the evaluator. `decode_and_score` generates and scores completions a chunk at a time under both reads;
-training's held-out eval (`rl.heldout`, through the rollout and reward workers) and `fbrl eval` (`evaluate` below,
+training's held-out eval (`rl.train.heldout`, through the rollout and reward workers) and `fbrl eval` (`evaluate` below,
 through one engine; the CLI glue is `actors/cli/evaluate.py`) both use it. `evaluate` adds greedy and sampled
 accuracy, the unbiased pass@k estimator, mean response length, truncation rate, the paired comparison of
 decode modes (McNemar's exact test), the printed table, and the JSON layout.

@@ -14,7 +14,7 @@ tokens:
 - `abs_logp_diff_by_position`: mean |Δ log p| at each response index j (where along a chain the error sits).
 
 `replay` replays the states as recorded; `replay_formats` replays them after a round trip through each storage
-format of rl/states.py (bf16, fp8 with a per-row scale): the estimator error that storing states in that format
+format of rl/estimators/states.py (bf16, fp8 with a per-row scale): the estimator error that storing states in that format
 costs (`rollout.record_states_dtype`).
 
 Everything is computed per micro-batch of rows and pooled, so memory stays bounded by the micro-batch.
@@ -26,11 +26,18 @@ import time
 
 import torch
 
-from rl import states as state_formats
+import rl.estimators.states as state_formats
 from rl.batch import LearnerBatch, Sample, collate
-from rl.likelihood import get_estimator, last_pass_inputs, micro_batches, response_hidden, response_log_dists, run_pass
+from rl.estimators.likelihood import (
+    get_estimator,
+    last_pass_inputs,
+    micro_batches,
+    response_hidden,
+    response_log_dists,
+    run_pass,
+)
 
-# storage formats whose replay error is reported besides the states as recorded (rl/states.py; config names)
+# storage formats whose replay error is reported besides the states as recorded (rl/estimators/states.py; config names)
 STORED_FORMATS = ("bf16", "fp8")
 METRICS = ("mean_abs_logp_diff", "max_abs_logp_diff", "kl", "top1_agreement", "k_rel_l2_mean", "v_rel_l2_mean",
            "time_per_token_ms")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from rl.batch import LearnerBatch
-from rl.likelihood import last_pass_inputs, run_pass, token_logprobs
+from rl.estimators.likelihood import last_pass_inputs, run_pass, token_logprobs
 
 __all__ = ["weight_norms", "latent_metrics", "plot_latent", "PLOTTED"]
 

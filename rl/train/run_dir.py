@@ -34,10 +34,10 @@ from rl.config.secrets import redacted
 from rl.config.serialize import yaml_dump
 from rl.decode_modes import rl_modes
 from rl.errors import InputError
-from rl.faults import RunStopped
+from rl.train.faults import RunStopped
 
 if TYPE_CHECKING:
-    from rl.workers import LearnerWorkers
+    from rl.train.workers import LearnerWorkers
 
 # What a run directory holds (RunDir.new --overwrite deletes these and nothing else).
 RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "weights", "plots", "wandb", "policy", "eval",
@@ -151,7 +151,7 @@ class RunDir:
         _atomic_write_text(self.path / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
     def write_eval(self, step: int, record: dict) -> Path:
-        """RUN_DIR/eval/step_<step>.json: one held-out evaluation's per-problem outcomes (`rl.heldout.heldout_accuracy`)."""
+        """RUN_DIR/eval/step_<step>.json: one held-out evaluation's per-problem outcomes (`rl.train.heldout.heldout_accuracy`)."""
         path = self.path / "eval" / f"step_{step:06d}.json"
         path.parent.mkdir(exist_ok=True)
         _atomic_write_text(path, json.dumps(record))

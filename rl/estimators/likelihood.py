@@ -6,7 +6,7 @@ Every estimator has the signature
        micro_batch_size=None, top_k=0, top_p=1.0, entropy_grad=False)
         -> LikelihoodOutput(logprobs [B, R], entropy [B, R] | None)
 
-and returns the response tokens' log-probs under the log-prob contract (rl/logprob_contract.py: log_softmax of
+and returns the response tokens' log-probs under the log-prob contract (rl/estimators/logprob_contract.py: log_softmax of
 logits / T, restricted to the top-k / top-p kept set and renormalised when those are on, the sampled token always
 kept), zero where `batch.response_mask` is 0; entropies are of that same distribution. Logits are computed at
 the real response tokens only ([N, V], no padding rows), which is most of the memory with a real vocabulary.
@@ -24,7 +24,7 @@ Prompt modes: `soft` keeps the prompt ordinary; `fused` feeds the prompt positio
 earlier prefill passes (`model.prompt_carried`, always detached except in `exact`, where the true gradient flows
 through them too); `standard` switches feedback off everywhere.
 
-Besides the estimators this module exposes the pieces `rl/likelihood_compare.py` reuses: `last_pass_inputs`
+Besides the estimators this module exposes the pieces `rl/estimators/compare.py` reuses: `last_pass_inputs`
 (the detached carried states and fusion mask each estimator's final pass consumes), `run_pass` (one pass over
 such inputs, optionally returning the per-layer K/V cache) and `response_log_dists` (full-vocabulary log-probs at
 the response positions).
@@ -38,7 +38,7 @@ import torch
 
 from rl.algos._registry import lookup, make_register
 from rl.batch import LearnerBatch
-from rl.logprob_contract import behaviour_log_softmax, entropy_of
+from rl.estimators.logprob_contract import behaviour_log_softmax, entropy_of
 from rl.model import PROMPT_MODES, positions_from_mask, shift_right
 
 __all__ = ["ESTIMATORS", "LikelihoodOutput", "get_estimator", "register_estimator", "response_hidden",
