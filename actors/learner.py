@@ -1,13 +1,14 @@
-"""One DeepSpeed learner rank: the policy, its optimizer state, and the `rl.train.policy_update.Backend` that DeepSpeed is.
+"""One DeepSpeed learner rank: the policy, its optimizer state, and the `rl.train.policy_update.Backend` that DeepSpeed
+is.
 
 `LearnerRank` works in-process (world_size 1, e.g. `actors/local.py` and the tests) and as a Ray actor
 (`actors/learner_group.py` wraps it with `ray.remote`). Each rank loads the FBT checkpoint, wraps it in a
 DeepSpeed engine (ZeRO stage 0–3 from `learner.zero_stage`, torch AdamW, gloo on CPU / NCCL on GPU) and runs
-`rl.train.policy_update.PolicyUpdater` on the WHOLE rollout batch: the updater picks this rank's rows from a plan computed
-on the whole batch, so every rank makes the same number of backward/step calls. Stage 0 (no ZeRO: the shipped
-one-machine layout, one rank on every core, `learner_threads`) steps `ClippingAdamW` as the client optimizer.
-Under ZeRO-2 DeepSpeed reduces gradients in the backward hooks of every micro-batch (bucket copies, an
-all-reduce of the whole fp32 gradient over the ranks); stages 0 and 1 reduce once, at `step()`.
+`rl.train.policy_update.PolicyUpdater` on the WHOLE rollout batch: the updater picks this rank's rows from a plan
+computed on the whole batch, so every rank makes the same number of backward/step calls. Stage 0 (no ZeRO: the shipped
+one-machine layout, one rank on every core, `learner_threads`) steps `ClippingAdamW` as the client optimizer. Under
+ZeRO-2 DeepSpeed reduces gradients in the backward hooks of every micro-batch (bucket copies, an all-reduce of the whole
+fp32 gradient over the ranks); stages 0 and 1 reduce once, at `step()`.
 
 Gradient semantics (the contract of `rl.train.policy_update.Backend`): each micro-batch loss is already divided by the
 GLOBAL token count, so the gradients of all micro-batches on all ranks must be SUMMED. DeepSpeed 0.19.8 instead
@@ -241,10 +242,10 @@ class LearnerRank:
     # -- training ---------------------------------------------------------------------------------------------
     def update(self, samples, advantages, rows=None) -> dict:
         """This rank's share of one rollout batch. `rows`: the rows whose states this rank reads, as its group
-        assigned them (`rl.train.policy_update.rows_read`; computed here when not given); their states, and those of the rows
-        the latent metrics read on this rank, are fetched first when the samples carry references
-        (actors/state_plane.py). Returns the updater's metrics (token-weighted means over this rank's
-        micro-batches), the latent metrics, `_tokens`, the response tokens this rank trained on (the weight a group
+        assigned them (`rl.train.policy_update.rows_read`; computed here when not given); their states, and those of the
+        rows the latent metrics read on this rank, are fetched first when the samples carry references
+        (actors/state_plane.py). Returns the updater's metrics (token-weighted means over this rank's micro-batches),
+        the latent metrics, `_tokens`, the response tokens this rank trained on (the weight a group
         uses to merge ranks), and what the fetch moved (`state_plane/...`)."""
         from actors.state_plane import fetch
         if rows is None:
@@ -269,7 +270,8 @@ class LearnerRank:
         return list(range(min(n, len(samples))))
 
     def mismatch_parts(self, samples, version: int) -> dict:
-        """The mismatch taken apart on `samples` (rl/estimators/mismatch_parts.py); records the current weights as `version`.
+        """The mismatch taken apart on `samples` (rl/estimators/mismatch_parts.py); records the current weights as
+        `version`.
         Rank 0 reports; collective under ZeRO-3 (the full weights are gathered)."""
         state = self.full_state()
         if self.rank != 0:

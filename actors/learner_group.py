@@ -6,12 +6,12 @@ rank 0 reports its node IP and a free port, then all ranks build their `actors.l
 (deepspeed.initialize is collective).
 
 `update` puts the WHOLE sample list into the object store once and hands the same reference to every rank; each
-rank takes its rows from the plan `rl.train.policy_update` computes on the whole batch, so all ranks make the same number of
-backward/step calls, and gradients are summed over ranks (see actors/learner.py). The samples carry references to
-their recorded states, not the states (actors/state_plane.py): the group assigns each rank the rows it reads
-(`rl.train.policy_update.rows_read`, from row lengths) before anything is fetched, and each rank fetches those rows' states
-only. Weight access (export,
-checksums, checkpoints) is called on every rank because under ZeRO-3 it is collective; rank 0 writes the files.
+rank takes its rows from the plan `rl.train.policy_update` computes on the whole batch, so all ranks make the same
+number of backward/step calls, and gradients are summed over ranks (see actors/learner.py). The samples carry references
+to their recorded states, not the states (actors/state_plane.py): the group assigns each rank the rows it reads
+(`rl.train.policy_update.rows_read`, from row lengths) before anything is fetched, and each rank fetches those rows'
+states only. Weight access (export, checksums, checkpoints) is called on every rank because under ZeRO-3 it is
+collective; rank 0 writes the files.
 
 A rank that dies (its process is gone) takes the group with it: the other ranks are bound to it by collectives.
 With `make_rank(r)` and a `supervisor`, every rank is killed and a new group is set up from the checkpoint the

@@ -59,7 +59,8 @@ class LocalRollout:
 
 
 class TorchLearner:
-    """One rank without DeepSpeed: `rl.train.policy_update.TorchBackend` (AdamW, clipping), same files as `LearnerRank`."""
+    """One rank without DeepSpeed: `rl.train.policy_update.TorchBackend` (AdamW, clipping), same files as
+    `LearnerRank`."""
 
     OPTIMIZER_FILE = "optimizer.pt"
 

@@ -5,9 +5,9 @@ reference shape in bf16). Samples go through the driver (rewards, advantages); t
 
 1. `pack` (in the rollout actor, after its engine returned the samples): the states of all its samples, one
    after the other, become ONE array, which the actor call returns as a second return value; each sample carries
-   an `rl.estimators.states.StateRef` (its first row and row count) in their place. Ray stores a return value of more than
-   100 KB in the object store of the actor's node, and its owner is the caller: the driver holds the reference,
-   not the bytes, and the object outlives the actor that made it — a batch already generated and queued, or between
+   an `rl.estimators.states.StateRef` (its first row and row count) in their place. Ray stores a return value of more
+   than 100 KB in the object store of the actor's node, and its owner is the caller: the driver holds the reference, not
+   the bytes, and the object outlives the actor that made it — a batch already generated and queued, or between
    `generate` and the ranks' fetch, keeps its states when its engine's actor is killed (`RolloutFleet.generate`
    `attach`es the reference to the samples). (A smaller one travels inline through the driver: a few KB.)
 2. The learner group assigns rows to ranks from the update plan (`rl.train.policy_update.rows_read`, a function of row

@@ -84,9 +84,9 @@ def gather(submit, n: int, on_death, error_grace_s: float = 0.0) -> list:
     """Results of `submit(k)` for k in range(n) (each an ObjectRef of one actor call), in order.
 
     When the actor behind call k died, or an object its call fetched was lost (`is_death`), `on_death(k, error)`
-    replaces it and returns the ObjectRef that stands for call k now (or raises). An error raised by a method is re-raised as Ray raises it, after up to
-    `error_grace_s` seconds more for the other calls: a collective fails on every rank when one rank dies, and
-    the death, noticed a moment later, is what must be handled.
+    replaces it and returns the ObjectRef that stands for call k now (or raises). An error raised by a method is
+    re-raised as Ray raises it, after up to `error_grace_s` seconds more for the other calls: a collective fails on
+    every rank when one rank dies, and the death, noticed a moment later, is what must be handled.
     """
     import ray
     refs = {submit(k): k for k in range(n)}

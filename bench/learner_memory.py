@@ -18,8 +18,8 @@ Throughput: fwd+bwd of the replay log-probs under a GRPO-like surrogate over eve
 (no optimizer), two ways on the same rows: `padded` — rows in arrival order, `micro_batch_size` rows per
 micro-batch, log-softmax over [rows, R, V] (the learner before token budgets) — and `token_budget` — the
 micro-batches of `rl.train.policy_update.plan_update` (rows sorted by length, <= 2048 padded tokens and <= 1024 response
-tokens) with logits at real response tokens only (`rl.estimators.likelihood.token_logprobs`). tokens/s counts real prompt +
-response tokens; medians of round-robin repeats after a warm-up round.
+tokens) with logits at real response tokens only (`rl.estimators.likelihood.token_logprobs`). tokens/s counts real
+prompt + response tokens; medians of round-robin repeats after a warm-up round.
 
 Shapes: `tiny` is the committed checkpoints/tiny-arith (d=128, 3 layers, vocab 101); `tiny-v32k` a random FBT
 Llama with the same body and a 32,768-token vocabulary, where, as in real LMs, the [tokens, V] log-softmax is most

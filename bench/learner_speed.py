@@ -11,10 +11,10 @@ read afterwards). Advantages are a fixed random draw: speed does not depend on t
 
 Variants (each timed on the whole batch: one optimizer step, as the loop's learner phase):
   * `plain` — the limit: a stock Hugging Face `LlamaForCausalLM` holding the checkpoint's backbone (every tensor
-    but the fusion's), fbrl's own micro-batches (the update plan of rl/train/policy_update.py: rows sorted by length, cut by
-    the learner's row and token budgets), each right-padded; the decoder stack over prompt + response, the LM
-    head and an fp32 log-softmax at the response positions only, loss = -sum(A * log p) / response tokens,
-    backward; then clip_grad_norm_ and torch AdamW.
+    but the fusion's), fbrl's own micro-batches (the update plan of rl/train/policy_update.py: rows sorted by length,
+    cut by the learner's row and token budgets), each right-padded; the decoder stack over prompt + response, the LM
+    head and an fp32 log-softmax at the response positions only, loss = -sum(A * log p) / response tokens, backward;
+    then clip_grad_norm_ and torch AdamW.
   * `replay` — fbrl's learner rank as shipped: `actors.learner.LearnerRank` (the DeepSpeed engine, ZeRO stage and
     optimizer of the config, world size 1: the same code each Ray rank runs) taking `update(samples, advantages)`,
     including the latent metrics and every learner metric; the config's estimator (replay in the shipped jobs).
@@ -26,8 +26,8 @@ Variants (each timed on the whole batch: one optimizer step, as the loop's learn
 Timing: one warm-up round, then `--reps` rounds over the variants in turn (round-robin: a noisy neighbour hurts
 every variant alike); medians reported. tokens/s = the batch's real (unpadded) prompt + response tokens / the
 median seconds of one update (the count the peer comparison divides each framework's learner phase by). Each
-fbrl variant also reports `mismatch/abs_logp_diff` of its warm-up update (the first rows): mean |learner - engine| log-prob at
-the weights that drew the batch (an fp32 engine), which is what a bf16 learner costs in agreement.
+fbrl variant also reports `mismatch/abs_logp_diff` of its warm-up update (the first rows): mean |learner - engine|
+log-prob at the weights that drew the batch (an fp32 engine), which is what a bf16 learner costs in agreement.
 """
 from __future__ import annotations
 

@@ -17,9 +17,9 @@ and noisy); the median of each is reported with its best, and ratios are of medi
 Shapes: `tiny` is checkpoints/tiny-arith when it exists, else a random Llama with d=128, 2 layers, 2 heads of
 64, intermediate 384, vocab 64, on the demo's learner micro-batch: 64 rows x (40 prompt + 32 response) tokens,
 8 prompts x 8 samples (a GRPO batch repeats each prompt G times; fused prompts are prefilled once per prompt);
-`135m` is a random model of SmolLM2-135M's shape (d=576, 30 layers, 9 heads / 3 KV heads of 64, intermediate 1536, vocab 49,152) on a small
-batch of 4 x (16 + 48) tokens. `exact` (fwd+bwd through the sequential recurrence) is timed on `tiny` only.
-Threads default to 1: on a shared 2-core box oversubscribed intra-op threads make timings erratic.
+`135m` is a random model of SmolLM2-135M's shape (d=576, 30 layers, 9 heads / 3 KV heads of 64, intermediate 1536, vocab
+49,152) on a small batch of 4 x (16 + 48) tokens. `exact` (fwd+bwd through the sequential recurrence) is timed on `tiny`
+only. Threads default to 1: on a shared 2-core box oversubscribed intra-op threads make timings erratic.
 """
 from __future__ import annotations
 

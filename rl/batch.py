@@ -1,9 +1,9 @@
 """Batch types shared by engines, rewards, the loop and the learner.
 
 `Sample` is one generated completion as an engine returns it (token ids in, token ids out; what a request asks
-for is `rl.train.sampling.SamplingParams`). `LearnerBatch` is a right-padded tensor view of many samples, aligned for the likelihood estimators: response token j of row b
-sits at position `prompt_lens[b] + j`, and its log-prob is read from the state at position `prompt_lens[b] + j - 1`
-(row j of the recorded states, docs/DESIGN.md §4).
+for is `rl.train.sampling.SamplingParams`). `LearnerBatch` is a right-padded tensor view of many samples, aligned for
+the likelihood estimators: response token j of row b sits at position `prompt_lens[b] + j`, and its log-prob is read
+from the state at position `prompt_lens[b] + j - 1` (row j of the recorded states, docs/DESIGN.md §4).
 """
 from __future__ import annotations
 

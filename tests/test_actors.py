@@ -2,7 +2,8 @@
 
 Model: a tiny random FBT Llama (d=128, 2 layers, 2 heads of 64, vocab 64) with the char tokenizer, fp32 on CPU.
 
-Tolerances. The reference is `rl.train.policy_update.TorchBackend` (plain torch AdamW) on the whole batch in one process.
+Tolerances. The reference is `rl.train.policy_update.TorchBackend` (plain torch AdamW) on the whole batch in one
+process.
 - Scalars (grad norm, loss metrics): DeepSpeed sums the same per-element gradients in a different order
   (flattened partitions, reductions over ranks), so they agree to fp32 rounding: rel 1e-5.
 - Weights after one AdamW step: the first step moves each weight by lr * g / (|g| + eps) with eps = 1e-8, so an
@@ -298,7 +299,8 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
     """Engine actors put each sample's states into the object store; the samples the driver receives carry
     references only (no tensor anywhere), the driver never gets a state object (neither while generating nor
     while updating), each rank fetches exactly the rows it trains on (rows and bytes per rank against
-    rl.train.policy_update.rows_read), and once the driver drops the samples the objects are gone (nothing accumulates)."""
+    rl.train.policy_update.rows_read), and once the driver drops the samples the objects are gone (nothing
+    accumulates)."""
     import gc
     import time
 

@@ -1,8 +1,8 @@
-"""Recorded states on their way to the learner, without Ray: storage formats (rl/estimators/states.py), the carrier arrays Ray
-stores (actors/state_plane.py), collation of a batch whose unread rows still hold references, and the rows a rank
-reads (`rl.train.policy_update.rows_read`) against what `PolicyUpdater.update` actually reads. The Ray path (engine actors put,
-the driver holds references only, each rank fetches its rows) is tested in tests/test_actors.py; the vLLM engine's
-handover (in-process tensor, or a scratch file deleted once read) in tests/test_vllm_engine.py.
+"""Recorded states on their way to the learner, without Ray: storage formats (rl/estimators/states.py), the carrier
+arrays Ray stores (actors/state_plane.py), collation of a batch whose unread rows still hold references, and the rows a
+rank reads (`rl.train.policy_update.rows_read`) against what `PolicyUpdater.update` actually reads. The Ray path (engine
+actors put, the driver holds references only, each rank fetches its rows) is tested in tests/test_actors.py; the vLLM
+engine's handover (in-process tensor, or a scratch file deleted once read) in tests/test_vllm_engine.py.
 
 Codec bounds (per element): bf16 keeps 8 significant bits, so |err| <= 2^-8 |x| (round to nearest). fp8 e4m3 keeps
 4 significant bits above its smallest normal 2^-6, so |err| <= 2^-4 |x| there, and below it the subnormal step is

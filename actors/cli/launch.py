@@ -1,18 +1,19 @@
 """`fbrl train CONFIG [key=value ...] [--resume RUN_DIR]` — launch a GRPO-style job.
 
 With no `ray.address` a private local Ray is started (dashboard off, loopback only, a token per run); on a cluster
-submit with `ray job submit --address ... --working-dir . -- fbrl train configs/<config>.yaml` (docs/CLUSTER.md). `--no-ray` runs the
-same loop with in-process workers, for debugging. With no CONFIG the embedded default (configs/tiny.yaml) runs.
+submit with `ray job submit --address ... --working-dir . -- fbrl train configs/<config>.yaml` (docs/CLUSTER.md).
+`--no-ray` runs the same loop with in-process workers, for debugging. With no CONFIG the embedded default
+(configs/tiny.yaml) runs.
 
 Before anything starts, the inputs are checked (actors/cli/preflight.py) and the run directory's rules applied
-(rl/train/run_dir.py): a problem is one line on stderr and exit code 2, in seconds. `--resume RUN_DIR` takes the run's own
-config.yaml (or the CONFIG given), plus overrides of fields that do not change the experiment. SIGTERM / SIGINT
-end the job after the current step, which is checkpointed, with nothing left running (a second signal ends it at
-once); exit code 128 + the signal. A stop rule, a spent restart bound, or a run that trained nothing: exit code 3.
-The end of every run prints what trained, what was skipped and every fault (rl/train/faults.py, docs/RELIABILITY.md).
-`--print-config` prints the resolved config (defaults included) and exits. What the console shows — one line per
-step, a progress bar on a terminal, a summary, third-party output quieted unless `--verbose` — is
-actors/console.py; the plots (written during the run) are rl/report/plots.py.
+(rl/train/run_dir.py): a problem is one line on stderr and exit code 2, in seconds. `--resume RUN_DIR` takes the run's
+own config.yaml (or the CONFIG given), plus overrides of fields that do not change the experiment. SIGTERM / SIGINT end
+the job after the current step, which is checkpointed, with nothing left running (a second signal ends it at once); exit
+code 128 + the signal. A stop rule, a spent restart bound, or a run that trained nothing: exit code 3. The end of every
+run prints what trained, what was skipped and every fault (rl/train/faults.py, docs/RELIABILITY.md). `--print-config`
+prints the resolved config (defaults included) and exits. What the console shows — one line per step, a progress bar on
+a terminal, a summary, third-party output quieted unless `--verbose` — is actors/console.py; the plots (written during
+the run) are rl/report/plots.py.
 """
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ message naming what is wrong; `fbrl train` prints it without a traceback and exi
 - the data (`data`): files exist and parse, rows have the prompt and answer fields, and prompts longer than
   the engine allows are counted (or stop the job here, `data.overlong_prompts: error`).
 
-The run directory's rules (a new run into a non-empty directory, `--resume` of a missing one) are `rl.train.run_dir.RunDir`'s.
+The run directory's rules (a new run into a non-empty directory, `--resume` of a missing one) are
+`rl.train.run_dir.RunDir`'s.
 """
 from __future__ import annotations
 

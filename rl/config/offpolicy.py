@@ -49,7 +49,8 @@ class AsyncTraining:
     # a sample made by policy version v is trained while the learner holds v..v+s and never later. 0: synchronous.
     max_staleness: int = 0
     # Share of each step's rows on which the mismatch is taken apart (engine / staleness / estimator, exact
-    # log-probs: rl/estimators/mismatch_parts.py); keeps a CPU copy of the last max_staleness + 1 versions' weights. 0: off.
+    # log-probs: rl/estimators/mismatch_parts.py); keeps a CPU copy of the last max_staleness + 1 versions' weights. 0:
+    # off.
     mismatch_parts_frac: float = 0.0625
     # ... and at most this many response tokens of them (the exact recurrences cost per token; 0: no budget)
     mismatch_parts_max_tokens: int = 1024

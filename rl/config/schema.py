@@ -118,8 +118,8 @@ class RolloutConfig:
     top_k: int = -1                       # -1: off (vLLM's convention)
     max_tokens: int = 48
     n_samples_per_prompt: int = 8         # G
-    # how recorded states (replay) are stored on their way to the learner (rl/estimators/states.py): auto = bf16 when the
-    # engines have GPUs, else fp32; fp8 = e4m3 with a per-row scale (its replay error: fbrl compare-likelihood)
+    # how recorded states (replay) are stored on their way to the learner (rl/estimators/states.py): auto = bf16 when
+    # the engines have GPUs, else fp32; fp8 = e4m3 with a per-row scale (its replay error: fbrl compare-likelihood)
     record_states_dtype: Literal["auto", "fp32", "bf16", "fp8"] = "auto"
     # How new weights reach the engines (actors/weight_sync.py, docs/CLUSTER.md): a file under RUN_DIR/weights,
     # Ray's object store in buckets, vLLM's native NCCL / CUDA-IPC transfer (GPU), or native_ray (vLLM's native

@@ -1,5 +1,6 @@
 """Secrets in configs: values under secret-looking keys (a reward's API key, a token) are never written to
-config.yaml, logs or wandb (rl/train/run_dir.py, actors/cli/launch.py); a resumed run asks for the config that holds them."""
+config.yaml, logs or wandb (rl/train/run_dir.py, actors/cli/launch.py); a resumed run asks for the config that holds
+them."""
 from __future__ import annotations
 
 import re

@@ -14,8 +14,8 @@ tokens:
 - `abs_logp_diff_by_position`: mean |Δ log p| at each response index j (where along a chain the error sits).
 
 `replay` replays the states as recorded; `replay_formats` replays them after a round trip through each storage
-format of rl/estimators/states.py (bf16, fp8 with a per-row scale): the estimator error that storing states in that format
-costs (`rollout.record_states_dtype`).
+format of rl/estimators/states.py (bf16, fp8 with a per-row scale): the estimator error that storing states in that
+format costs (`rollout.record_states_dtype`).
 
 Everything is computed per micro-batch of rows and pooled, so memory stays bounded by the micro-batch.
 """

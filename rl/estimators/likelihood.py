@@ -6,12 +6,12 @@ Every estimator has the signature
        micro_batch_size=None, top_k=0, top_p=1.0, entropy_grad=False)
         -> LikelihoodOutput(logprobs [B, R], entropy [B, R] | None)
 
-and returns the response tokens' log-probs under the log-prob contract (rl/estimators/logprob_contract.py: log_softmax of
-logits / T, restricted to the top-k / top-p kept set and renormalised when those are on, the sampled token always
-kept), zero where `batch.response_mask` is 0; entropies are of that same distribution. Logits are computed at
-the real response tokens only ([N, V], no padding rows), which is most of the memory with a real vocabulary.
-Alignment: response token j of row b sits at position P_b + j and is predicted by the
-state at P_b + j - 1 (recorded state row j); when consumed, its input is F(row j, e(y_j)).
+and returns the response tokens' log-probs under the log-prob contract (rl/estimators/logprob_contract.py: log_softmax
+of logits / T, restricted to the top-k / top-p kept set and renormalised when those are on, the sampled token always
+kept), zero where `batch.response_mask` is 0; entropies are of that same distribution. Logits are computed at the real
+response tokens only ([N, V], no padding rows), which is most of the memory with a real vocabulary. Alignment: response
+token j of row b sits at position P_b + j and is predicted by the state at P_b + j - 1 (recorded state row j); when
+consumed, its input is F(row j, e(y_j)).
 
 | name       | what runs                                                                | gradient                     |
 |------------|--------------------------------------------------------------------------|------------------------------|

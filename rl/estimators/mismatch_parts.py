@@ -16,12 +16,12 @@ log-prob. It splits exactly (per token, signed) into three parts:
   the latent states: `replay` feeds the states θ_v recorded to θ_V (its error grows with staleness), `kpass`
   recomputes them under θ_V (its error is the K-pass truncation only), `exact` is 0.
 
-`exact` is the teacher-forced recurrence (rl/estimators/likelihood.py) under each version's weights. The learner keeps a CPU
-copy of the weights of every version it trained at in the last `max_staleness + 1` (`WeightHistory`), records
-the current one at each step, and runs the exact recurrence of old versions in a scratch model (`MismatchProbe`,
-rank 0). Costs per step: one CPU copy of the weights and, on `train.mismatch_parts_frac` of the rows, three
-no-grad passes (two exact recurrences and the estimator). Logged as `mismatch_parts/<part>` (mean |Δ| per token)
-and `mismatch_parts/<part>_signed`; rl/report/plots.py draws them (`mismatch_parts.png`).
+`exact` is the teacher-forced recurrence (rl/estimators/likelihood.py) under each version's weights. The learner keeps a
+CPU copy of the weights of every version it trained at in the last `max_staleness + 1` (`WeightHistory`), records the
+current one at each step, and runs the exact recurrence of old versions in a scratch model (`MismatchProbe`, rank 0).
+Costs per step: one CPU copy of the weights and, on `train.mismatch_parts_frac` of the rows, three no-grad passes (two
+exact recurrences and the estimator). Logged as `mismatch_parts/<part>` (mean |Δ| per token) and
+`mismatch_parts/<part>_signed`; rl/report/plots.py draws them (`mismatch_parts.png`).
 """
 from __future__ import annotations
 
@@ -108,8 +108,8 @@ class MismatchProbe:
 
     def _logprobs(self, estimator: str, model, batch) -> torch.Tensor:
         c, r = self.cfg, self.cfg.rollout
-        # the learner's log-prob contract (rl/estimators/logprob_contract.py): the engines' behaviour density, top-k / top-p
-        # kept set included, so the engine part compares like with like
+        # the learner's log-prob contract (rl/estimators/logprob_contract.py): the engines' behaviour density, top-k /
+        # top-p kept set included, so the engine part compares like with like
         return get_estimator(estimator)(model, batch, r.decode_mode, passes=c.likelihood.passes,
                                         temperature=r.temperature or 1.0, top_k=max(r.top_k, 0), top_p=r.top_p,
                                         micro_batch_size=c.learner.micro_batch_size).logprobs.cpu()

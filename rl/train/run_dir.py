@@ -151,7 +151,8 @@ class RunDir:
         _atomic_write_text(self.path / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
     def write_eval(self, step: int, record: dict) -> Path:
-        """RUN_DIR/eval/step_<step>.json: one held-out evaluation's per-problem outcomes (`rl.train.heldout.heldout_accuracy`)."""
+        """RUN_DIR/eval/step_<step>.json: one held-out evaluation's per-problem outcomes
+        (`rl.train.heldout.heldout_accuracy`)."""
         path = self.path / "eval" / f"step_{step:06d}.json"
         path.parent.mkdir(exist_ok=True)
         _atomic_write_text(path, json.dumps(record))

@@ -66,7 +66,8 @@ class LearnerWorkers(Protocol):
 
     def mismatch_parts(self, samples: list[Sample], version: int) -> dict[str, float]:
         """Record the current weights as policy `version` (kept for `train.max_staleness` more versions) and take
-        the rollout/learner mismatch of `samples` apart: engine, staleness, estimator (rl/estimators/mismatch_parts.py)."""
+        the rollout/learner mismatch of `samples` apart: engine, staleness, estimator
+        (rl/estimators/mismatch_parts.py)."""
 
     def export_weights(self, path: str) -> str:
         """Rank 0 writes the current weights as one safetensors file at `path` (atomically); returns it."""

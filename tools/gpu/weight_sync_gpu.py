@@ -7,9 +7,9 @@ on CPU, with the GPU data plane: per transport the launcher's `build_workers` st
 DeepSpeed learner rank (ZeRO-3: the sync gathers), sets the engine to perturbed weights (a file, version v), pushes
 the learner's weights (the checkpoint's) with the transport as v + 1, and checks the engine's version and that its
 live weights equal the checkpoint's (per-tensor checksums within rel 1e-6: the values arrive unchanged in fp32, the
-checksum sums run on the GPU in another order); then times `--reps` pushes. `ipc` runs engine and learner on one GPU (ray.colocate),
-`nccl` needs two GPUs (NCCL refuses two ranks on one device). Prints one JSON line per transport; exits 1 on a
-mismatch. Not run yet (it needs a GPU): docs/CLUSTER.md.
+checksum sums run on the GPU in another order); then times `--reps` pushes. `ipc` runs engine and learner on one GPU
+(ray.colocate), `nccl` needs two GPUs (NCCL refuses two ranks on one device). Prints one JSON line per transport; exits
+1 on a mismatch. Not run yet (it needs a GPU): docs/CLUSTER.md.
 """
 from __future__ import annotations
 
