@@ -12,6 +12,7 @@ bar, and the end-of-run summary.
   wall time, held-out accuracy first → last per decode mode, reward failures and fault counters when there were
   any, and the paths of the trained policy, metrics, plots, wandb run and worker logs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,12 +28,23 @@ from rl.report.metrics import EVAL_ACCURACY, FAULTS, REWARD, reward_failure_coun
 QUIET_ENV = {
     "VLLM_LOGGING_LEVEL": "WARNING",
     "TRANSFORMERS_VERBOSITY": "warning",
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",      # transformers' "Loading weights" / "Writing model shards" bars
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' "Loading weights" / "Writing model shards" bars
     "WANDB_SILENT": "true",
     "RAY_DEDUP_LOGS": "1",
 }
-QUIET_LOGGERS = ("vllm", "ray", "DeepSpeed", "deepspeed", "wandb", "transformers", "torch.distributed", "filelock",
-                 "urllib3", "matplotlib", "PIL")
+QUIET_LOGGERS = (
+    "vllm",
+    "ray",
+    "DeepSpeed",
+    "deepspeed",
+    "wandb",
+    "transformers",
+    "torch.distributed",
+    "filelock",
+    "urllib3",
+    "matplotlib",
+    "PIL",
+)
 # fbrl's own per-call warnings that the loop already prints once per kind (rl/report/console.py `report_failures`); in-process
 # (--no-ray) they would repeat every step. On Ray they stay in the reward worker's log.
 REPORTED_BY_THE_LOOP = ("rewards.base", "actors.reward_workers")
@@ -121,11 +133,14 @@ def progress_bar(total: int, enabled: bool, initial: int = 0):
     if not enabled or not _isatty(sys.stderr):
         return None
     from tqdm import tqdm
-    return tqdm(total=total, initial=initial, desc="fbrl train", unit="step", file=sys.stderr, dynamic_ncols=True,
-                leave=False)
+
+    return tqdm(
+        total=total, initial=initial, desc="fbrl train", unit="step", file=sys.stderr, dynamic_ncols=True, leave=False
+    )
 
 
 # ------------------------------------------------------------------------------------------------ summary
+
 
 def _minutes(seconds: float) -> str:
     m, s = divmod(int(round(seconds)), 60)
@@ -156,36 +171,48 @@ def _failures(rows: list[dict]) -> dict[str, dict[str, float]]:
     return {name: counts for name, counts in out.items() if any(counts.values())}
 
 
-def summary_lines(run_dir, cfg, wall_s: float, plots: list[Path], wandb_dir: str | None = None,
-                  worker_logs: str | None = None) -> list[str]:
+def summary_lines(
+    run_dir, cfg, wall_s: float, plots: list[Path], wandb_dir: str | None = None, worker_logs: str | None = None
+) -> list[str]:
     rows = run_dir.read_metrics()
     steps = [r for r in rows if r.get("step", 0) > 0]
     skipped = sum(1 for r in steps if r.get("skipped"))
     nonfinite = sum(1 for r in steps if r.get("skipped_nonfinite"))
     why = f": {skipped - nonfinite} without reward signal, {nonfinite} with a non-finite loss" if nonfinite else ""
-    lines = [f"done: {len(steps)} steps in {_minutes(wall_s)} ({len(steps) - skipped} trained, {skipped} "
-             f"skipped{why})"]
-    modes = [k[len(EVAL_ACCURACY) + 1:] for k in dict.fromkeys(k for r in rows for k in r)
-             if k.startswith(f"{EVAL_ACCURACY}_")]
+    lines = [f"done: {len(steps)} steps in {_minutes(wall_s)} ({len(steps) - skipped} trained, {skipped} skipped{why})"]
+    modes = [
+        k[len(EVAL_ACCURACY) + 1 :]
+        for k in dict.fromkeys(k for r in rows for k in r)
+        if k.startswith(f"{EVAL_ACCURACY}_")
+    ]
     for mode in modes:
         evals = [r for r in rows if r.get(f"{EVAL_ACCURACY}_{mode}") is not None]
         if len(evals) >= 2:
             a, b = evals[0], evals[-1]
             x, y = a[f"{EVAL_ACCURACY}_{mode}"], b[f"{EVAL_ACCURACY}_{mode}"]
-            lines.append(f"held-out greedy accuracy ({mode}, {cfg.train.eval_n} problems): {x:.3f} at step "
-                         f"{a['step']} -> {y:.3f} at step {b['step']} ({100 * (y - x):+.1f} points)")
+            lines.append(
+                f"held-out greedy accuracy ({mode}, {cfg.train.eval_n} problems): {x:.3f} at step "
+                f"{a['step']} -> {y:.3f} at step {b['step']} ({100 * (y - x):+.1f} points)"
+            )
     train_acc = [r for r in steps if r.get("accuracy") is not None]
-    if len(train_acc) >= 2 and not any(len([r for r in rows if r.get(f"{EVAL_ACCURACY}_{m}") is not None]) >= 2
-                                       for m in modes):
+    if len(train_acc) >= 2 and not any(
+        len([r for r in rows if r.get(f"{EVAL_ACCURACY}_{m}") is not None]) >= 2 for m in modes
+    ):
         a, b = train_acc[0], train_acc[-1]
-        lines.append(f"accuracy on training samples: {a['accuracy']:.3f} at step {a['step']} -> "
-                     f"{b['accuracy']:.3f} at step {b['step']}")
+        lines.append(
+            f"accuracy on training samples: {a['accuracy']:.3f} at step {a['step']} -> "
+            f"{b['accuracy']:.3f} at step {b['step']}"
+        )
     failures = _failures(steps)
     if failures:
-        lines.append("reward failures (samples scored 0): " + ", ".join(
-            f"{name}: {int(v['errors'])} errors, {int(v['timeouts'])} timeouts" for name, v in failures.items()))
+        lines.append(
+            "reward failures (samples scored 0): "
+            + ", ".join(
+                f"{name}: {int(v['errors'])} errors, {int(v['timeouts'])} timeouts" for name, v in failures.items()
+            )
+        )
     last = rows[-1] if rows else {}
-    faults = {k[len(FAULTS):]: v for k, v in last.items() if k.startswith(FAULTS) and v}
+    faults = {k[len(FAULTS) :]: v for k, v in last.items() if k.startswith(FAULTS) and v}
     if faults:
         lines.append("faults: " + ", ".join(f"{k} {v:g}" for k, v in faults.items()))
     policy = policy_path(run_dir)
@@ -193,15 +220,21 @@ def summary_lines(run_dir, cfg, wall_s: float, plots: list[Path], wandb_dir: str
     if policy is not None:
         lines.append(f"{'policy:':<{width}} {policy}")
     elif (run_dir.path / "weights" / "policy.safetensors").is_file():
-        lines.append(f"{'policy:':<{width}} {run_dir.path / 'weights' / 'policy.safetensors'} (weights only: "
-                     f"train.checkpoint_every=0 wrote no checkpoint)")
+        lines.append(
+            f"{'policy:':<{width}} {run_dir.path / 'weights' / 'policy.safetensors'} (weights only: "
+            f"train.checkpoint_every=0 wrote no checkpoint)"
+        )
     lines.append(f"{'metrics:':<{width}} {run_dir.path / 'metrics.jsonl'}")
     if plots:
-        lines.append(f"{'plots:':<{width}} {plots[0]}" + (f" (+{len(plots) - 1} panels beside it)"
-                                                          if len(plots) > 1 else ""))
+        lines.append(
+            f"{'plots:':<{width}} {plots[0]}" + (f" (+{len(plots) - 1} panels beside it)" if len(plots) > 1 else "")
+        )
     if wandb_dir:
-        lines.append(f"{'wandb:':<{width}} {wandb_dir} (offline: `wandb sync` uploads it)"
-                     if cfg.logging.wandb_mode == "offline" else f"{'wandb:':<{width}} {wandb_dir}")
+        lines.append(
+            f"{'wandb:':<{width}} {wandb_dir} (offline: `wandb sync` uploads it)"
+            if cfg.logging.wandb_mode == "offline"
+            else f"{'wandb:':<{width}} {wandb_dir}"
+        )
     if worker_logs:
         lines.append(f"{'logs:':<{width}} {worker_logs} (Ray workers' output; --verbose prints it here)")
     return lines

@@ -3,6 +3,7 @@ torch threads, the DeepSpeed config, and the pieces `actors.learner.LearnerRank`
 optimizer, the `rl.train.policy_update.Backend` a DeepSpeed engine is, a checkpoint engine that loads with
 `weights_only=True`). The gradient and accumulation contract these settings implement is in `actors.learner`'s
 docstring."""
+
 from __future__ import annotations
 
 import os
@@ -33,9 +34,14 @@ def dist_backend(lcfg) -> str:
 
 def set_dist_env(rank: int, world_size: int, master_addr: str, master_port: int, local_rank: int) -> None:
     """The env:// rendezvous variables. Without them deepspeed.init_distributed tries MPI discovery (mpi4py)."""
-    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                      LOCAL_RANK=str(local_rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+    os.environ.update(
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        LOCAL_RANK=str(local_rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=os.environ.get("LOCAL_WORLD_SIZE", str(world_size)),
+    )
 
 
 def is_loopback(addr: str) -> bool:
@@ -60,13 +66,15 @@ def init_loopback_process_group(backend: str, rank: int, world_size: int, port: 
 
 def learner_threads(cfg, cores: int, reserved_cpus: float, one_machine: bool) -> int:
     """torch threads of each learner rank (`learner.num_threads`; the rule: `actors.placement.role_threads`)."""
-    return role_threads(cfg.learner.num_threads, cfg.learner.num_workers, cfg.train.max_staleness, cores,
-                        reserved_cpus, one_machine)
+    return role_threads(
+        cfg.learner.num_threads, cfg.learner.num_workers, cfg.train.max_staleness, cores, reserved_cpus, one_machine
+    )
 
 
 def disable_shm_comm_jit() -> None:
     """Keep DeepSpeed from JIT-compiling its shm allreduce op (only used by inference_all_reduce)."""
     import deepspeed.ops
+
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
@@ -87,21 +95,34 @@ def deepspeed_config(lcfg) -> dict:
         "gradient_accumulation_steps": 1,
         "managed_gradient_accumulation": False,
         "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {
-            "lr": lcfg.lr, "betas": list(lcfg.adam_betas), "eps": 1e-8, "weight_decay": lcfg.weight_decay,
-            "torch_adam": lcfg.torch_adam}},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": lcfg.lr,
+                "betas": list(lcfg.adam_betas),
+                "eps": 1e-8,
+                "weight_decay": lcfg.weight_decay,
+                "torch_adam": lcfg.torch_adam,
+            },
+        },
         "gradient_clipping": lcfg.grad_clip,
         "bf16": {"enabled": lcfg.bf16},
-        "steps_per_print": 2 ** 62,
+        "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
     }
     if client_optimizer(lcfg):  # ClippingAdamW clips and reports the norm itself
         del cfg["optimizer"]
         cfg["gradient_clipping"] = 0.0
     if lcfg.warmup_steps > 0:
-        cfg["scheduler"] = {"type": "WarmupLR", "params": {
-            "warmup_min_lr": 0.0, "warmup_max_lr": lcfg.lr, "warmup_num_steps": lcfg.warmup_steps,
-            "warmup_type": "linear"}}
+        cfg["scheduler"] = {
+            "type": "WarmupLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": lcfg.lr,
+                "warmup_num_steps": lcfg.warmup_steps,
+                "warmup_type": "linear",
+            },
+        }
     return cfg
 
 
@@ -146,8 +167,10 @@ class DeepSpeedBackend:
             return float("inf")
         norm = self.engine.get_global_grad_norm()
         if norm is None:  # a DeepSpeed path that computes no norm (stage 0 in fp32 uses ClippingAdamW, which does)
-            raise RuntimeError("DeepSpeed reported no gradient norm after step() (learner.zero_stage "
-                               f"{self.engine.zero_optimization_stage()})")
+            raise RuntimeError(
+                "DeepSpeed reported no gradient norm after step() (learner.zero_stage "
+                f"{self.engine.zero_optimization_stage()})"
+            )
         return float(norm)
 
 
@@ -173,4 +196,5 @@ def _checkpoint_safe_globals() -> list:
     from deepspeed.runtime.fp16.loss_scaler import LossScaler
     from deepspeed.runtime.zero.config import ZeroStageEnum
     from deepspeed.utils.tensor_fragment import fragment_address
+
     return [LossScaler, ZeroStageEnum, fragment_address]

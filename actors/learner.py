@@ -31,6 +31,7 @@ JIT compiles (docs/DESIGN.md §9): DeepSpeed's first `init_distributed` builds i
 the op incompatible in `deepspeed.ops.__compatible_ops__` (DeepSpeed caches that dict on first access precisely
 so edits persist), so nothing is compiled. Likewise `torch_adam: true` avoids the CPU FusedAdam build (~200 s).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -67,8 +68,15 @@ from rl.train.workers import tensor_checksums
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "vocab.json", "merges.txt", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
 DS_SUBDIR, MODEL_SUBDIR, DS_TAG = "deepspeed", "model", "state"
 ADAPTER_SUBDIR = "adapter"  # a LoRA learner's adapters in peft's format, beside model/ (rl/model/lora.py)
 
@@ -78,6 +86,7 @@ def load_policy(path: str, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
     import rl.model  # noqa: F401
+
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
 
 
@@ -89,7 +98,7 @@ def pad_id_of(model) -> int:
 
 def compute_latent_metrics(policy, cfg, samples) -> dict[str, float]:
     """`latent/<name>` metrics of the first `train.latent_metrics_rows` samples, with the policy in eval mode."""
-    rows = samples[:cfg.train.latent_metrics_rows]
+    rows = samples[: cfg.train.latent_metrics_rows]
     if not rows:
         return {}
     was_training = policy.training
@@ -106,6 +115,7 @@ def compute_latent_metrics(policy, cfg, samples) -> dict[str, float]:
 def write_safetensors_atomic(tensors: dict, path: str) -> str:
     """One safetensors file written under a temporary name and renamed into place (readers never see half)."""
     from safetensors.torch import save_file
+
     path = str(path)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -165,6 +175,7 @@ class MergedWeights:
 
     def metadata(self) -> list:
         from actors.weight_sync import ParamMeta
+
         return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.lora.merged_tensors()]
 
     def __iter__(self):
@@ -177,8 +188,16 @@ class LearnerRank:
     """One data-parallel rank. Every method that touches weights is collective under ZeRO-3 (parameters are
     partitioned), so a group calls it on every rank; only rank 0 writes files."""
 
-    def __init__(self, cfg, rank: int = 0, world_size: int = 1, master_addr: str = "127.0.0.1",
-                 master_port: int | None = None, local_rank: int | None = None, num_threads: int | None = None):
+    def __init__(
+        self,
+        cfg,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
+        local_rank: int | None = None,
+        num_threads: int | None = None,
+    ):
         lcfg = cfg.learner
         threads = num_threads or lcfg.num_threads
         if threads:  # this process's torch pool (a Ray actor starts with OMP_NUM_THREADS = its CPUs)
@@ -188,9 +207,11 @@ class LearnerRank:
         if self.zero3 and world_size > 1 and cfg.likelihood.estimator == "exact":
             # ZeRO-3 gathers each module's parameters collectively at every call, so all ranks must make the same
             # module calls; the exact recurrence makes one call per position of each rank's own longest row.
-            raise ValueError("likelihood.estimator 'exact' cannot run under learner.zero_stage 3 with several "
-                             "learner workers (ranks would make different numbers of collective parameter "
-                             "gathers); use zero_stage 1-2, one worker, or the kpass / replay estimators")
+            raise ValueError(
+                "likelihood.estimator 'exact' cannot run under learner.zero_stage 3 with several "
+                "learner workers (ranks would make different numbers of collective parameter "
+                "gathers); use zero_stage 1-2, one worker, or the kpass / replay estimators"
+            )
         gpu = use_gpu(lcfg)
         if not gpu:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, at DeepSpeed's first accelerator query
@@ -200,12 +221,14 @@ class LearnerRank:
         set_dist_env(rank, world_size, master_addr, master_port, local_rank)
 
         import deepspeed
+
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         disable_shm_comm_jit()
         if not torch.distributed.is_initialized():
             # Groups DeepSpeed cached belong to a world that is gone (an in-process vLLM engine destroys the world
             # group when it shuts down): a new engine on the new world would hit "Group ... is not registered".
             from deepspeed.utils import groups
+
             groups._release_process_group_references()
             if is_loopback(master_addr):  # DeepSpeed then adopts the initialized group
                 init_loopback_process_group(dist_backend(lcfg), rank, world_size, master_port)
@@ -219,10 +242,21 @@ class LearnerRank:
         routed = _Routed(self.policy)
         # only trainable parameters get optimizer state (and ZeRO's flat fp32 copy): all of them, unless LoRA
         trainable = [p for p in routed.parameters() if p.requires_grad]
-        optimizer = ClippingAdamW(trainable, lcfg.grad_clip, lr=lcfg.lr, betas=tuple(lcfg.adam_betas),
-                                  eps=1e-8, weight_decay=lcfg.weight_decay) if client_optimizer(lcfg) else None
-        self.engine, *_ = deepspeed.initialize(model=routed, model_parameters=trainable,
-                                               optimizer=optimizer, config=deepspeed_config(lcfg))
+        optimizer = (
+            ClippingAdamW(
+                trainable,
+                lcfg.grad_clip,
+                lr=lcfg.lr,
+                betas=tuple(lcfg.adam_betas),
+                eps=1e-8,
+                weight_decay=lcfg.weight_decay,
+            )
+            if client_optimizer(lcfg)
+            else None
+        )
+        self.engine, *_ = deepspeed.initialize(
+            model=routed, model_parameters=trainable, optimizer=optimizer, config=deepspeed_config(lcfg)
+        )
         if lcfg.zero_stage == 0 and world_size == 1:
             # Alone, nothing to reduce with; DeepSpeed would still flatten every gradient into buckets and copy it
             # back at each step (its all-reduce over a group of one).
@@ -248,6 +282,7 @@ class LearnerRank:
         the latent metrics, `_tokens`, the response tokens this rank trained on (the weight a group
         uses to merge ranks), and what the fetch moved (`state_plane/...`)."""
         from actors.state_plane import fetch
+
         if rows is None:
             rows = rows_read(samples, self.cfg, self.world_size, self.rank)
         fetched = fetch(samples, [*rows, *self._latent_rows(samples)])
@@ -277,10 +312,12 @@ class LearnerRank:
         if self.rank != 0:
             return {}
         from actors.state_plane import fetch
+
         fetch(samples, range(len(samples)))  # states held as object-store references: rank 0 reads every row
         if self.probe is None:
-            self.probe = MismatchProbe(self.cfg, lambda: load_policy(self.cfg.model.path), self.pad_id,
-                                       self.engine.device)
+            self.probe = MismatchProbe(
+                self.cfg, lambda: load_policy(self.cfg.model.path), self.pad_id, self.engine.device
+            )
         return self.probe.measure(samples, version, state)
 
     def _latent_metrics(self, samples) -> dict:
@@ -296,6 +333,7 @@ class LearnerRank:
         if not self.zero3:
             return contextlib.nullcontext()
         import deepspeed
+
         return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
     # -- weights ----------------------------------------------------------------------------------------------
@@ -320,6 +358,7 @@ class LearnerRank:
         if not self.zero3:
             return contextlib.nullcontext()
         import deepspeed
+
         return deepspeed.zero.GatheredParameters([p], modifier_rank=None)
 
     def export_weights(self, path: str) -> str | None:
@@ -336,6 +375,7 @@ class LearnerRank:
         """Rank 0 puts its full weights into Ray's object store, about `bucket_bytes` per object, and returns the
         references (other ranks: None). Collective under ZeRO-3."""
         from actors.weight_sync import put_buckets
+
         refs = put_buckets(self.full_tensors(), bucket_bytes)
         return refs if self.rank == 0 else None
 
@@ -343,6 +383,7 @@ class LearnerRank:
         """Set up vLLM's trainer-side weight transfer (`backend`: nccl, ipc, native_ray) on this rank; rank 0 opens
         it with the engines (`client`) and is the sender; every rank iterates the same `GatheredWeights`."""
         from actors.weight_sync import GatheredWeights, trainer_transfer
+
         source = MergedWeights(self.lora) if self.lora is not None else GatheredWeights(self.policy, self._gathered)
         self.transfer = trainer_transfer(backend, self.rank, client, source, init, master)
 
@@ -377,8 +418,9 @@ class LearnerRank:
         ds_dir = Path(directory) / DS_SUBDIR
         if not (ds_dir / DS_TAG).is_dir():
             raise FileNotFoundError(f"{directory}: no DeepSpeed state under {ds_dir / DS_TAG}")
-        path, _ = self.engine.load_checkpoint(str(ds_dir), tag=DS_TAG, load_optimizer_states=True,
-                                              load_lr_scheduler_states=True)
+        path, _ = self.engine.load_checkpoint(
+            str(ds_dir), tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {ds_dir}")
 

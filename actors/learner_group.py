@@ -18,6 +18,7 @@ With `make_rank(r)` and a `supervisor`, every rank is killed and a new group is 
 job started from (actors/supervision.py); the call raises `rl.train.faults.LearnerRebuilt` and the loop restores the
 run's last checkpoint into the new group.
 """
+
 from __future__ import annotations
 
 from actors.supervision import actor_class, gather, kill
@@ -68,10 +69,12 @@ class RankActor:
         import ray
 
         from actors.deepspeed_setup import free_port
+
         return ray.util.get_node_ip_address(), free_port()
 
-    def setup(self, cfg, rank: int, world_size: int, master_addr: str, master_port: int,
-              one_machine: bool = False) -> bool:
+    def setup(
+        self, cfg, rank: int, world_size: int, master_addr: str, master_port: int, one_machine: bool = False
+    ) -> bool:
         """Build the rank, with `actors.deepspeed_setup.learner_threads` torch threads (this node's cores, the CPUs Ray
         reserved for this actor, and whether the whole job runs on one machine)."""
         import os
@@ -81,6 +84,7 @@ class RankActor:
         from actors.deepspeed_setup import learner_threads
         from actors.learner import LearnerRank
         from actors.memory import HeapTrimmer
+
         reserved = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
         threads = learner_threads(cfg, os.cpu_count() or 1, reserved, one_machine)
         self.rank = LearnerRank(cfg, rank, world_size, master_addr, master_port, num_threads=threads)
@@ -115,14 +119,20 @@ class LearnerGroup:
         import ray
 
         from actors.placement import cluster_address
+
         addr, port = ray.get(self.actors[0].address.remote())
         one_machine = cluster_address(self.cfg) is None  # a private local Ray: every actor is on this machine
-        ray.get([a.setup.remote(self.cfg, r, len(self.actors), addr, port, one_machine)
-                 for r, a in enumerate(self.actors)])
+        ray.get(
+            [a.setup.remote(self.cfg, r, len(self.actors), addr, port, one_machine) for r, a in enumerate(self.actors)]
+        )
 
     def _all(self, method: str, *args) -> list:
-        return gather(lambda r: self.actors[r].call.remote(method, *args), len(self.actors),
-                      lambda r, error: self._rebuild(r, method, error), self.PEER_ERROR_GRACE_S)
+        return gather(
+            lambda r: self.actors[r].call.remote(method, *args),
+            len(self.actors),
+            lambda r, error: self._rebuild(r, method, error),
+            self.PEER_ERROR_GRACE_S,
+        )
 
     def _rebuild(self, dead: int, method: str, error: BaseException):
         """Every rank killed, a new group set up at the initial weights; then `LearnerRebuilt` (never returns)."""
@@ -139,19 +149,26 @@ class LearnerGroup:
     def pids(self) -> list[int]:
         """Each rank's actor process id (what a SIGKILL in the fault tests aims at)."""
         import ray
+
         return ray.get([a.pid.remote() for a in self.actors])
 
     def update(self, samples, advantages) -> dict[str, float]:
         import ray
+
         samples = list(samples)
         world = len(self.actors)
         rows = [rows_read(samples, self.cfg, world, r) for r in range(world)]  # before anything is fetched
         # One copy of the (state-free) samples in the object store; Ray resolves these top-level references to
         # values in each rank, but not the state references nested in the samples: each rank fetches its rows.
         samples_ref, adv_ref = ray.put(samples), ray.put([float(a) for a in advantages])
-        return merge_rank_metrics(gather(lambda r: self.actors[r].call.remote("update", samples_ref, adv_ref, rows[r]),
-                                         world, lambda r, error: self._rebuild(r, "update", error),
-                                         self.PEER_ERROR_GRACE_S))
+        return merge_rank_metrics(
+            gather(
+                lambda r: self.actors[r].call.remote("update", samples_ref, adv_ref, rows[r]),
+                world,
+                lambda r, error: self._rebuild(r, "update", error),
+                self.PEER_ERROR_GRACE_S,
+            )
+        )
 
     def mismatch_parts(self, samples, version: int) -> dict[str, float]:
         return self._all("mismatch_parts", list(samples), version)[0]  # rank 0 reports
@@ -173,6 +190,7 @@ class LearnerGroup:
         """vLLM's native weight transfer set up on every rank; rank 0 drives the engines (`client`). NCCL meets at
         a free port on rank 0's node."""
         import ray
+
         master = ray.get(self.actors[0].address.remote())
         self._all("start_native_sync", backend, client, init, master)
 
@@ -187,6 +205,7 @@ class LearnerGroup:
 
     def close(self) -> None:
         import ray
+
         for a in self.actors:
             ray.kill(a)
         self.actors = []

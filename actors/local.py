@@ -6,6 +6,7 @@
   the same code as each Ray rank) or plain torch (`rl.train.policy_update.TorchBackend`, no DeepSpeed at all).
 - `LocalRewards`: `RewardWorkers` scoring in this process (the math reward still uses its process pool).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,6 +37,7 @@ class LocalRollout:
 
     def __init__(self, cfg, hosts: list[EngineHost] | None = None):
         from actors.weight_sync import FileSync
+
         self.hosts = hosts if hosts is not None else [EngineHost(cfg, i) for i in range(cfg.rollout.num_engines)]
         self.transport = FileSync()  # in-process: the only transport (actors/weight_sync.py)
 
@@ -44,8 +46,12 @@ class LocalRollout:
 
     def generate(self, prompts, params, min_version: int):
         chunks = split_prompts(len(prompts), len(self.hosts))
-        return merge_chunks([(s, h.generate(prompts[s:e], chunk_params(params, s), min_version))
-                             for h, (s, e) in zip(self.hosts, chunks)])
+        return merge_chunks(
+            [
+                (s, h.generate(prompts[s:e], chunk_params(params, s), min_version))
+                for h, (s, e) in zip(self.hosts, chunks)
+            ]
+        )
 
     def load_weights(self, weights, version: int) -> list[int]:
         return [h.load_weights(weights, version) for h in self.hosts]
@@ -75,15 +81,19 @@ class TorchLearner:
         if cfg.algo.kl_coef > 0:  # a LoRA policy is its own reference, adapters off
             ref = self.policy if self.lora else load_policy(cfg.model.path).eval().requires_grad_(False)
         self.updater = PolicyUpdater(self.policy, cfg, pad_id_of(self.policy), ref, reference_scope(self.lora))
-        self.probe = MismatchProbe(cfg, lambda: load_policy(cfg.model.path), pad_id_of(self.policy),
-                                   next(self.policy.parameters()).device)
+        self.probe = MismatchProbe(
+            cfg, lambda: load_policy(cfg.model.path), pad_id_of(self.policy), next(self.policy.parameters()).device
+        )
 
     def mismatch_parts(self, samples, version: int) -> dict:
         return self.probe.measure(samples, version, self.full_state())
 
     def update(self, samples, advantages) -> dict:
-        latent = compute_latent_metrics(self.policy, self.cfg, samples) if self.cfg.train.latent_metrics_rows > 0 \
-            and hasattr(self.policy, "fusion") else {}
+        latent = (
+            compute_latent_metrics(self.policy, self.cfg, samples)
+            if self.cfg.train.latent_metrics_rows > 0 and hasattr(self.policy, "fusion")
+            else {}
+        )
         self.policy.train()
         metrics = self.updater.update(samples, advantages, self.backend, 0)
         metrics.update(latent)
@@ -125,13 +135,16 @@ class TorchLearner:
 
     def _load_model(self, model_dir: Path) -> None:
         from rollout.torch_engine import load_state_dict_from  # safetensors only, never pickle
+
         state = load_state_dict_from(model_dir)
         with torch.no_grad():
             missing, unexpected = self.policy.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if self.policy.config.tie_word_embeddings else set()
         if unexpected or set(missing) - tied:
-            raise ValueError(f"{model_dir.parent}: checkpoint does not fit the model: "
-                             f"missing={sorted(set(missing) - tied)} unexpected={sorted(unexpected)}")
+            raise ValueError(
+                f"{model_dir.parent}: checkpoint does not fit the model: "
+                f"missing={sorted(set(missing) - tied)} unexpected={sorted(unexpected)}"
+            )
 
     def close(self) -> None:
         pass

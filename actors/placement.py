@@ -30,6 +30,7 @@ Every worker process gets `runtime_env` variables: WANDB_MODE, VLLM_ENABLE_V1_MU
 single-threaded, DS_ACCELERATOR=cpu when no role has a GPU, VLLM_CPU_KVCACHE_SPACE, and unless `logging.verbose`
 the quieting switches of actors/console.py (whose output then stays in Ray's log files: `log_to_driver` off).
 """
+
 from __future__ import annotations
 
 import os
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 PLACEMENT_TIMEOUT_S = 120.0
 PASS_THROUGH_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "PYTHONPATH")
 LOOPBACK = "127.0.0.1"
-JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"   # set by Ray's job supervisor in a `ray job submit` entrypoint
+JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor in a `ray job submit` entrypoint
 
 
 def uses_gpu(cfg) -> bool:
@@ -51,7 +52,7 @@ def uses_gpu(cfg) -> bool:
 def runtime_env(cfg, local: bool = False) -> dict:
     env = {
         "WANDB_MODE": os.environ.get("WANDB_MODE", cfg.logging.wandb_mode),
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",   # vLLM in the actor's own process: fast start, tensors in-process
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # vLLM in the actor's own process: fast start, tensors in-process
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(round(cfg.rollout.vllm.kv_cache_gib)))),
     }
@@ -59,6 +60,7 @@ def runtime_env(cfg, local: bool = False) -> dict:
         env["DS_ACCELERATOR"] = "cpu"
     if not cfg.logging.verbose:
         from actors.console import QUIET_ENV
+
         env.update(QUIET_ENV)
     if local and loopback_interface():
         # gloo (the CPU learners' collectives) listens on the address its device resolves to; keep it on loopback
@@ -89,6 +91,7 @@ def init_ray(cfg) -> None:
     """Connect to the cluster (`cluster_address`), or start a private, loopback-only local Ray sized for the job.
     No-op when Ray is already up in this process."""
     import ray
+
     if ray.is_initialized():
         return
     address = cluster_address(cfg)
@@ -97,9 +100,13 @@ def init_ray(cfg) -> None:
         return
     # Quiet unless logging.verbose: the workers' output stays in Ray's log files instead of interleaving with the
     # step lines (actors/console.py; the launcher's summary names the directory).
-    kwargs = {"num_cpus": cfg.ray.num_cpus or max(os.cpu_count() or 1, required_cpus(cfg)),
-              "include_dashboard": bool(cfg.ray.dashboard), "runtime_env": runtime_env(cfg, local=True),
-              "log_to_driver": cfg.logging.verbose, "logging_level": "INFO" if cfg.logging.verbose else "WARNING"}
+    kwargs = {
+        "num_cpus": cfg.ray.num_cpus or max(os.cpu_count() or 1, required_cpus(cfg)),
+        "include_dashboard": bool(cfg.ray.dashboard),
+        "runtime_env": runtime_env(cfg, local=True),
+        "log_to_driver": cfg.logging.verbose,
+        "logging_level": "INFO" if cfg.logging.verbose else "WARNING",
+    }
     if cfg.ray.dashboard:
         kwargs["dashboard_host"] = LOOPBACK
     else:
@@ -139,6 +146,7 @@ def start_local_ray(**kwargs) -> None:
 class Placement:
     """Ray options (resources + scheduling strategy) for each rollout engine and each learner rank, and the node
     each bundle was reserved on."""
+
     rollout: list[dict] = field(default_factory=list)
     learner: list[dict] = field(default_factory=list)
     group: object = None  # the PlacementGroup, kept so it can be removed
@@ -159,8 +167,12 @@ def plan_bundles(cfg) -> tuple[list[dict], list[int], list[int], float]:
         n = max(E, W)
         shared = {k: max(res_r.get(k, 0.0), res_l.get(k, 0.0)) for k in {**res_r, **res_l}}
         return [bundle(max(g_r, g_l), shared) for _ in range(n)], list(range(E)), list(range(W)), 0.5
-    return [bundle(g_r, res_r) for _ in range(E)] + [bundle(g_l, res_l) for _ in range(W)], \
-        list(range(E)), list(range(E, E + W)), 1.0
+    return (
+        [bundle(g_r, res_r) for _ in range(E)] + [bundle(g_l, res_l) for _ in range(W)],
+        list(range(E)),
+        list(range(E, E + W)),
+        1.0,
+    )
 
 
 def create_placement(cfg) -> Placement:
@@ -176,24 +188,33 @@ def create_placement(cfg) -> Placement:
     except ray.exceptions.GetTimeoutError:
         ray.util.remove_placement_group(pg)
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-        raise RuntimeError(f"Ray could not reserve the bundles {bundles} (ray.placement: {cfg.ray.placement}) within "
-                           f"{PLACEMENT_TIMEOUT_S:.0f} s; the live nodes offer {nodes} (lower rollout.num_engines / "
-                           f"learner.num_workers or the GPUs per actor, check ray.rollout_resources / "
-                           f"ray.learner_resources against the nodes' custom resources, or set ray.colocate: true)"
-                           ) from None
+        raise RuntimeError(
+            f"Ray could not reserve the bundles {bundles} (ray.placement: {cfg.ray.placement}) within "
+            f"{PLACEMENT_TIMEOUT_S:.0f} s; the live nodes offer {nodes} (lower rollout.num_engines / "
+            f"learner.num_workers or the GPUs per actor, check ray.rollout_resources / "
+            f"ray.learner_resources against the nodes' custom resources, or set ray.colocate: true)"
+        ) from None
     node_of = placement_group_table(pg)["bundles_to_node_id"]
 
     def options(i, gpus):
-        return {"num_cpus": share, "num_gpus": gpus * share if cfg.ray.colocate else gpus,
-                "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i)}
+        return {
+            "num_cpus": share,
+            "num_gpus": gpus * share if cfg.ray.colocate else gpus,
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+        }
 
-    return Placement([options(i, cfg.rollout.num_gpus_per_engine) for i in rollout_idx],
-                     [options(i, cfg.learner.num_gpus_per_worker) for i in learner_idx], pg,
-                     [node_of[i] for i in rollout_idx], [node_of[i] for i in learner_idx])
+    return Placement(
+        [options(i, cfg.rollout.num_gpus_per_engine) for i in rollout_idx],
+        [options(i, cfg.learner.num_gpus_per_worker) for i in learner_idx],
+        pg,
+        [node_of[i] for i in rollout_idx],
+        [node_of[i] for i in learner_idx],
+    )
 
 
 def start_rollout_fleet(cfg, placement: Placement, weight_sync: str = "file", supervisor=None):
     from actors.rollout import RolloutFleet, rollout_actor_class, rollout_threads
+
     cls = rollout_actor_class()
     one_machine = cluster_address(cfg) is None  # a private local Ray: every actor is on this machine
 
@@ -206,6 +227,7 @@ def start_rollout_fleet(cfg, placement: Placement, weight_sync: str = "file", su
 
 def start_learner_group(cfg, placement: Placement, supervisor=None):
     from actors.learner_group import LearnerGroup, rank_actor_class
+
     cls = rank_actor_class()
 
     def make(r):
@@ -216,6 +238,7 @@ def start_learner_group(cfg, placement: Placement, supervisor=None):
 
 def start_reward_workers(cfg, base_dir: str | None = None, supervisor=None):
     from actors.reward_workers import RewardWorkersOnRay, reward_actor_class
+
     base_dir = base_dir or os.getcwd()
     opts = {"num_cpus": 1, **({"resources": dict(cfg.ray.reward_resources)} if cfg.ray.reward_resources else {})}
 
@@ -231,14 +254,19 @@ def where(actor) -> tuple[str, str]:
 
     def here(_self):
         import ray
+
         return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+
     return tuple(ray.get(actor.__ray_call__.remote(here)))
 
 
 def log_placement(rollout, learner, rewards, log=print) -> dict[str, list[tuple[str, str]]]:
     """Print and return where every actor runs: {"rollout": [(node id, ip)], "learner": [...], "reward": [...]}."""
-    out = {"rollout": [where(a) for a in rollout.actors], "learner": [where(a) for a in learner.actors],
-           "reward": [where(rewards.actor)]}
+    out = {
+        "rollout": [where(a) for a in rollout.actors],
+        "learner": [where(a) for a in learner.actors],
+        "reward": [where(rewards.actor)],
+    }
     names = {"rollout": "rollout engine", "learner": "learner rank", "reward": "reward actor"}
     for role, places in out.items():
         for i, (node, ip) in enumerate(places):
@@ -249,9 +277,12 @@ def log_placement(rollout, learner, rewards, log=print) -> dict[str, list[tuple[
 def _ready_at(actor):
     """A reference to the wall time at which `actor` runs its next call: submitted right after the actor is
     created (or set up), the time its constructor (or setup) finished."""
+
     def now(_self):
         import time
+
         return time.time()
+
     return actor.__ray_call__.remote(now)
 
 
@@ -263,9 +294,9 @@ def startup_line(seconds: dict[str, float], threads: list[int]) -> str:
     return line + (f"; engine threads {','.join(map(str, threads))}" if threads else "")
 
 
-
-def role_threads(num_threads: int | None, role_count: int, max_staleness: int, cores: int, reserved_cpus: float,
-                 one_machine: bool) -> int:
+def role_threads(
+    num_threads: int | None, role_count: int, max_staleness: int, cores: int, reserved_cpus: float, one_machine: bool
+) -> int:
     """torch / OpenMP threads of each actor of a role (its engines or its learner ranks): the role's
     `num_threads`, or where it is null the cores the actor may use. A synchronous job on one machine
     (`train.max_staleness` 0) never generates while it trains, so while a role works every core is its:
@@ -285,14 +316,17 @@ def build_workers(cfg, use_ray: bool, faults=None, log=print, startup: dict | No
     shared with the loop). `startup`, when given, receives the seconds after which each role's actors were up
     (`reward`, `rollout`, `learner`: they start at once and come up concurrently) and the engines' `threads`."""
     from actors.weight_sync import attach_transport, resolve_transport
+
     if not use_ray:
         from actors.local import build_local_workers
+
         rollout, learner, rewards = build_local_workers(cfg)
         attach_transport(cfg, rollout, learner, *resolve_transport(cfg, None), log=log)
         return rollout, learner, rewards
     import ray
 
     from actors.supervision import Supervisor
+
     supervisor = Supervisor(cfg.faults, faults)
     init_ray(cfg)
     placement = create_placement(cfg)

@@ -18,6 +18,7 @@ actors and asyncio actors ("doesn't support threaded environment", docs/DESIGN.m
 reward safe anywhere; a plain actor also keeps user rewards that call math-verify directly working.
 Relative reward file paths are resolved against the driver's working directory (`base_dir`), not the actor's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,7 +30,7 @@ from rl.train.workers import Scores
 log = logging.getLogger(__name__)
 
 ACCURACY_ENTRY = "accuracy"  # name of a correctness check run beside the rewards at weight 0
-CORRECT_AT = 1.0 - 1e-9       # a check scores 1 for a right answer; float sums may land a hair below
+CORRECT_AT = 1.0 - 1e-9  # a check scores 1 for a right answer; float sums may land a hair below
 
 
 def reward_entries(rcfg, task: str | None = None) -> list[dict]:
@@ -40,8 +41,11 @@ def reward_entries(rcfg, task: str | None = None) -> list[dict]:
 
 def _math_options(entry: dict, rcfg, task: str | None) -> dict:
     if entry.get("fn") == "math":
-        entry["options"] = {"num_workers": rcfg.num_workers, **({"strict": True} if task == "arith" else {}),
-                            **(entry.get("options") or {})}
+        entry["options"] = {
+            "num_workers": rcfg.num_workers,
+            **({"strict": True} if task == "arith" else {}),
+            **(entry.get("options") or {}),
+        }
     return entry
 
 
@@ -57,8 +61,10 @@ def build_scorer(rcfg, base_dir: str, task: str | None = None):
     accuracy = rcfg.accuracy.strip()
     names = [e.name for e in reward_set.entries]
     # an entry is named by its metrics name ("format_reward") or by what `fn` says in the config ("format")
-    by_spec = {**{e["fn"]: r.name for e, r in zip(reversed(entries), reversed(reward_set.entries))},
-               **{n: n for n in names}}
+    by_spec = {
+        **{e["fn"]: r.name for e, r in zip(reversed(entries), reversed(reward_set.entries))},
+        **{n: n for n in names},
+    }
     if accuracy == "none":
         return reward_set, None
     if accuracy in by_spec:
@@ -67,13 +73,16 @@ def build_scorer(rcfg, base_dir: str, task: str | None = None):
         math = [e.name for e in reward_set.entries if isinstance(e.fn, MathReward)]
         if math:
             return reward_set, math[0]
-    check = _math_options({"fn": "math" if accuracy == "auto" else accuracy, "weight": 0.0, "name": ACCURACY_ENTRY},
-                          rcfg, task)
+    check = _math_options(
+        {"fn": "math" if accuracy == "auto" else accuracy, "weight": 0.0, "name": ACCURACY_ENTRY}, rcfg, task
+    )
     try:
         extra = build_reward_set([check], base_dir=base_dir, default_timeout_s=rcfg.timeout_s)
     except RewardLoadError as e:
-        raise RewardLoadError(f"reward.accuracy: {accuracy!r} is not a reward of reward.fns ({', '.join(names)}), "
-                              f"'auto' or 'none', and cannot be loaded as a reward: {e}") from e
+        raise RewardLoadError(
+            f"reward.accuracy: {accuracy!r} is not a reward of reward.fns ({', '.join(names)}), "
+            f"'auto' or 'none', and cannot be loaded as a reward: {e}"
+        ) from e
     combined = RewardSet(reward_set.entries + extra.entries)
     return combined, combined.entries[-1].name  # "accuracy", or "accuracy_2" beside a user reward so named
 
@@ -84,10 +93,15 @@ class RewardHost:
     def __init__(self, rcfg, base_dir: str | None = None, task: str | None = None):
         self.reward_set, self.accuracy_name = build_scorer(rcfg, base_dir or os.getcwd(), task)
 
-    def score(self, prompts: list[str], completions: list[str], answers: list, finish_reasons: list[str],
-              columns: dict[str, list] | None = None) -> Scores:
-        result = self.reward_set(prompts, completions, answers, finish_reasons=list(finish_reasons),
-                                 **(columns or {}))
+    def score(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        answers: list,
+        finish_reasons: list[str],
+        columns: dict[str, list] | None = None,
+    ) -> Scores:
+        result = self.reward_set(prompts, completions, answers, finish_reasons=list(finish_reasons), **(columns or {}))
         for line in result.errors:  # already counted in result.metrics; surfaced in this process's log too
             log.warning(line)
         correct = None
@@ -121,10 +135,12 @@ class RewardWorkersOnRay:
 
     def pid(self) -> int:
         import ray
+
         return ray.get(self.actor.pid.remote())
 
     def close(self) -> None:
         import ray
+
         ray.get(self.actor.close.remote())
         ray.kill(self.actor)
 

@@ -15,6 +15,7 @@ so every sample gets the seed it would get from one engine serving the whole req
 depend on the number of engines); the torch engine's streams are keyed by (seed, prompt, sample) and the offset
 keeps the chunks' streams distinct.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,6 +31,7 @@ def max_model_len(cfg, model_config) -> int:
     """vLLM's per-sequence bound: the configured one, else the model's positions (at most 2048, which keeps the
     no-preemption KV budget of `max_num_seqs` sequences small on CPU)."""
     from rl.data.prompts import vllm_max_model_len  # one rule, shared with the prompt-length limit
+
     return vllm_max_model_len(cfg, model_config)
 
 
@@ -43,6 +45,7 @@ def make_engine(cfg, index: int = 0, weight_sync: str = "file"):
 
         from actors.learner import load_policy
         from rollout.torch_engine import TorchEngine
+
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
         model = load_policy(cfg.model.path, dtype)
         if gpu:
@@ -54,15 +57,19 @@ def make_engine(cfg, index: int = 0, weight_sync: str = "file"):
 
         import rl.model  # noqa: F401  (AutoConfig must know the FBT configs)
         from rollout.vllm_engine import VLLMEngine
+
         if not cfg.logging.verbose:  # the warnings every fbrl engine triggers, dropped before the engine is built
             import vllm  # noqa: F401  (configures vLLM's logging, whose handlers get the filter)
 
             from actors.console import drop_vllm_noise
+
             drop_vllm_noise()
         v = r.vllm
         if v.tensor_parallel_size != 1:
-            raise ValueError(f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size}: the rollout actor runs "
-                             f"vLLM in-process (uni executor), which serves one device; use more engines instead")
+            raise ValueError(
+                f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size}: the rollout actor runs "
+                f"vLLM in-process (uni executor), which serves one device; use more engines instead"
+            )
         model_config = AutoConfig.from_pretrained(cfg.model.path)
         extra = {}
         if v.enable_prefix_caching:  # passed through so the engine refuses it with its reason
@@ -75,13 +82,21 @@ def make_engine(cfg, index: int = 0, weight_sync: str = "file"):
             from vllm.config import WeightTransferConfig
 
             from rollout import vllm_inline_transfer
+
             vllm_inline_transfer.register()
             extra["weight_transfer_config"] = WeightTransferConfig(backend=vllm_inline_transfer.BACKEND)
         return VLLMEngine(
-            cfg.model.path, decode_mode=r.decode_mode, version=0, max_model_len=max_model_len(cfg, model_config),
-            max_num_seqs=v.max_num_seqs, kv_cache_gib=None if gpu else v.kv_cache_gib,
-            seed=cfg.train.seed + 1000 * index, dtype=cfg.model.dtype, gpu_memory_utilization=v.gpu_memory_utilization,
-            **extra)
+            cfg.model.path,
+            decode_mode=r.decode_mode,
+            version=0,
+            max_model_len=max_model_len(cfg, model_config),
+            max_num_seqs=v.max_num_seqs,
+            kv_cache_gib=None if gpu else v.kv_cache_gib,
+            seed=cfg.train.seed + 1000 * index,
+            dtype=cfg.model.dtype,
+            gpu_memory_utilization=v.gpu_memory_utilization,
+            **extra,
+        )
     raise ValueError(f"rollout.engine: expected 'vllm' or 'torch', got {r.engine!r}")
 
 
@@ -98,8 +113,9 @@ def engine_checksums(engine) -> dict[str, float]:
 
 def rollout_threads(cfg, cores: int, reserved_cpus: float, one_machine: bool) -> int:
     """torch / OpenMP threads of each engine (`rollout.num_threads`; the rule: `actors.placement.role_threads`)."""
-    return role_threads(cfg.rollout.num_threads, cfg.rollout.num_engines, cfg.train.max_staleness, cores,
-                        reserved_cpus, one_machine)
+    return role_threads(
+        cfg.rollout.num_threads, cfg.rollout.num_engines, cfg.train.max_staleness, cores, reserved_cpus, one_machine
+    )
 
 
 class EngineHost:
@@ -112,6 +128,7 @@ class EngineHost:
         self.index = index
         if num_threads:
             import torch
+
             torch.set_num_threads(num_threads)
         self.engine = engine if engine is not None else make_engine(cfg, index, weight_sync)
 
@@ -120,6 +137,7 @@ class EngineHost:
 
     def load_weights(self, weights, version: int) -> int:
         from actors.weight_sync import RayBuckets
+
         if isinstance(weights, RayBuckets):
             weights = dict(weights.tensors())
         self.engine.load_weights(weights, version)
@@ -147,6 +165,7 @@ class EngineHost:
 
     def num_threads(self) -> int:
         import torch
+
         return torch.get_num_threads()
 
     def weight_checksums(self) -> dict[str, float]:
@@ -200,6 +219,7 @@ class RolloutFleet:
 
     def __init__(self, actors: list, make_actor=None, supervisor=None, transport=None):
         from actors.weight_sync import FileSync
+
         if not actors:
             raise ValueError("RolloutFleet needs at least one rollout actor")
         self.actors = actors
@@ -213,13 +233,17 @@ class RolloutFleet:
 
     def generate(self, prompts: list[list[int]], params, min_version: int) -> list[Sample]:
         from actors.state_plane import attach
+
         chunks = split_prompts(len(prompts), len(self.actors))
         states = {}  # chunk -> the reference to its states (the call's second return value, owned here)
 
         def submit(k):
             s, e = chunks[k]
-            samples, states[k] = self.actors[k].generate_packed.options(num_returns=2).remote(
-                prompts[s:e], chunk_params(params, s), min_version)
+            samples, states[k] = (
+                self.actors[k]
+                .generate_packed.options(num_returns=2)
+                .remote(prompts[s:e], chunk_params(params, s), min_version)
+            )
             return samples
 
         def on_death(k, error):  # the chunk runs again on the replacement, with the same seeds
@@ -243,10 +267,13 @@ class RolloutFleet:
 
     def set_weight_version(self, version: int) -> list[int]:
         import ray
+
         return ray.get([a.set_weight_version.remote(version) for a in self.actors])
+
     def _replace(self, k: int, during: str, error: BaseException) -> None:
         """A new actor for engine k at the current weights and version; raises when it may not be replaced."""
         import ray
+
         what = f"rollout actor {k}" + (f" (pid {self._pids[k]})" if self._pids[k] else "")
         if self.make_actor is None or self.supervisor is None or lost_object(error):
             raise error  # (a lost object the call fetched, e.g. weights whose owner died: the engine is alive)
@@ -263,24 +290,29 @@ class RolloutFleet:
     def pids(self) -> list[int]:
         """Each engine's actor process id (what a SIGKILL in the fault tests aims at)."""
         import ray
+
         self._pids = ray.get([a.pid.remote() for a in self.actors])
         return list(self._pids)
 
     def weight_checksums(self) -> dict[str, float]:
         import ray
+
         return ray.get(self.actors[0].weight_checksums.remote())
 
     def all_weight_checksums(self) -> list[dict[str, float]]:
         """Per-tensor checksums of every engine's live weights, in engine order."""
         import ray
+
         return ray.get([a.weight_checksums.remote() for a in self.actors])
 
     def versions(self) -> list[int]:
         import ray
+
         return ray.get([a.version.remote() for a in self.actors])
 
     def close(self) -> None:
         import ray
+
         ray.get([a.close.remote() for a in self.actors])
         for a in self.actors:
             ray.kill(a)
@@ -293,12 +325,14 @@ class RolloutActor(EngineHost):
 
     def __init__(self, cfg, *args, **kwargs):
         from actors.memory import HeapTrimmer
+
         super().__init__(cfg, *args, **kwargs)
         self.heap = HeapTrimmer(cfg.ray.trim_heap_every)
 
     def generate(self, prompts: list[list[int]], params, min_version: int | None = None) -> list[Sample]:
         """Samples whose states are objects this actor put and owns (they die with it): for direct calls."""
         from actors.state_plane import publish
+
         samples = publish(super().generate(prompts, params, min_version))
         self.heap.after_batch()  # now and then, malloc's freed heap back to the kernel (actors/memory.py)
         return samples
@@ -308,6 +342,7 @@ class RolloutActor(EngineHost):
         states are a return value of their own, owned by the caller and kept when this actor dies
         (actors/state_plane.py)."""
         from actors.state_plane import pack
+
         out = pack(super().generate(prompts, params, min_version))
         self.heap.after_batch()
         return out
@@ -317,6 +352,7 @@ class RolloutActor(EngineHost):
         (`generate_packed`) leave none behind (their states are owned by the caller); `generate`'s objects are
         owned here, one entry each while any sample, in any process, still refers to it."""
         import ray
+
         return len(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
 
 

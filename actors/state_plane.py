@@ -29,6 +29,7 @@ they die with it): `RolloutActor.generate` still answers direct calls with it.
 
 In one process (`actors/local.py`) samples keep their tensors and none of this runs.
 """
+
 from __future__ import annotations
 
 import time
@@ -49,20 +50,26 @@ _FROM_CARRIER = {"float32": torch.float32, "int16": torch.bfloat16, "uint8": tor
 class FetchStats:
     """What one rank pulled for one update: rows, the bytes of those rows' states (across nodes Ray moves each
     whole object they are in), wall seconds."""
+
     rows: int = 0
     nbytes: int = 0
     seconds: float = 0.0
 
     def metrics(self) -> dict[str, float]:
-        return {"state_plane/rows": float(self.rows), "state_plane/bytes": float(self.nbytes),
-                "state_plane/fetch_s": self.seconds}
+        return {
+            "state_plane/rows": float(self.rows),
+            "state_plane/bytes": float(self.nbytes),
+            "state_plane/fetch_s": self.seconds,
+        }
 
 
 def to_carrier(states: torch.Tensor):
     """The numpy array Ray stores for a stored-states tensor (same bytes)."""
     if states.dtype not in _CARRIER:
-        raise TypeError(f"state plane: recorded states of dtype {states.dtype} (expected a storage format of "
-                        f"rl/estimators/states.py)")
+        raise TypeError(
+            f"state plane: recorded states of dtype {states.dtype} (expected a storage format of "
+            f"rl/estimators/states.py)"
+        )
     return states.detach().cpu().contiguous().view(_CARRIER[states.dtype]).numpy()
 
 
@@ -78,11 +85,13 @@ def publish(samples: list[Sample]) -> list[Sample]:
     """In the rollout actor: each sample's states into the object store as its own object (owned by this process:
     they die with it), a `StateRef` in their place."""
     import ray
+
     for s in samples:
         if isinstance(s.states, torch.Tensor):
             array = to_carrier(s.states)
-            s.states = StateRef(ray.put(array), rows=int(s.states.shape[0]), width=width(s.states),
-                                nbytes=int(array.nbytes))
+            s.states = StateRef(
+                ray.put(array), rows=int(s.states.shape[0]), width=width(s.states), nbytes=int(array.nbytes)
+            )
     return samples
 
 
@@ -122,11 +131,12 @@ def fetch(samples: list[Sample], rows) -> FetchStats:
     arrays = []
     if handles:
         import ray
+
         arrays = ray.get(handles)
     by_handle = dict(zip(handles, arrays))
     nbytes = 0
     for r in want:
         ref = samples[r].states
-        samples[r].states = from_carrier(by_handle[ref.handle])[ref.start:ref.start + ref.rows]
+        samples[r].states = from_carrier(by_handle[ref.handle])[ref.start : ref.start + ref.rows]
         nbytes += ref.nbytes
     return FetchStats(len(want), nbytes, time.perf_counter() - t0)

@@ -20,6 +20,7 @@ error its method raised, and hands the death to the worker object's own recovery
 Orphans: an actor made by `actor_class` also exits when its parent process (the node's raylet) is gone, so an
 engine or a learner rank busy in native code never outlives its job (`exit_with_parent`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,9 +34,11 @@ from rl.train.faults import FaultLog, RunStopped
 log = logging.getLogger(__name__)
 
 # role -> (fault counter, the config key that bounds it)
-ROLES = {"rollout": ("rollout_restarts", "max_rollout_restarts"),
-         "learner": ("learner_rebuilds", "max_learner_rebuilds"),
-         "reward": ("reward_restarts", "max_reward_restarts")}
+ROLES = {
+    "rollout": ("rollout_restarts", "max_rollout_restarts"),
+    "learner": ("learner_rebuilds", "max_learner_rebuilds"),
+    "reward": ("reward_restarts", "max_reward_restarts"),
+}
 
 
 class Supervisor:
@@ -53,8 +56,10 @@ class Supervisor:
         n = self.restarts[role] + 1
         died = f"{what} died during {during} ({describe(cause)})"
         if n > limit:
-            raise RunStopped(f"{died}, and faults.{key}={limit} replacements are used up: stopping; "
-                             f"`fbrl train --resume RUN_DIR` continues from the last checkpoint")
+            raise RunStopped(
+                f"{died}, and faults.{key}={limit} replacements are used up: stopping; "
+                f"`fbrl train --resume RUN_DIR` continues from the last checkpoint"
+            )
         self.restarts[role] = n
         self.faults.record(kind, f"{died}; replacing it ({n} of at most {limit})")
 
@@ -64,6 +69,7 @@ def lost_object(error: BaseException) -> bool:
     with a node), as the call's own error or as the cause Ray wrapped in a RayTaskError. The call cannot finish,
     and calling again does not bring the object back: a death, not a method's error."""
     from ray.exceptions import ObjectLostError
+
     return isinstance(error, ObjectLostError) or isinstance(getattr(error, "cause", None), ObjectLostError)
 
 
@@ -71,6 +77,7 @@ def is_death(error: BaseException) -> bool:
     """What `gather` hands to `on_death`: the actor's process is gone (`RayActorError`), or an object its call
     fetched was lost (`lost_object`)."""
     from ray.exceptions import RayActorError
+
     return isinstance(error, RayActorError) or lost_object(error)
 
 
@@ -89,6 +96,7 @@ def gather(submit, n: int, on_death, error_grace_s: float = 0.0) -> list:
     every rank when one rank dies, and the death, noticed a moment later, is what must be handled.
     """
     import ray
+
     refs = {submit(k): k for k in range(n)}
     out: list = [None] * n
     error, deadline = None, None
@@ -119,6 +127,7 @@ def gather(submit, n: int, on_death, error_grace_s: float = 0.0) -> list:
 def kill(actor) -> None:
     """End an actor's process now (a dead one: no-op); Ray does not restart it."""
     import ray
+
     try:
         ray.kill(actor, no_restart=True)
     except Exception as e:  # already gone, or Ray shutting down

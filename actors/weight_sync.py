@@ -28,6 +28,7 @@ The same for every transport:
   new); every engine refuses requests whose `min_version` is newer than its weights. `push` returns the versions
   and the loop checks them.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -50,8 +51,10 @@ def resolve_transport(cfg, placement) -> tuple[str, str]:
     if placement is None:
         if want in ("auto", "file"):
             return "file", "in-process workers" if want == "auto" else "rollout.weight_sync"
-        raise ValueError(f"rollout.weight_sync={want!r} needs Ray actors; in-process workers (--no-ray) sync "
-                         f"through a file (rollout.weight_sync: file or auto)")
+        raise ValueError(
+            f"rollout.weight_sync={want!r} needs Ray actors; in-process workers (--no-ray) sync "
+            f"through a file (rollout.weight_sync: file or auto)"
+        )
     gpu = r.num_gpus_per_engine > 0 and cfg.learner.num_gpus_per_worker > 0
     same_node = all(n == placement.learner_nodes[0] for n in placement.rollout_nodes)
     if want == "auto":
@@ -63,14 +66,20 @@ def resolve_transport(cfg, placement) -> tuple[str, str]:
             return "file", "auto: every engine is on learner rank 0's node"
         return "ray", "auto: engines on other nodes than learner rank 0"
     if want in NATIVE and r.engine != "vllm":
-        raise ValueError(f"rollout.weight_sync={want!r} drives vLLM's native weight transfer; rollout.engine is "
-                         f"{r.engine!r} (use file or ray)")
+        raise ValueError(
+            f"rollout.weight_sync={want!r} drives vLLM's native weight transfer; rollout.engine is "
+            f"{r.engine!r} (use file or ray)"
+        )
     if want in ("nccl", "ipc") and not gpu:
-        raise ValueError(f"rollout.weight_sync={want!r} moves GPU tensors: it needs rollout.num_gpus_per_engine > 0 "
-                         f"and learner.num_gpus_per_worker > 0 (on CPU use ray, or native_ray for vLLM's lifecycle)")
+        raise ValueError(
+            f"rollout.weight_sync={want!r} moves GPU tensors: it needs rollout.num_gpus_per_engine > 0 "
+            f"and learner.num_gpus_per_worker > 0 (on CPU use ray, or native_ray for vLLM's lifecycle)"
+        )
     if want == "ipc" and not cfg.ray.colocate:
-        raise ValueError("rollout.weight_sync='ipc' shares GPU memory by CUDA IPC: the engines must sit on the "
-                         "learners' GPUs (ray.colocate: true); across GPUs or nodes use nccl")
+        raise ValueError(
+            "rollout.weight_sync='ipc' shares GPU memory by CUDA IPC: the engines must sit on the "
+            "learners' GPUs (ray.colocate: true); across GPUs or nodes use nccl"
+        )
     return want, "rollout.weight_sync"
 
 
@@ -82,7 +91,7 @@ def attach_transport(cfg, rollout, learner, transport: str, why: str, log=print)
 
 
 def make_transport(cfg, transport: str):
-    bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2 ** 20
+    bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
     if transport == "file":
         return FileSync()
     if transport == "ray":
@@ -101,9 +110,11 @@ class FileSync:
         try:
             return rollout.load_weights(path, version)
         except FileNotFoundError as e:
-            raise RuntimeError(f"rollout.weight_sync=file: an engine cannot read {path}, which learner rank 0 wrote "
-                               f"on its node; put train.run_dir on storage every node sees, or use "
-                               f"rollout.weight_sync: ray (no shared storage needed)") from e
+            raise RuntimeError(
+                f"rollout.weight_sync=file: an engine cannot read {path}, which learner rank 0 wrote "
+                f"on its node; put train.run_dir on storage every node sees, or use "
+                f"rollout.weight_sync: ray (no shared storage needed)"
+            ) from e
 
 
 # ---- ray: buckets in the object store ----------------------------------------------------------------------
@@ -113,32 +124,42 @@ class RayBuckets:
 
     numpy arrays go into the object store without pickling their data (zero-copy out-of-band buffers) and are
     read back as views of shared memory on the engine's node; torch tensors would be pickled (copied)."""
+
     refs: list = field(default_factory=list)
 
     def tensors(self):
         """(name, tensor) of every bucket in turn (fetched one bucket at a time)."""
         import ray
+
         for ref in self.refs:
             yield from unpack_bucket(ray.get(ref)).items()
 
 
 def pack_bucket(named: list[tuple[str, torch.Tensor]]) -> dict:
-    return {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape),
-                   t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
-            for name, t in named}
+    return {
+        name: (
+            str(t.dtype).removeprefix("torch."),
+            tuple(t.shape),
+            t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy(),
+        )
+        for name, t in named
+    }
 
 
 def unpack_bucket(bucket: dict) -> dict[str, torch.Tensor]:
     with warnings.catch_warnings():  # the arrays are read-only views of the object store; nothing writes to them
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        return {name: torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
-                for name, (dtype, shape, raw) in bucket.items()}
+        return {
+            name: torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
+            for name, (dtype, shape, raw) in bucket.items()
+        }
 
 
 def put_buckets(named_tensors, bucket_bytes: int) -> list:
     """`ray.put` the (name, tensor) stream in buckets of about `bucket_bytes`; entries whose tensor is None (the
     other ranks' share of a collective gather) are consumed and skipped. Returns the object references."""
     import ray
+
     refs, bucket, size = [], [], 0
     for name, t in named_tensors:
         if t is None:
@@ -186,8 +207,8 @@ class NativeSync:
 
     def __init__(self, backend: str, bucket_bytes: int, log=print):
         self.name, self.bucket_bytes, self.started, self.log = backend, bucket_bytes, False, log
-        self.generation = 0      # the learner group's generation the transfer was set up with (rebuilds count up)
-        self.fallback = None     # RaySync, once a rebuilt learner group could not set up vLLM's transfer again
+        self.generation = 0  # the learner group's generation the transfer was set up with (rebuilds count up)
+        self.fallback = None  # RaySync, once a rebuilt learner group could not set up vLLM's transfer again
 
     @property
     def replaceable(self) -> bool:
@@ -206,19 +227,25 @@ class NativeSync:
         self.generation = generation
         if self.name == "native_ray":
             self.started = False
-            self.log(f"weight sync: the learner group was rebuilt; rollout.weight_sync={self.name}: setting up the "
-                     f"transfer again with the new ranks")
+            self.log(
+                f"weight sync: the learner group was rebuilt; rollout.weight_sync={self.name}: setting up the "
+                f"transfer again with the new ranks"
+            )
             return
         self.fallback = RaySync(self.bucket_bytes)
-        self.log(f"weight sync: the learner group was rebuilt and rollout.weight_sync={self.name}'s transfer group "
-                 f"cannot take its new rank 0: weights go through Ray's object store (rollout.weight_sync: ray) "
-                 f"for the rest of this job; `fbrl train --resume RUN_DIR` sets up {self.name} again")
+        self.log(
+            f"weight sync: the learner group was rebuilt and rollout.weight_sync={self.name}'s transfer group "
+            f"cannot take its new rank 0: weights go through Ray's object store (rollout.weight_sync: ray) "
+            f"for the rest of this job; `fbrl train --resume RUN_DIR` sets up {self.name} again"
+        )
 
     def lost_engine(self, what: str) -> RunStopped:
-        return RunStopped(f"{what}; rollout.weight_sync={self.name}: a new engine cannot join vLLM's weight-transfer "
-                          f"group once it is set up, so the job stops here; `fbrl train --resume RUN_DIR` continues "
-                          f"from the last checkpoint (or use rollout.weight_sync: ray, whose replacement engines "
-                          f"reload the last sync)")
+        return RunStopped(
+            f"{what}; rollout.weight_sync={self.name}: a new engine cannot join vLLM's weight-transfer "
+            f"group once it is set up, so the job stops here; `fbrl train --resume RUN_DIR` continues "
+            f"from the last checkpoint (or use rollout.weight_sync: ray, whose replacement engines "
+            f"reload the last sync)"
+        )
 
     def push(self, learner, rollout, version: int, weights_path: str) -> list[int]:
         self._after_rebuild(learner)
@@ -226,16 +253,19 @@ class NativeSync:
             return self.fallback.push(learner, rollout, version, weights_path)
         if self.started:
             from ray.exceptions import RayActorError
+
             try:
                 rollout.versions()
             except RayActorError as e:
-                raise self.lost_engine(f"a rollout engine died before the weight sync to version {version} "
-                                       f"({describe(e)})") from None
+                raise self.lost_engine(
+                    f"a rollout engine died before the weight sync to version {version} ({describe(e)})"
+                ) from None
         try:
             if not self.started:
                 client = EngineFleetClient(rollout.actors, per_engine_rank=self.name == "nccl")
-                learner.start_native_sync(self.name, client, {"world_size": 1 + len(rollout.actors),
-                                                              "bucket_bytes": self.bucket_bytes})
+                learner.start_native_sync(
+                    self.name, client, {"world_size": 1 + len(rollout.actors), "bucket_bytes": self.bucket_bytes}
+                )
                 self.started, self.generation = True, getattr(learner, "generation", 0)
             learner.native_send()
         except EngineLost as e:  # died after the check above, during the transfer (Ray wraps it: RayTaskError.cause)
@@ -266,23 +296,29 @@ class EngineFleetClient:
     def _get(method: str, refs: list) -> list:
         import ray
         from ray.exceptions import RayActorError
+
         try:
             return ray.get(refs)
         except RayActorError as e:
-            raise EngineLost(f"a rollout engine died during the native weight transfer ({method}: "
-                             f"{describe(e)})") from None
+            raise EngineLost(
+                f"a rollout engine died during the native weight transfer ({method}: {describe(e)})"
+            ) from None
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
-        infos = [dict(init_info, rank_offset=1 + i) if self.per_engine_rank else init_info
-                 for i in range(len(self.handles))]
-        self._get("init_weight_transfer_engine",
-                  [h.init_weight_transfer_engine.remote(info) for h, info in zip(self.handles, infos)])
+        infos = [
+            dict(init_info, rank_offset=1 + i) if self.per_engine_rank else init_info for i in range(len(self.handles))
+        ]
+        self._get(
+            "init_weight_transfer_engine",
+            [h.init_weight_transfer_engine.remote(info) for h, info in zip(self.handles, infos)],
+        )
 
     def start_weight_update(self) -> None:
         self._all("start_weight_update")
 
     def update_weights(self, update_info) -> None:
         import ray
+
         self._all("update_weights", ray.put(update_info))  # one copy in the object store for all engines
 
     def finish_weight_update(self, weight_version=None) -> None:
@@ -292,6 +328,7 @@ class EngineFleetClient:
 @dataclass(frozen=True)
 class ParamMeta:
     """What vLLM's trainer engines read from `WeightSource.metadata()`: name, dtype, full shape."""
+
     name: str
     dtype: torch.dtype
     shape: tuple
@@ -307,8 +344,9 @@ class GatheredWeights:
         self.module, self.gathered = module, gathered  # gathered(p): the learner's ZeRO-3 gather context
 
     def metadata(self) -> list[ParamMeta]:
-        return [ParamMeta(n, p.dtype, tuple(getattr(p, "ds_shape", p.shape)))
-                for n, p in self.module.named_parameters()]
+        return [
+            ParamMeta(n, p.dtype, tuple(getattr(p, "ds_shape", p.shape))) for n, p in self.module.named_parameters()
+        ]
 
     def __iter__(self):
         for name, p in self.module.named_parameters():
@@ -322,11 +360,14 @@ def trainer_transfer(backend: str, rank: int, client, source, init: dict, master
     opens the transfer with the engines through `client`)."""
     if backend == "nccl":
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo, NCCLTrainerWeightTransferEngine
-        info = NCCLTrainerInitInfo(master_address=master[0], master_port=master[1], world_size=init["world_size"],
-                                   rank=rank)
+
+        info = NCCLTrainerInitInfo(
+            master_address=master[0], master_port=master[1], world_size=init["world_size"], rank=rank
+        )
         return NCCLTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)
     if backend == "ipc":
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
+
         info = IPCTrainerInitInfo(rank=rank, packed=True, packed_buffer_size_bytes=init["bucket_bytes"])
         return IPCTrainerWeightTransferEngine.trainer_init(info, client=client, source=source)
     if backend == "native_ray":
@@ -363,6 +404,11 @@ class InlineTrainerTransfer:
         self.client.finish_weight_update()
 
     def _send(self, bucket) -> None:
-        self.client.update_weights({"names": [n for n, _ in bucket],
-                                    "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                                    "shapes": [list(t.shape) for _, t in bucket], "tensors": [t for _, t in bucket]})
+        self.client.update_weights(
+            {
+                "names": [n for n, _ in bucket],
+                "dtype_names": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket],
+                "tensors": [t for _, t in bucket],
+            }
+        )

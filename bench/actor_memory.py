@@ -8,6 +8,7 @@ it) and keeps, per process, the kernel's high-water mark of resident memory (`Vm
 peak, not a sample) and its name (`ray::RankActor`, `ray::EngineHost`, ...). Runs until the driver exits, then
 prints one row per process, largest first, and writes them as JSON. Linux only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,8 +64,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="write the table here as JSON")
     args = ap.parse_args(argv)
     while args.pid is None:
-        args.pid = next((p for p in (int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit())
-                         if p != os.getpid() and _is_driver(p, args.match)), None)
+        args.pid = next(
+            (
+                p
+                for p in (int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit())
+                if p != os.getpid() and _is_driver(p, args.match)
+            ),
+            None,
+        )
         time.sleep(0 if args.pid else 2)
     peaks: dict[int, tuple[str, int]] = {}
     while os.path.exists(f"/proc/{args.pid}"):
@@ -73,8 +80,10 @@ def main(argv=None) -> int:
             if found and found[1] >= peaks.get(pid, ("", -1))[1]:
                 peaks[pid] = found
         time.sleep(args.every)
-    rows = sorted(({"pid": p, "process": c, "peak_rss_gib": round(k / 2 ** 20, 2)} for p, (c, k) in peaks.items()
-                   if k > 50 * 1024), key=lambda r: -r["peak_rss_gib"])
+    rows = sorted(
+        ({"pid": p, "process": c, "peak_rss_gib": round(k / 2**20, 2)} for p, (c, k) in peaks.items() if k > 50 * 1024),
+        key=lambda r: -r["peak_rss_gib"],
+    )
     for r in rows:
         print(f"{r['peak_rss_gib']:6.2f} GiB  {r['pid']:>7}  {r['process']}")
     if args.out:

@@ -6,6 +6,7 @@ Each case runs `fbrl train ...` in a fresh process from a scratch directory and 
 process start to exit (Python start and the torch / transformers imports included: that is what a user waits).
 Every case must exit with code 2, print one `fbrl train: error: ...` line, start no Ray and create no run dir.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,10 @@ CASES = [  # (what the user got wrong, overrides; {d} is the scratch directory)
     ("missing data file", ["data.task=jsonl", "data.train_path={d}/missing.jsonl"]),
     ("data row without the prompt field", ["data.task=jsonl", "data.train_path={d}/nofield.jsonl"]),
     ("tokenizer bigger than the model's vocabulary", ["model.tokenizer={d}/bigtok"]),
-    ("over-long prompt with data.overlong_prompts=error",
-     ["data.task=jsonl", "data.train_path={d}/long.jsonl", "data.overlong_prompts=error"]),
+    (
+        "over-long prompt with data.overlong_prompts=error",
+        ["data.task=jsonl", "data.train_path={d}/long.jsonl", "data.overlong_prompts=error"],
+    ),
     ("max_tokens beyond the context", ["rollout.max_tokens=300"]),
     ("new run into a used run dir", ["train.run_dir={d}/used"]),
     ("--resume of a missing run dir", ["--resume", "{d}/missing-run"]),
@@ -40,18 +43,29 @@ CASES = [  # (what the user got wrong, overrides; {d} is the scratch directory)
 def make_inputs(d: Path) -> None:
     from rl.data.loaders import write_jsonl
     from rl.data.tokenizer import ALPHABET, build_tokenizer
-    (d / "my_rewards.py").write_text("def score(prompts, completions, answers, **kw):\n    return [0.0] * len(completions)\n")
+
+    (d / "my_rewards.py").write_text(
+        "def score(prompts, completions, answers, **kw):\n    return [0.0] * len(completions)\n"
+    )
     write_jsonl([{"prompt": "Q: 1+1=?", "answer": "2"}, {"question": "Q: 2+2=?", "answer": "4"}], d / "nofield.jsonl")
-    write_jsonl([{"prompt": "Q: 1+1=?", "answer": "2"}, {"prompt": "Q: " + "1+" * 200 + "1=?", "answer": "201"}],
-                d / "long.jsonl")
+    write_jsonl(
+        [{"prompt": "Q: 1+1=?", "answer": "2"}, {"prompt": "Q: " + "1+" * 200 + "1=?", "answer": "201"}],
+        d / "long.jsonl",
+    )
     build_tokenizer(alphabet=ALPHABET + "äöü").save_pretrained(str(d / "bigtok"))
     (d / "used").mkdir()
     (d / "used" / "metrics.jsonl").write_text('{"step": 1}\n')
 
 
 def main() -> int:
-    env = dict(os.environ, WANDB_MODE="disabled", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-               TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ,
+        WANDB_MODE="disabled",
+        RAY_AUTH_MODE="disabled",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=str(ROOT),
+    )
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -60,23 +74,39 @@ def main() -> int:
         print("|---|---|---|")
         t0 = time.monotonic()  # the floor: starting Python and importing what `fbrl train` needs before any check
         subprocess.run([sys.executable, "-c", "import rl.config, transformers"], cwd=d, env=env, check=True)
-        print(f"| (baseline: `python -c 'import rl.config, transformers'`, no check at all) | - | "
-              f"{time.monotonic() - t0:.1f} |", flush=True)
+        print(
+            f"| (baseline: `python -c 'import rl.config, transformers'`, no check at all) | - | "
+            f"{time.monotonic() - t0:.1f} |",
+            flush=True,
+        )
         for what, overrides in CASES:
             argv = [o.format(d=d) for o in overrides]
             if "--resume" not in argv and not any(a.startswith("train.run_dir=") for a in argv):
                 argv.append(f"train.run_dir={d}/run")
             t0 = time.monotonic()
-            p = subprocess.run([sys.executable, "-m", "actors.cli", "train", *argv], cwd=d, env=env,
-                               capture_output=True, text=True, timeout=600)
+            p = subprocess.run(
+                [sys.executable, "-m", "actors.cli", "train", *argv],
+                cwd=d,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
             seconds = time.monotonic() - t0
             message = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "(nothing on stderr)"
-            ok = p.returncode == 2 and message.startswith("fbrl train: error: ") and "Traceback" not in p.stderr \
-                and not (d / "run").exists() and "Ray" not in p.stdout
+            ok = (
+                p.returncode == 2
+                and message.startswith("fbrl train: error: ")
+                and "Traceback" not in p.stderr
+                and not (d / "run").exists()
+                and "Ray" not in p.stdout
+            )
             failures += not ok
             shown = message.removeprefix("fbrl train: error: ").replace(tmp, "…").replace("|", "\\|")
-            print(f"| {what} | {shown[:260]} | {seconds:.1f}{'' if ok else ' **(not refused as required)**'} |",
-                  flush=True)
+            print(
+                f"| {what} | {shown[:260]} | {seconds:.1f}{'' if ok else ' **(not refused as required)**'} |",
+                flush=True,
+            )
     return 1 if failures else 0
 
 

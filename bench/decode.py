@@ -22,6 +22,7 @@ Adding an engine (e.g. vLLM): write a function `setup -> run()` (run() generates
 lists), register it with `@row("name")`, add its ratios to `RATIOS`, and its name to `ROWS_135M` if it should
 run on the 135M model too. A row whose engine is not installed raises `RowUnavailable` and is listed as skipped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -74,15 +75,29 @@ def tiny_setup() -> Setup:
         model, note = AutoModelForCausalLM.from_pretrained(str(TINY_CKPT), dtype=torch.float32).eval(), str(TINY_CKPT)
     else:
         # the tiny default's shape (rl/config.py ModelInitConfig); vocab = the character tokenizer's 101 ids
-        model = _random_fbt(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                            intermediate_size=512, vocab_size=101, max_position_embeddings=256)
+        model = _random_fbt(
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            intermediate_size=512,
+            vocab_size=101,
+            max_position_embeddings=256,
+        )
         note = "random weights, tiny-arith shape (checkpoint not found)"
     return Setup("tiny", model, _prompts(model.config.vocab_size, 64, 8, 24), 64, note)
 
 
 def smollm_setup() -> Setup:
-    model = _random_fbt(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                        intermediate_size=1536, vocab_size=49152, max_position_embeddings=2048)
+    model = _random_fbt(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+    )
     return Setup("135m", model, _prompts(49152, 64, 4, 12), 16, "random weights, SmolLM2-135M shape")
 
 
@@ -97,6 +112,7 @@ def row(name):
     def register(fn):
         ROWS[name] = fn
         return fn
+
     return register
 
 
@@ -118,6 +134,7 @@ def _torch_row(name: str, mode: str, fusion_tables: bool = True):
                 return next_input(*a, **k)
             finally:
                 spent[0] += time.process_time() - t
+
         engine._next_input = timed
 
         def run():
@@ -125,7 +142,9 @@ def _torch_row(name: str, mode: str, fusion_tables: bool = True):
             out = [x.response_ids for x in engine.generate(s.prompts, params)]
             _TORCH_FEEDBACK_CPU_S.setdefault(name, []).append(spent[0])
             return out
+
         return run
+
     return row(name)(setup_fn)
 
 
@@ -143,9 +162,16 @@ def hf_generate(s: Setup):
 
     def run():
         with torch.inference_mode():
-            out = s.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=s.new_tokens,
-                                   min_new_tokens=s.new_tokens, do_sample=False, pad_token_id=pad)
-        return out[:, ids.shape[1]:].tolist()
+            out = s.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=s.new_tokens,
+                min_new_tokens=s.new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+            )
+        return out[:, ids.shape[1] :].tolist()
+
     return run
 
 
@@ -167,8 +193,9 @@ def _vllm_engine(s: Setup):
         try:
             s.model.save_pretrained(ckpt)  # the engine loads our checkpoints, as in training
             longest = max(map(len, s.prompts)) + s.new_tokens
-            _VLLM_ENGINES[s.name] = VLLMEngine(ckpt, max_model_len=max(128, longest), max_num_seqs=len(s.prompts),
-                                               dtype="float32", eos_token_ids=())
+            _VLLM_ENGINES[s.name] = VLLMEngine(
+                ckpt, max_model_len=max(128, longest), max_num_seqs=len(s.prompts), dtype="float32", eos_token_ids=()
+            )
         finally:
             shutil.rmtree(ckpt, ignore_errors=True)  # the weights are in the engine now (135M: 0.5 GB on disk)
     return _VLLM_ENGINES[s.name]
@@ -196,8 +223,11 @@ def _instrument(engine) -> dict | None:
                         return fn(*a, **k)
                     finally:
                         stats[key] += time.process_time() - t
+
                 return call
+
             m.model.forward, m.forward = timed(stack, "inner"), timed(whole, "outer")
+
         engine.llm.apply_model(patch)
         engine._bench_stats = stats
     return engine._bench_stats
@@ -216,7 +246,9 @@ def _vllm_row(mode: str):
             if stats is not None:
                 _VLLM_FBT_CPU_S.setdefault(f"vllm_{mode}", []).append(stats["outer"] - stats["inner"])
             return out
+
         return run
+
     return setup_fn
 
 
@@ -254,7 +286,13 @@ def vllm_goals(ratios: dict, outputs: dict, predicted: float, median: dict | Non
 
 
 # (name, numerator row, denominator row): a time ratio; b is a tokens/s ratio (same tokens ⇒ inverse times)
-ROWS_135M = ["torch_standard", "torch_soft", "hf_generate", "vllm_standard", "vllm_soft"]  # goal rows only: a 135M run takes 6-20 s here
+ROWS_135M = [
+    "torch_standard",
+    "torch_soft",
+    "hf_generate",
+    "vllm_standard",
+    "vllm_soft",
+]  # goal rows only: a 135M run takes 6-20 s here
 
 RATIOS = [
     ("a_soft_over_standard", "torch_soft", "torch_standard"),
@@ -276,7 +314,7 @@ def flops_per_decode_token(cfg, context: float) -> float:
 
 
 def fusion_flops_per_token(cfg) -> float:
-    return 2 * 2 * cfg.hidden_size ** 2  # two d×d matmuls (concat_projection: one d×2d, the same)
+    return 2 * 2 * cfg.hidden_size**2  # two d×d matmuls (concat_projection: one d×2d, the same)
 
 
 # ---- harness --------------------------------------------------------------------------------------------------
@@ -291,7 +329,7 @@ def bench_model(s: Setup, reps: int, rows: list[str], clock: str) -> dict:
     wall, cpu = {name: [] for name in runners}, {name: [] for name in runners}
     names = list(runners)
     for r in range(reps):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             t, c = time.perf_counter(), time.process_time()
             runners[name]()
             wall[name].append(time.perf_counter() - t)
@@ -304,11 +342,19 @@ def bench_model(s: Setup, reps: int, rows: list[str], clock: str) -> dict:
     n_tokens = len(s.prompts) * s.new_tokens
     mean_prompt = sum(map(len, s.prompts)) / len(s.prompts)
     predicted = fusion_flops_per_token(s.model.config) / flops_per_decode_token(
-        s.model.config, mean_prompt + (s.new_tokens + 1) / 2)
-    out = {"model": s.note, "batch": len(s.prompts), "new_tokens": s.new_tokens,
-           "mean_prompt_len": round(mean_prompt, 2), "reps": reps, "clock": clock,
-           "ratios": ratios, "predicted_fusion_overhead": round(predicted, 5),
-           "goal_a_max": round(1 + 1.2 * predicted, 5)}
+        s.model.config, mean_prompt + (s.new_tokens + 1) / 2
+    )
+    out = {
+        "model": s.note,
+        "batch": len(s.prompts),
+        "new_tokens": s.new_tokens,
+        "mean_prompt_len": round(mean_prompt, 2),
+        "reps": reps,
+        "clock": clock,
+        "ratios": ratios,
+        "predicted_fusion_overhead": round(predicted, 5),
+        "goal_a_max": round(1 + 1.2 * predicted, 5),
+    }
     if "a_soft_over_standard" in ratios:
         out["goal_a_met"] = ratios["a_soft_over_standard"] <= 1 + 1.2 * predicted
     feedback = {k: sorted(v)[len(v) // 2] for k, v in _TORCH_FEEDBACK_CPU_S.items()}
@@ -323,11 +369,15 @@ def bench_model(s: Setup, reps: int, rows: list[str], clock: str) -> dict:
         same = sum(a == b for x, y in zip(outputs["torch_standard"], outputs["hf_generate"]) for a, b in zip(x, y))
         out["hf_token_agreement"] = round(same / n_tokens, 4)  # the two rows decode the same tokens
     out.update(vllm_goals(ratios, outputs, predicted, median))
-    out.update({"ratios_of_medians": ratio(median),  # the spread between these and `ratios` is the noise
-                "ratios_other_clock": ratio(best_wall if clock == "cpu" else best_cpu),
-                "cpu_s_best": {k: round(v, 4) for k, v in best_cpu.items()},
-                "wall_s_best": {k: round(v, 4) for k, v in best_wall.items()},
-                "tokens_per_wall_s": {k: round(n_tokens / v, 1) for k, v in best_wall.items()}})
+    out.update(
+        {
+            "ratios_of_medians": ratio(median),  # the spread between these and `ratios` is the noise
+            "ratios_other_clock": ratio(best_wall if clock == "cpu" else best_cpu),
+            "cpu_s_best": {k: round(v, 4) for k, v in best_cpu.items()},
+            "wall_s_best": {k: round(v, 4) for k, v in best_wall.items()},
+            "tokens_per_wall_s": {k: round(n_tokens / v, 1) for k, v in best_wall.items()},
+        }
+    )
     if skipped:
         out["skipped_rows"] = skipped
     return out
@@ -340,14 +390,21 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu", help="the clock the ratios use")
     ap.add_argument("--rows", default=None, help="comma-separated rows (default: all; 135m: ROWS_135M)")
-    ap.add_argument("--new-tokens", type=int, default=None,
-                    help="tokens generated per row (default tiny 64, 135m 16; RL responses are longer)")
+    ap.add_argument(
+        "--new-tokens",
+        type=int,
+        default=None,
+        help="tokens generated per row (default tiny 64, 135m 16; RL responses are longer)",
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = {"command": "python -m bench.decode " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
-    for name in (MODELS if args.model == "all" else [args.model]):
+    result = {
+        "command": "python -m bench.decode " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+    }
+    for name in MODELS if args.model == "all" else [args.model]:
         rows = args.rows.split(",") if args.rows else (list(ROWS) if name == "tiny" else ROWS_135M)
         unknown = [r for r in rows if r not in ROWS]
         if unknown:

@@ -13,6 +13,7 @@ prints is memory in use, not memory the allocator keeps; and the mean seconds pe
 docs/RELIABILITY.md ("What grew in the rollout actor") has the figures, with those of the same measurement
 inside the Ray rollout actor of a real job.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,10 @@ from bench.soak import memory_mib  # noqa: E402
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in
-                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+    ]
 
 
 def memory_in_use() -> tuple[float, float]:
@@ -51,14 +54,22 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--reload", action="store_true")
-    ap.add_argument("--alternate-trim", action="store_true",
-                    help="every other interval, malloc_trim after each call (actors/memory.py with "
-                         "ray.trim_heap_every=1), so its cost is measured side by side with not trimming")
-    ap.add_argument("--vary", action="store_true", help="new prompts of random lengths (4-40 tokens) every step, "
-                                                        "as a real job's, instead of the same 32 of 20 tokens")
+    ap.add_argument(
+        "--alternate-trim",
+        action="store_true",
+        help="every other interval, malloc_trim after each call (actors/memory.py with "
+        "ray.trim_heap_every=1), so its cost is measured side by side with not trimming",
+    )
+    ap.add_argument(
+        "--vary",
+        action="store_true",
+        help="new prompts of random lengths (4-40 tokens) every step, "
+        "as a real job's, instead of the same 32 of 20 tokens",
+    )
     args = ap.parse_args()
     from rl.train.sampling import SamplingParams
     from rollout.vllm_engine import VLLMEngine
+
     ckpt = str(ROOT / "checkpoints" / "tiny-arith")
     engine = VLLMEngine(ckpt, max_model_len=128, max_num_seqs=256, dtype="float32", seed=0, kv_cache_gib=1)
     rng = random.Random(0)
@@ -69,8 +80,9 @@ def main() -> int:
         if args.vary:
             prompts = [[rng.randrange(3, 30) for _ in range(rng.randrange(4, 41))] for _ in range(32)]
         t0 = time.perf_counter()
-        engine.generate(prompts, SamplingParams(n=8, temperature=1.0, max_tokens=32, seed=step,
-                                                record_states=not args.no_record))
+        engine.generate(
+            prompts, SamplingParams(n=8, temperature=1.0, max_tokens=32, seed=step, record_states=not args.no_record)
+        )
         seconds.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         if args.alternate_trim and (step - 1) // args.every % 2 == 1:
@@ -80,8 +92,11 @@ def main() -> int:
             engine.load_weights(str(Path(ckpt) / "model.safetensors"), step)
         if step % args.every == 0:
             rss, heap = memory_in_use()
-            print(f"{step:>4}  {rss:7.1f}  {heap:7.1f}  {sum(seconds[-args.every:]) / args.every:9.3f}  "
-                  f"{sum(trim_s[-args.every:]) / args.every * 1000:7.1f}", flush=True)
+            print(
+                f"{step:>4}  {rss:7.1f}  {heap:7.1f}  {sum(seconds[-args.every :]) / args.every:9.3f}  "
+                f"{sum(trim_s[-args.every :]) / args.every * 1000:7.1f}",
+                flush=True,
+            )
     engine.close()
     return 0
 

@@ -25,6 +25,7 @@ Shapes: `tiny` is the committed checkpoints/tiny-arith (d=128, 3 layers, vocab 1
 Llama with the same body and a 32,768-token vocabulary, where, as in real LMs, the [tokens, V] log-softmax is most
 of a step's memory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,36 +52,66 @@ def build_model(shape: str):
         from transformers import AutoModelForCausalLM
 
         import rl.model  # noqa: F401
+
         return AutoModelForCausalLM.from_pretrained(CKPT, dtype=torch.float32)
     from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM
+
     torch.manual_seed(0)
-    cfg = FBTLlamaConfig(hidden_size=128, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,
-                         head_dim=64, intermediate_size=384, vocab_size=32768, max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
+    cfg = FBTLlamaConfig(
+        hidden_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=384,
+        vocab_size=32768,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+    )
     return FBTLlamaForCausalLM(cfg).float()
 
 
 def mixed_samples(n: int, vocab: int, d: int, seed: int = 0):
     """GRPO-shaped rows (groups of 8) of mixed lengths, with recorded states (values do not change the cost)."""
     from rl.batch import Sample
+
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
         P = int(torch.randint(PROMPT[0], PROMPT[1] + 1, (1,), generator=g))
         R = int(torch.randint(RESPONSE[0], RESPONSE[1] + 1, (1,), generator=g))
-        out.append(Sample([1] + torch.randint(3, vocab, (P - 1,), generator=g).tolist(),
-                          torch.randint(3, vocab, (R,), generator=g).tolist(), (-torch.rand(R, generator=g)).tolist(),
-                          "stop", 1, states=torch.randn(R, d, generator=g), group_id=i // 8, sample_index=i % 8))
+        out.append(
+            Sample(
+                [1] + torch.randint(3, vocab, (P - 1,), generator=g).tolist(),
+                torch.randint(3, vocab, (R,), generator=g).tolist(),
+                (-torch.rand(R, generator=g)).tolist(),
+                "stop",
+                1,
+                states=torch.randn(R, d, generator=g),
+                group_id=i // 8,
+                sample_index=i % 8,
+            )
+        )
     return out
 
 
 def learner_config():
     from rl.config import LearnerConfig, load_config
-    over = ["likelihood.estimator=replay", "algo.mini_batches=2", f"learner.micro_batch_size={MICRO_ROWS}",
-            "rollout.max_tokens=64"]
+
+    over = [
+        "likelihood.estimator=replay",
+        "algo.mini_batches=2",
+        f"learner.micro_batch_size={MICRO_ROWS}",
+        "rollout.max_tokens=64",
+    ]
     if "max_tokens_per_micro_batch" in LearnerConfig.__dataclass_fields__:  # absent before token-budget micro-batches
-        over += [f"learner.max_tokens_per_micro_batch={BUDGET}",
-                 f"learner.max_response_tokens_per_micro_batch={RESPONSE_BUDGET}"]
+        over += [
+            f"learner.max_tokens_per_micro_batch={BUDGET}",
+            f"learner.max_response_tokens_per_micro_batch={RESPONSE_BUDGET}",
+        ]
     return load_config(None, over)
 
 
@@ -97,6 +128,7 @@ def memory_child(shape: str, rows: int, threads: int) -> dict:
     import gc
 
     from rl.train.policy_update import PolicyUpdater, TorchBackend
+
     torch.set_num_threads(threads)
     model = build_model(shape).train()
     cfg = learner_config()
@@ -116,15 +148,26 @@ def memory_child(shape: str, rows: int, threads: int) -> dict:
     updater.update(samples, adv, backend)
     seconds = time.perf_counter() - t0
     peak = _proc_kib("VmHWM")
-    return {"shape": shape, "rows": rows, "tokens": sum(s.prompt_len + s.response_len for s in samples),
-            "rss_before_mib": round(before / 1024, 1), "peak_mib": round(peak / 1024, 1),
-            "step_peak_mib": round((peak - before) / 1024, 1), "step_seconds": round(seconds, 2)}
+    return {
+        "shape": shape,
+        "rows": rows,
+        "tokens": sum(s.prompt_len + s.response_len for s in samples),
+        "rss_before_mib": round(before / 1024, 1),
+        "peak_mib": round(peak / 1024, 1),
+        "step_peak_mib": round((peak - before) / 1024, 1),
+        "step_seconds": round(seconds, 2),
+    }
 
 
 def measure_memory(shape: str, rows: int, threads: int) -> dict:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", PYTHONPATH=os.environ.get("PYTHONPATH", ROOT))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", shape, str(rows), str(threads)],
-                          env=env, capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", shape, str(rows), str(threads)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"memory child {shape}/{rows} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -134,6 +177,7 @@ def throughput(shape: str, repeats: int, rows: int = 256) -> dict:
     from rl.batch import collate
     from rl.estimators.likelihood import get_estimator, response_hidden, response_log_dists
     from rl.train.policy_update import plan_update
+
     model = build_model(shape).train()
     samples = mixed_samples(rows, model.config.vocab_size, model.config.hidden_size)
     adv = torch.randn(rows, generator=torch.Generator().manual_seed(3))
@@ -168,12 +212,16 @@ def throughput(shape: str, repeats: int, rows: int = 256) -> dict:
     out = {"shape": shape, "rows": rows, "real_tokens": real, "response_tokens": resp_tokens}
     for k, (plan, _) in runs.items():
         stack = sum(len(p) * max(lengths[i] for i in p) for p in plan)
-        logits = sum(len(p) * max(samples[i].response_len for i in p) for p in plan) if k == "padded" \
-            else resp_tokens
+        logits = sum(len(p) * max(samples[i].response_len for i in p) for p in plan) if k == "padded" else resp_tokens
         med = statistics.median(times[k])
-        out[k] = {"micro_batches": len(plan), "median_s": round(med, 3), "best_s": round(min(times[k]), 3),
-                  "tokens_per_s": round(real / med), "stack_padding": round(stack / real - 1, 3),
-                  "logit_rows_per_response_token": round(logits / resp_tokens, 3)}
+        out[k] = {
+            "micro_batches": len(plan),
+            "median_s": round(med, 3),
+            "best_s": round(min(times[k]), 3),
+            "tokens_per_s": round(real / med),
+            "stack_padding": round(stack / real - 1, 3),
+            "logit_rows_per_response_token": round(logits / resp_tokens, 3),
+        }
     out["speedup"] = round(out["token_budget"]["tokens_per_s"] / out["padded"]["tokens_per_s"], 3)
     return out
 
@@ -185,14 +233,25 @@ def learner_report(shapes, repeats: int, threads: int) -> dict:
             raise SystemExit(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)}")
         mem = {rows: measure_memory(shape, rows, threads) for rows in (64, 256)}
         ratio = mem[256]["step_peak_mib"] / mem[64]["step_peak_mib"]
-        res = {"shape": shape, "memory": list(mem.values()), "step_peak_256_over_64": round(ratio, 3),
-               "abs_peak_256_over_64": round(mem[256]["peak_mib"] / mem[64]["peak_mib"], 3),
-               "meets_goal": ratio <= GOAL, "throughput": throughput(shape, repeats)}
+        res = {
+            "shape": shape,
+            "memory": list(mem.values()),
+            "step_peak_256_over_64": round(ratio, 3),
+            "abs_peak_256_over_64": round(mem[256]["peak_mib"] / mem[64]["peak_mib"], 3),
+            "meets_goal": ratio <= GOAL,
+            "throughput": throughput(shape, repeats),
+        }
         results.append(res)
         print(json.dumps(res), file=sys.stderr)
-    return {"bench": "learner_memory", "threads": threads, "goal_256_over_64": GOAL, "micro_batch_size": MICRO_ROWS,
-            "max_tokens_per_micro_batch": BUDGET, "max_response_tokens_per_micro_batch": RESPONSE_BUDGET,
-            "results": results}
+    return {
+        "bench": "learner_memory",
+        "threads": threads,
+        "goal_256_over_64": GOAL,
+        "micro_batch_size": MICRO_ROWS,
+        "max_tokens_per_micro_batch": BUDGET,
+        "max_response_tokens_per_micro_batch": RESPONSE_BUDGET,
+        "results": results,
+    }
 
 
 def main(argv=None) -> int:

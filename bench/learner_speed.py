@@ -29,6 +29,7 @@ median seconds of one update (the count the peer comparison divides each framewo
 fbrl variant also reports `mismatch/abs_logp_diff` of its warm-up update (the first rows): mean |learner - engine|
 log-prob at the weights that drew the batch (an fp32 engine), which is what a bf16 learner costs in agreement.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,6 +71,7 @@ def real_batch(cfg, seed: int = 0):
 
 def load_or_make_batch(cfg, path: str | None):
     from rl.batch import load_samples, save_samples
+
     if path and os.path.isfile(path):
         return load_samples(path)
     samples, adv = real_batch(cfg)
@@ -89,6 +91,7 @@ def plain_llama(path: str):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from actors.learner import load_policy
+
     fbt = load_policy(path)
     conf = {k: v for k, v in fbt.config.to_dict().items() if not k.startswith("fbt_")}
     conf.pop("model_type", None)
@@ -108,10 +111,12 @@ class PlainStep:
 
     def __init__(self, cfg, samples, advantages):
         from rl.train.policy_update import plan_for
+
         lcfg = cfg.learner
         self.model = plain_llama(cfg.model.path)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lcfg.lr, betas=tuple(lcfg.adam_betas), eps=1e-8,
-                                     weight_decay=lcfg.weight_decay)
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(), lr=lcfg.lr, betas=tuple(lcfg.adam_betas), eps=1e-8, weight_decay=lcfg.weight_decay
+        )
         self.clip = lcfg.grad_clip
         self.samples, self.adv = samples, advantages
         self.micro = [rows for rows in plan_for(samples, cfg, 1).micro[0][0] if rows]
@@ -126,8 +131,8 @@ class PlainStep:
         sel_rows, sel_pos, targets, adv = [], [], [], []
         for j, (i, s) in enumerate(zip(rows, rows_s)):
             seq = s.prompt_ids + s.response_ids
-            ids[j, :len(seq)] = torch.tensor(seq)
-            am[j, :len(seq)] = 1
+            ids[j, : len(seq)] = torch.tensor(seq)
+            am[j, : len(seq)] = 1
             p, r = s.prompt_len, s.response_len
             sel_rows += [j] * r
             sel_pos += list(range(p - 1, p + r - 1))  # response token t is predicted by the state at p + t - 1
@@ -160,6 +165,7 @@ class RankStep:
 
     def __init__(self, cfg, samples, advantages, threads: int):
         from actors.learner import LearnerRank
+
         self.rank = LearnerRank(cfg, num_threads=threads)
         self.samples, self.adv = samples, advantages
         self.step_s = []
@@ -187,6 +193,7 @@ class RankStep:
 
 def variant_config(base_args, extra: list[str]):
     from rl.config import load_config
+
     return load_config(base_args.config, [*base_args.override, *extra])
 
 
@@ -194,6 +201,7 @@ def variant_config(base_args, extra: list[str]):
 def _two_rank_child(rank, port, cfg, samples, adv, threads, reps, out_q):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from actors.learner import LearnerRank
+
     r = LearnerRank(cfg, rank, 2, "127.0.0.1", port, num_threads=threads)
     times = []
     for _ in range(reps + 1):
@@ -211,10 +219,10 @@ def two_ranks(cfg, samples, adv, threads: int, reps: int) -> list[float]:
     import torch.multiprocessing as mp
 
     from actors.deepspeed_setup import free_port
+
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_two_rank_child, args=(r, port, cfg, samples, adv, threads, reps, q))
-             for r in range(2)]
+    procs = [ctx.Process(target=_two_rank_child, args=(r, port, cfg, samples, adv, threads, reps, q)) for r in range(2)]
     for p in procs:
         p.start()
     got = dict(q.get(timeout=1800) for _ in procs)
@@ -250,12 +258,15 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     samples, adv = load_or_make_batch(cfg, args.samples)
     if args.rows:
-        samples, adv = samples[:args.rows], adv[:args.rows]
+        samples, adv = samples[: args.rows], adv[: args.rows]
     tokens = batch_tokens(samples)
     resp = sum(s.response_len for s in samples)
-    print(f"learner_speed: {args.config} {' '.join(args.override)}; {len(samples)} rows, {tokens} tokens "
-          f"({tokens - resp} prompt + {resp} response), batch in {time.perf_counter() - t0:.0f} s; {threads} "
-          f"thread(s), load {os.getloadavg()[0]:.2f}", flush=True)
+    print(
+        f"learner_speed: {args.config} {' '.join(args.override)}; {len(samples)} rows, {tokens} tokens "
+        f"({tokens - resp} prompt + {resp} response), batch in {time.perf_counter() - t0:.0f} s; {threads} "
+        f"thread(s), load {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
 
     specs = [("replay", [])] + ([] if args.no_standard else [("standard", STANDARD)])
     for v in args.variant:
@@ -279,33 +290,51 @@ def main(argv=None) -> int:
     for name, run in runners.items():
         extra = {}
         if isinstance(run, PlainStep):
-            extra = {"fwd_bwd_s": statistics.median(t[0] for t in run.split[1:]),
-                     "optimizer_s": statistics.median(t[1] for t in run.split[1:])}
+            extra = {
+                "fwd_bwd_s": statistics.median(t[0] for t in run.split[1:]),
+                "optimizer_s": statistics.median(t[1] for t in run.split[1:]),
+            }
         else:
             m = run.first_metrics
-            extra = {"optimizer_s": statistics.median(run.step_s[1:]),
-                     # against the engine's log-probs only where the batch was drawn in the variant's mode
-                     "abs_logp_diff": m.get("mismatch/abs_logp_diff") if samples[0].decode_mode ==
-                     run.rank.cfg.rollout.decode_mode else None, "zero_stage": run.rank.cfg.learner.zero_stage,
-                     "bf16": run.rank.cfg.learner.bf16, "estimator": run.rank.cfg.likelihood.estimator}
+            extra = {
+                "optimizer_s": statistics.median(run.step_s[1:]),
+                # against the engine's log-probs only where the batch was drawn in the variant's mode
+                "abs_logp_diff": m.get("mismatch/abs_logp_diff")
+                if samples[0].decode_mode == run.rank.cfg.rollout.decode_mode
+                else None,
+                "zero_stage": run.rank.cfg.learner.zero_stage,
+                "bf16": run.rank.cfg.learner.bf16,
+                "estimator": run.rank.cfg.likelihood.estimator,
+            }
         res = summarize(name, times[name], tokens, extra)
         res["vs_plain"] = plain / res["step_s"]
         results.append(res)
         run.close()
     if args.two_ranks:
         two = two_ranks(cfg, samples, adv, max(1, threads // 2), args.reps)
-        res = summarize("two_ranks", two, tokens, {"threads_per_rank": max(1, threads // 2),
-                                                    "zero_stage": cfg.learner.zero_stage})
+        res = summarize(
+            "two_ranks", two, tokens, {"threads_per_rank": max(1, threads // 2), "zero_stage": cfg.learner.zero_stage}
+        )
         res["vs_plain"] = plain / res["step_s"]
         results.append(res)
     for r in results:
-        more = " ".join(f"{k} {r[k]:.3g}" for k in ("fwd_bwd_s", "optimizer_s", "abs_logp_diff")
-                        if r.get(k) is not None)
-        print(f"learner_speed: {r['variant']:>10}: {r['step_s']:.3f} s/update = {r['tokens_per_s']:.0f} tokens/s, "
-              f"{r['vs_plain']:.2f}x plain  ({more})  [{' '.join(f'{t:.3f}' for t in r['all_step_s'])}]",
-              flush=True)
-    report = {"config": args.config, "overrides": args.override, "threads": threads, "rows": len(samples),
-              "tokens": tokens, "load_after": os.getloadavg(), "results": results}
+        more = " ".join(
+            f"{k} {r[k]:.3g}" for k in ("fwd_bwd_s", "optimizer_s", "abs_logp_diff") if r.get(k) is not None
+        )
+        print(
+            f"learner_speed: {r['variant']:>10}: {r['step_s']:.3f} s/update = {r['tokens_per_s']:.0f} tokens/s, "
+            f"{r['vs_plain']:.2f}x plain  ({more})  [{' '.join(f'{t:.3f}' for t in r['all_step_s'])}]",
+            flush=True,
+        )
+    report = {
+        "config": args.config,
+        "overrides": args.override,
+        "threads": threads,
+        "rows": len(samples),
+        "tokens": tokens,
+        "load_after": os.getloadavg(),
+        "results": results,
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
     print(json.dumps({r["variant"]: round(r["vs_plain"], 3) for r in results}))

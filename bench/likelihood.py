@@ -21,6 +21,7 @@ Shapes: `tiny` is checkpoints/tiny-arith when it exists, else a random Llama wit
 49,152) on a small batch of 4 x (16 + 48) tokens. `exact` (fwd+bwd through the sequential recurrence) is timed on `tiny`
 only. Threads default to 1: on a shared 2-core box oversubscribed intra-op threads make timings erratic.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,12 +43,37 @@ GOALS = {"replay/standard": 1.1, "kpass3/standard": 2.0}
 
 SHAPES = {
     # the demo's learner micro-batch: 64 rows = 8 prompts x 8 samples, arithmetic-sized prompts and responses
-    "tiny": dict(cfg=dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                          head_dim=64, intermediate_size=384, vocab_size=64), rows=64, group=8, prompt=40,
-                 response=32),
-    "135m": dict(cfg=dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                          head_dim=64, intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True),
-                 rows=4, group=1, prompt=16, response=48),
+    "tiny": dict(
+        cfg=dict(
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=64,
+            intermediate_size=384,
+            vocab_size=64,
+        ),
+        rows=64,
+        group=8,
+        prompt=40,
+        response=32,
+    ),
+    "135m": dict(
+        cfg=dict(
+            hidden_size=576,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            head_dim=64,
+            intermediate_size=1536,
+            vocab_size=49152,
+            tie_word_embeddings=True,
+        ),
+        rows=4,
+        group=1,
+        prompt=16,
+        response=48,
+    ),
 }
 
 
@@ -55,10 +81,12 @@ def build_model(shape: str):
     """(model, source): the committed tiny checkpoint when present, else a random FBT Llama of the shape."""
     if shape == "tiny" and os.path.isdir(TINY_CKPT):
         from transformers import AutoModelForCausalLM
+
         return AutoModelForCausalLM.from_pretrained(TINY_CKPT, dtype=torch.float32), TINY_CKPT
     torch.manual_seed(0)
-    cfg = FBTLlamaConfig(max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                         **SHAPES[shape]["cfg"])
+    cfg = FBTLlamaConfig(
+        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0, **SHAPES[shape]["cfg"]
+    )
     return FBTLlamaForCausalLM(cfg).float(), "random init"
 
 
@@ -72,11 +100,17 @@ def build_batch(model, rows: int, prompt: int, response: int, group: int = 1, se
     ids[:, :prompt] = ids[::group, :prompt].repeat_interleave(group, dim=0)[:rows]
     ids[:, 0] = model.config.bos_token_id
     am = torch.ones(rows, L, dtype=torch.long)
-    batch = LearnerBatch(ids, am, torch.full((rows,), prompt), torch.full((rows,), response),
-                         torch.ones(rows, response), torch.zeros(rows, response))
+    batch = LearnerBatch(
+        ids,
+        am,
+        torch.full((rows,), prompt),
+        torch.full((rows,), response),
+        torch.ones(rows, response),
+        torch.zeros(rows, response),
+    )
     with torch.no_grad():
         h, _ = model.run_stack(model.embed(ids), am)
-    batch.states = h[:, prompt - 1:L - 1].clone()  # row j = state at P + j - 1
+    batch.states = h[:, prompt - 1 : L - 1].clone()  # row j = state at P + j - 1
     batch.extras["advantages"] = torch.randn(rows, generator=g)
     return batch
 
@@ -112,10 +146,14 @@ def bench_shape(shape: str, repeats: int, mode: str, with_exact: bool) -> dict:
     best_ratios = {f"{k}/standard": best[k] / best["standard"] for k in runs if k != "standard"}
     n_params = sum(p.numel() for p in model.parameters())
     return {
-        "shape": shape, "model": source, "params_M": round(n_params / 1e6, 1), "decode_mode": mode,
+        "shape": shape,
+        "model": source,
+        "params_M": round(n_params / 1e6, 1),
+        "decode_mode": mode,
         "batch": f"{spec['rows']} x ({spec['prompt']} prompt + {spec['response']} response), "
-                 f"{spec['group']} rows per prompt",
-        "repeats": repeats, "median_ms": {k: round(1000 * v, 2) for k, v in med.items()},
+        f"{spec['group']} rows per prompt",
+        "repeats": repeats,
+        "median_ms": {k: round(1000 * v, 2) for k, v in med.items()},
         "best_ms": {k: round(1000 * v, 2) for k, v in best.items()},
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "best_ratios": {k: round(v, 3) for k, v in best_ratios.items()},
@@ -130,13 +168,17 @@ def main(argv=None) -> int:
     p.add_argument("--repeats-135m", type=int, default=3, help="repeats for the 135m shape (seconds each)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--decode-mode", choices=("soft", "fused"), default="soft")
-    p.add_argument("--learner", action="store_true",
-                   help="learner-step memory (64 vs 256 rows) and packed vs padded tokens/s instead")
+    p.add_argument(
+        "--learner",
+        action="store_true",
+        help="learner-step memory (64 vs 256 rows) and packed vs padded tokens/s instead",
+    )
     p.add_argument("--learner-shapes", default="tiny,tiny-v32k")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.learner:
         from bench.learner_memory import learner_report
+
         print(json.dumps(learner_report(args.learner_shapes.split(","), args.repeats, args.threads), indent=2))
         return 0
     results = []
@@ -146,8 +188,7 @@ def main(argv=None) -> int:
         reps = args.repeats_135m if shape == "135m" else args.repeats
         results.append(bench_shape(shape, reps, args.decode_mode, with_exact=shape == "tiny"))
         print(json.dumps(results[-1]), file=sys.stderr)  # progress: the 135m shape takes a while
-    print(json.dumps({"bench": "likelihood", "threads": args.threads, "goals": GOALS, "results": results},
-                     indent=2))
+    print(json.dumps({"bench": "likelihood", "threads": args.threads, "goals": GOALS, "results": results}, indent=2))
     return 0
 
 

@@ -24,8 +24,10 @@ import time
 
 from rewards.math import MathReward, _parse_gold, warm_worker  # noqa: E402
 
-FILLER = ("We rewrite the expression and collect like terms. Substituting the known values and simplifying each "
-          "factor separately keeps the arithmetic manageable; checking the boundary cases confirms the sign. ")
+FILLER = (
+    "We rewrite the expression and collect like terms. Substituting the known values and simplifying each "
+    "factor separately keeps the arithmetic manageable; checking the boundary cases confirms the sign. "
+)
 
 
 def _math_answer(rng: random.Random) -> tuple[str, str]:
@@ -124,17 +126,32 @@ def main() -> None:
     pooled.close()
     best = {m: min(r, key=lambda x: x[0]) for m, r in runs.items()}
     (s_wall, s_cpu, s_out), (p_wall, p_cpu, p_out) = best["serial"], best["pool"]
-    print(json.dumps({
-        "n": n, "group": args.group, "workers": args.workers, "cpus": os.cpu_count(), "repeats": args.repeats,
-        "serial_s": round(s_wall, 3), "serial_rewards_per_s": round(n / s_wall, 1), "serial_cpu_s": round(s_cpu, 3),
-        "pool_s": round(p_wall, 3), "pool_rewards_per_s": round(n / p_wall, 1), "pool_cpu_s": round(p_cpu, 3),
-        "pool_speedup": round(s_wall / p_wall, 2), "pool_start_s": round(start_s, 3),
-        "all_walls_s": {m: [round(w, 2) for w, _, _ in r] for m, r in runs.items()},
-        "mean_reward": round(sum(p_out) / n, 4),
-        "identical_scores": all(list(o) == list(s_out) for r in runs.values() for _, _, o in r),
-        "counts": p_out.counts, "errors": p_out.errors, "timeouts": p_out.timeouts,
-        "load_avg_1m": round(os.getloadavg()[0], 2),
-    }))
+    print(
+        json.dumps(
+            {
+                "n": n,
+                "group": args.group,
+                "workers": args.workers,
+                "cpus": os.cpu_count(),
+                "repeats": args.repeats,
+                "serial_s": round(s_wall, 3),
+                "serial_rewards_per_s": round(n / s_wall, 1),
+                "serial_cpu_s": round(s_cpu, 3),
+                "pool_s": round(p_wall, 3),
+                "pool_rewards_per_s": round(n / p_wall, 1),
+                "pool_cpu_s": round(p_cpu, 3),
+                "pool_speedup": round(s_wall / p_wall, 2),
+                "pool_start_s": round(start_s, 3),
+                "all_walls_s": {m: [round(w, 2) for w, _, _ in r] for m, r in runs.items()},
+                "mean_reward": round(sum(p_out) / n, 4),
+                "identical_scores": all(list(o) == list(s_out) for r in runs.values() for _, _, o in r),
+                "counts": p_out.counts,
+                "errors": p_out.errors,
+                "timeouts": p_out.timeouts,
+                "load_avg_1m": round(os.getloadavg()[0], 2),
+            }
+        )
+    )
 
 
 def suite(args) -> None:

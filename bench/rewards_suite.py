@@ -36,8 +36,13 @@ from collections import Counter
 from pathlib import Path
 
 CASES = Path(__file__).resolve().parent.parent / "tests" / "data" / "math_verify_cases.json"
-OUR_SETTINGS = {"call": "compare_strings", "match_types": ["latex", "expr"], "precision": 6, "strict": True,
-                "allow_set_relation_comp": False}
+OUR_SETTINGS = {
+    "call": "compare_strings",
+    "match_types": ["latex", "expr"],
+    "precision": 6,
+    "strict": True,
+    "allow_set_relation_comp": False,
+}
 CLASSES = ("test_setting", "upstream_newer", "prose", "several_boxes", "decimal_comma", "not_literal")
 _MATH_RE = re.compile(r"\$\$.+?\$\$|\$[^$]*\$|\\\(.+?\\\)|\\\[.+?\\\]", re.DOTALL)
 
@@ -52,10 +57,19 @@ def math_verify_says(case: dict, settings: dict) -> int:
 
     if settings["call"] == "parse_verify_defaults":
         return int(verify(parse(case["gold"]), parse(case["pred"])))
-    cfg = [LatexExtractionConfig(boxed_match_priority=0) if m == "latex" else ExprExtractionConfig()
-           for m in settings["match_types"]]
-    return int(verify(parse(case["gold"], cfg), parse(case["pred"], cfg), float_rounding=settings["precision"],
-                      strict=settings["strict"], allow_set_relation_comp=settings["allow_set_relation_comp"]))
+    cfg = [
+        LatexExtractionConfig(boxed_match_priority=0) if m == "latex" else ExprExtractionConfig()
+        for m in settings["match_types"]
+    ]
+    return int(
+        verify(
+            parse(case["gold"], cfg),
+            parse(case["pred"], cfg),
+            float_rounding=settings["precision"],
+            strict=settings["strict"],
+            allow_set_relation_comp=settings["allow_set_relation_comp"],
+        )
+    )
 
 
 def _words(text: str) -> int:
@@ -81,8 +95,11 @@ def by_design(case: dict, answer: str | None, anchored: bool, mv_test: int, mv_o
         return "prose"
     if case["pred"].count("\\boxed") >= 2:
         return "several_boxes"
-    if answer is not None and re.fullmatch(r"[-+]?\d+,\d+", answer) and not re.fullmatch(r"[-+]?[1-9]\d{0,2}(,\d{3})+",
-                                                                                        answer):
+    if (
+        answer is not None
+        and re.fullmatch(r"[-+]?\d+,\d+", answer)
+        and not re.fullmatch(r"[-+]?[1-9]\d{0,2}(,\d{3})+", answer)
+    ):
         return "decimal_comma"
     return None
 
@@ -97,49 +114,77 @@ def run_suite(cases: list[dict] | None = None, strict: bool = False) -> dict:
         completion = as_completion(case["pred"])
         score, status, _ = score_completion(case["gold"], completion, strict=strict)
         ours = int(score)
-        row = {"id": case["id"], "source": case["source"], "expected": case["expected"], "ours": ours,
-               "status": status, "anchored": completion is not case["pred"],
-               "answer": extract_answer(completion), "verdict": "agree"}
+        row = {
+            "id": case["id"],
+            "source": case["source"],
+            "expected": case["expected"],
+            "ours": ours,
+            "status": status,
+            "anchored": completion is not case["pred"],
+            "answer": extract_answer(completion),
+            "verdict": "agree",
+        }
         if ours == 1 and case["expected"] == 0:
             row["verdict"] = "wrong_scored_1"
         elif ours == 0 and case["expected"] == 1:
-            cls = by_design(case, row["answer"], row["anchored"], math_verify_says(case, case["settings"]),
-                            math_verify_says(case, OUR_SETTINGS), status)
+            cls = by_design(
+                case,
+                row["answer"],
+                row["anchored"],
+                math_verify_says(case, case["settings"]),
+                math_verify_says(case, OUR_SETTINGS),
+                status,
+            )
             row["verdict"] = f"by_design:{cls}" if cls else "right_scored_0"
         rows.append(row)
     verdicts = Counter(r["verdict"] for r in rows)
-    return {"cases": len(rows), "agree": verdicts["agree"],
-            "by_design": {c: verdicts[f"by_design:{c}"] for c in CLASSES},
-            "wrong_scored_1": verdicts["wrong_scored_1"], "right_scored_0": verdicts["right_scored_0"],
-            "anchored": sum(r["anchored"] for r in rows), "strict": strict, "rows": rows}
+    return {
+        "cases": len(rows),
+        "agree": verdicts["agree"],
+        "by_design": {c: verdicts[f"by_design:{c}"] for c in CLASSES},
+        "wrong_scored_1": verdicts["wrong_scored_1"],
+        "right_scored_0": verdicts["right_scored_0"],
+        "anchored": sum(r["anchored"] for r in rows),
+        "strict": strict,
+        "rows": rows,
+    }
 
 
 def math_verify_alone(cases: list[dict] | None = None) -> dict:
     """The installed math-verify on the same pairs with each test's own settings (the baseline)."""
     cases = cases if cases is not None else load_cases()
     got = [math_verify_says(c, c["settings"]) for c in cases]
-    return {"agree": sum(g == c["expected"] for g, c in zip(got, cases)),
-            "wrong_scored_1": sum(g == 1 and c["expected"] == 0 for g, c in zip(got, cases)),
-            "right_scored_0": sum(g == 0 and c["expected"] == 1 for g, c in zip(got, cases))}
+    return {
+        "agree": sum(g == c["expected"] for g, c in zip(got, cases)),
+        "wrong_scored_1": sum(g == 1 and c["expected"] == 0 for g, c in zip(got, cases)),
+        "right_scored_0": sum(g == 0 and c["expected"] == 1 for g, c in zip(got, cases)),
+    }
 
 
 def format_table(result: dict, baseline: dict | None = None, verbose: bool = False) -> str:
     by_design = sum(result["by_design"].values())
-    lines = [f"math-verify public test cases through rewards.math ({'strict' if result['strict'] else 'default'}); "
-             f"{result['anchored']} bare predictions given 'The final answer is ' in front",
-             f"{'cases':<50}{result['cases']:>5}",
-             f"{'agree':<50}{result['agree']:>5}",
-             f"{'differ by design':<50}{by_design:>5}"]
+    lines = [
+        f"math-verify public test cases through rewards.math ({'strict' if result['strict'] else 'default'}); "
+        f"{result['anchored']} bare predictions given 'The final answer is ' in front",
+        f"{'cases':<50}{result['cases']:>5}",
+        f"{'agree':<50}{result['agree']:>5}",
+        f"{'differ by design':<50}{by_design:>5}",
+    ]
     shown = [(c, n) for c, n in result["by_design"].items() if n or c != "not_literal" or result["strict"]]
     lines += [f"  {c:<48}{n:>5}" for c, n in shown]
-    lines += [f"{'wrong answers scored 1 (goal 0)':<50}{result['wrong_scored_1']:>5}",
-              f"{'right answers scored 0, not by design (goal 0)':<50}{result['right_scored_0']:>5}"]
+    lines += [
+        f"{'wrong answers scored 1 (goal 0)':<50}{result['wrong_scored_1']:>5}",
+        f"{'right answers scored 0, not by design (goal 0)':<50}{result['right_scored_0']:>5}",
+    ]
     if baseline is not None:
-        lines.append(f"math-verify alone, each test's own settings: agree {baseline['agree']}, wrong answers scored 1 "
-                     f"{baseline['wrong_scored_1']}, right answers scored 0 {baseline['right_scored_0']}")
+        lines.append(
+            f"math-verify alone, each test's own settings: agree {baseline['agree']}, wrong answers scored 1 "
+            f"{baseline['wrong_scored_1']}, right answers scored 0 {baseline['right_scored_0']}"
+        )
     if verbose:
         for r in result["rows"]:
             if r["verdict"] != "agree":
-                lines.append(f"  #{r['id']:<4} {r['verdict']:<26} {r['source'].split('::')[-1]:<36} "
-                             f"read {r['answer']!r:.60}")
+                lines.append(
+                    f"  #{r['id']:<4} {r['verdict']:<26} {r['source'].split('::')[-1]:<36} read {r['answer']!r:.60}"
+                )
     return "\n".join(lines)

@@ -11,6 +11,7 @@ request's wall and CPU seconds and tokens, and the engine's start-up time. The f
 fresh engine process pays once (allocations, kernel selection, any JIT); the median of the others is the steady
 state.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,6 +42,7 @@ def main(argv=None) -> int:
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
     from rl.train.sampling import sampling_params
+
     cfg = load_config(args.config, args.overrides)
     _, tok = job_prompts(cfg)
     fitter = PromptFitter(tok, prompt_token_limit(cfg), cfg.data.overlong_prompts)
@@ -48,8 +50,11 @@ def main(argv=None) -> int:
     sampler = PromptSampler(rows, seed=cfg.train.seed)
     t = time.perf_counter()
     engine = make_engine(cfg)
-    print(f"rollout_profile: {cfg.rollout.engine} engine up in {time.perf_counter() - t:.1f} s, "
-          f"{torch.get_num_threads()} threads", flush=True)
+    print(
+        f"rollout_profile: {cfg.rollout.engine} engine up in {time.perf_counter() - t:.1f} s, "
+        f"{torch.get_num_threads()} threads",
+        flush=True,
+    )
     walls = []
     for k in range(args.reps):
         prompts = [fitter.encode(r) for r in sampler.next(cfg.train.prompts_per_step)]
@@ -58,11 +63,16 @@ def main(argv=None) -> int:
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         walls.append(wall)
         tokens = sum(s.response_len for s in samples)
-        print(f"rollout_profile: request {k}: {wall:.3f} s wall, {cpu:.3f} s cpu, {tokens} tokens "
-              f"({tokens / wall:.0f} tokens/s)", flush=True)
+        print(
+            f"rollout_profile: request {k}: {wall:.3f} s wall, {cpu:.3f} s cpu, {tokens} tokens "
+            f"({tokens / wall:.0f} tokens/s)",
+            flush=True,
+        )
     if len(walls) > 1:
-        print(f"rollout_profile: first request {walls[0]:.2f} s, median of the rest {statistics.median(walls[1:]):.3f} s",
-              flush=True)
+        print(
+            f"rollout_profile: first request {walls[0]:.2f} s, median of the rest {statistics.median(walls[1:]):.3f} s",
+            flush=True,
+        )
     return 0
 
 

@@ -3,6 +3,7 @@ the reward curve (per step and 5-step means), the latent-channel metrics over st
 
     python -m bench.run_summary RUN_DIR [--memory memory.json]      # memory.json: bench/actor_memory.py's output
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,6 +29,7 @@ def main(argv=None) -> int:
     run = Path(args.run_dir)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     import yaml
+
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     n_eval = cfg["train"]["eval_n"]
     evals = [r for r in rows if r.get("eval_accuracy") is not None]
@@ -35,17 +37,21 @@ def main(argv=None) -> int:
     print(f"## {run}  ({len(steps)} steps, {sum(r['skipped'] for r in steps)} skipped for lack of signal)")
     for r in evals:
         lo, hi = wilson(r["eval_accuracy"], n_eval)
-        print(f"held-out greedy accuracy at step {r['step']}: {r['eval_accuracy']:.3f} "
-              f"(95% CI {lo:.3f}-{hi:.3f}, n={n_eval})")
+        print(
+            f"held-out greedy accuracy at step {r['step']}: {r['eval_accuracy']:.3f} "
+            f"(95% CI {lo:.3f}-{hi:.3f}, n={n_eval})"
+        )
     print("\n| step | reward | trunc | len | skipped | w_state_norm | state_share | policy_shift | mismatch |")
     print("|---|---|---|---|---|---|---|---|---|")
     fmt = lambda v, s=".2e": "-" if v is None else format(v, s)  # noqa: E731
     for r in steps:
-        print(f"| {r['step']} | {r['reward_mean']:.3f} | {r['truncation_rate']:.2f} | {r['response_len_mean']:.1f} | "
-              f"{r['skipped']} | {fmt(r.get('learner/latent/w_state_norm'))} | "
-              f"{fmt(r.get('learner/latent/state_share'))} | {fmt(r.get('learner/latent/policy_shift'))} | "
-              f"{fmt(r.get('logprob_mismatch_abs_mean'))} |")
-    chunks = [steps[i:i + 5] for i in range(0, len(steps), 5)]
+        print(
+            f"| {r['step']} | {r['reward_mean']:.3f} | {r['truncation_rate']:.2f} | {r['response_len_mean']:.1f} | "
+            f"{r['skipped']} | {fmt(r.get('learner/latent/w_state_norm'))} | "
+            f"{fmt(r.get('learner/latent/state_share'))} | {fmt(r.get('learner/latent/policy_shift'))} | "
+            f"{fmt(r.get('logprob_mismatch_abs_mean'))} |"
+        )
+    chunks = [steps[i : i + 5] for i in range(0, len(steps), 5)]
     print("\nreward, 5-step means: " + " ".join(f"{statistics.mean(r['reward_mean'] for r in c):.3f}" for c in chunks))
     trained = [r for r in steps if not r["skipped"] and "eval_accuracy" not in r]
     print(f"\nstep-time medians over {len(trained)} trained steps without eval (s):")

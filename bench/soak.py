@@ -19,6 +19,7 @@ warm-up, 0 processes left.
 Writes OUT/samples.jsonl (one row per process per sample), OUT/summary.json and prints the table that goes into
 docs/RELIABILITY.md. The rollout actor is restarted every kill, so its growth is measured within each life.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # A process's role from its command line (Ray names actor processes `ray::ClassName[.method]`).
-ROLES = (("ray::RolloutActor", "rollout actor"), ("ray::EngineHost", "rollout actor"),
-         ("ray::RankActor", "learner rank"), ("ray::RewardHost", "reward actor"),
-         ("multiprocessing.forkserver", "reward pool"), ("raylet", "ray raylet"), ("gcs_server", "ray gcs"))
+ROLES = (
+    ("ray::RolloutActor", "rollout actor"),
+    ("ray::EngineHost", "rollout actor"),
+    ("ray::RankActor", "learner rank"),
+    ("ray::RewardHost", "reward actor"),
+    ("multiprocessing.forkserver", "reward pool"),
+    ("raylet", "ray raylet"),
+    ("gcs_server", "ray gcs"),
+)
 
 
 def job_processes(mark: str) -> dict[int, str]:
@@ -70,8 +77,11 @@ def memory_mib(pid: int) -> dict[str, float] | None:
         return None
     if "Rss" not in fields:
         return None
-    return {"rss_mib": fields["Rss"], "pss_mib": fields.get("Pss", 0.0),
-            "uss_mib": fields.get("Private_Clean", 0.0) + fields.get("Private_Dirty", 0.0)}
+    return {
+        "rss_mib": fields["Rss"],
+        "pss_mib": fields.get("Pss", 0.0),
+        "uss_mib": fields.get("Private_Clean", 0.0) + fields.get("Private_Dirty", 0.0),
+    }
 
 
 BIG_MAPPING_KIB = 256 * 1024
@@ -96,9 +106,9 @@ def rss_by_mapping(pid: int) -> dict[str, float] | None:
                     size = (int(hi, 16) - int(lo, 16)) // 1024
                     if "plasma" in path:
                         kind = "plasma"
-                    elif path == "[heap]":                   # malloc's main arena (brk)
+                    elif path == "[heap]":  # malloc's main arena (brk)
                         kind = "heap"
-                    elif not path or path.startswith("["):   # anonymous: mmapped tensors, malloc's other arenas
+                    elif not path or path.startswith("["):  # anonymous: mmapped tensors, malloc's other arenas
                         kind = "big_anon" if size >= BIG_MAPPING_KIB else "anon"
                     else:
                         kind = "file"
@@ -150,7 +160,7 @@ def memory_row(process: str, rows: list[dict], warmup: int) -> dict | None:
     """One process's line of the memory table: RSS and USS at its first and last step, and their growth after
     warm-up; for the rollout actor and the driver also what their RSS grew by after warm-up, by mapping
     (`rss_by_mapping`)."""
-    by_step = {r["step"]: r for r in rows}   # the last sample at each step
+    by_step = {r["step"]: r for r in rows}  # the last sample at each step
     if len(by_step) < 2:
         return None
     first, last = min(by_step), max(by_step)
@@ -162,13 +172,21 @@ def memory_row(process: str, rows: list[dict], warmup: int) -> dict | None:
         pts = sorted((s, r[f"{m}_mib"]) for s, r in by_step.items() if f"{m}_mib" in r)
         if not pts:
             continue
-        out.update({f"{m}_start_mib": pts[0][1], f"{m}_end_mib": pts[-1][1], f"{m}_max_mib": max(v for _, v in pts),
-                    f"{m}_growth_pct_per_100_steps": growth_per_100(pts, warm)})
+        out.update(
+            {
+                f"{m}_start_mib": pts[0][1],
+                f"{m}_end_mib": pts[-1][1],
+                f"{m}_max_mib": max(v for _, v in pts),
+                f"{m}_growth_pct_per_100_steps": growth_per_100(pts, warm),
+            }
+        )
     after = [by_step[s] for s in sorted(by_step) if s >= warm and "plasma_mib" in by_step[s]]
     if len(after) >= 2:
         out["rss_change_after_warmup_by_mapping_mib"] = {
             k.removesuffix("_mib"): round(after[-1][k] - after[0][k], 1)
-            for k in ("plasma_mib", "big_anon_mib", "heap_mib", "anon_mib", "file_mib") if k in after[0]}
+            for k in ("plasma_mib", "big_anon_mib", "heap_mib", "anon_mib", "file_mib")
+            if k in after[0]
+        }
     return out
 
 
@@ -179,21 +197,41 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=50, help="steps before RSS growth is measured")
     ap.add_argument("--sample-s", type=float, default=5.0)
     ap.add_argument("--out", default="runs/soak")
-    ap.add_argument("--max-minutes", type=float, default=None,
-                    help="SIGTERM the job after this long (it checkpoints its step and exits 143); the summary "
-                         "reports the steps completed")
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="SIGTERM the job after this long (it checkpoints its step and exits 143); the summary "
+        "reports the steps completed",
+    )
     ap.add_argument("overrides", nargs="*", help="more `fbrl train` overrides")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_dir = out / "run"
     mark = uuid.uuid4().hex
-    env = dict(os.environ, FBRL_SOAK_MARK=mark, WANDB_MODE="offline", RAY_AUTH_MODE="disabled",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
+    env = dict(
+        os.environ,
+        FBRL_SOAK_MARK=mark,
+        WANDB_MODE="offline",
+        RAY_AUTH_MODE="disabled",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        TOKENIZERS_PARALLELISM="false",
+    )
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    cmd = [sys.executable, "-m", "actors.cli", "train", str(ROOT / "configs" / "tiny.yaml"), "rollout.engine=vllm",
-           f"train.steps={args.steps}", f"train.run_dir={run_dir}", "logging.progress=false", "--overwrite",
-           *args.overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "actors.cli",
+        "train",
+        str(ROOT / "configs" / "tiny.yaml"),
+        "rollout.engine=vllm",
+        f"train.steps={args.steps}",
+        f"train.run_dir={run_dir}",
+        "logging.progress=false",
+        "--overwrite",
+        *args.overrides,
+    ]
     log = open(out / "train.log", "w")
     t0 = time.monotonic()
     job = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -206,8 +244,13 @@ def main() -> int:
             for pid, cmdline in procs.items():
                 mem = memory_mib(pid)
                 if mem is not None:
-                    row = {"t": round(now, 1), "step": step, "pid": pid, "role": role_of(pid, cmdline, job.pid),
-                           **{k: round(v, 1) for k, v in mem.items()}}
+                    row = {
+                        "t": round(now, 1),
+                        "step": step,
+                        "pid": pid,
+                        "role": role_of(pid, cmdline, job.pid),
+                        **{k: round(v, 1) for k, v in mem.items()},
+                    }
                     if row["role"] in ("rollout actor", "driver"):
                         row.update(rss_by_mapping(pid) or {})
                     samples.append(row)
@@ -243,27 +286,42 @@ def main() -> int:
         key = s["role"] if single else f"{s['role']} (pid {s['pid']})"
         series.setdefault(key, []).append(s)
     table = [row for key, rows in sorted(series.items()) if (row := memory_row(key, rows, args.warmup))]
-    summary = {"command": " ".join(cmd), "exit_code": job.returncode, "wall_s": round(wall, 1),
-               "steps_requested": args.steps, "steps_completed": len(steps_done),
-               "every_step_once": steps_done == list(range(1, args.steps + 1)),
-               "stopped_by_time_limit_at_step": stopped_at, "kills": kills,
-               "faults": {k: v for k, v in last.items() if k.startswith("faults/")},
-               "processes_left": [{"pid": p, "cmd": c[:100]} for p, c in left.items()], "memory": table}
+    summary = {
+        "command": " ".join(cmd),
+        "exit_code": job.returncode,
+        "wall_s": round(wall, 1),
+        "steps_requested": args.steps,
+        "steps_completed": len(steps_done),
+        "every_step_once": steps_done == list(range(1, args.steps + 1)),
+        "stopped_by_time_limit_at_step": stopped_at,
+        "kills": kills,
+        "faults": {k: v for k, v in last.items() if k.startswith("faults/")},
+        "processes_left": [{"pid": p, "cmd": c[:100]} for p, c in left.items()],
+        "memory": table,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"exit code {job.returncode}, {len(steps_done)}/{args.steps} steps in {wall:.0f} s, "
-          f"{len(kills)} rollout actor kills, faults {summary['faults']}, {len(left)} processes left")
-    print("| process | steps | RSS start → end (max), MiB | RSS growth / 100 steps after warm-up "
-          "| USS start → end, MiB | USS growth |")
+    print(
+        f"exit code {job.returncode}, {len(steps_done)}/{args.steps} steps in {wall:.0f} s, "
+        f"{len(kills)} rollout actor kills, faults {summary['faults']}, {len(left)} processes left"
+    )
+    print(
+        "| process | steps | RSS start → end (max), MiB | RSS growth / 100 steps after warm-up "
+        "| USS start → end, MiB | USS growth |"
+    )
     print("|---|---|---|---|---|---|")
-    pct = lambda g: "-" if g is None else f"{g:+.1f} %"   # noqa: E731
+    pct = lambda g: "-" if g is None else f"{g:+.1f} %"  # noqa: E731
     for r in table:
-        print(f"| {r['process']} | {r['first_step']}–{r['last_step']} | {r['rss_start_mib']:.0f} → "
-              f"{r['rss_end_mib']:.0f} ({r['rss_max_mib']:.0f}) | {pct(r['rss_growth_pct_per_100_steps'])} | "
-              f"{r['uss_start_mib']:.0f} → {r['uss_end_mib']:.0f} | {pct(r['uss_growth_pct_per_100_steps'])} |")
+        print(
+            f"| {r['process']} | {r['first_step']}–{r['last_step']} | {r['rss_start_mib']:.0f} → "
+            f"{r['rss_end_mib']:.0f} ({r['rss_max_mib']:.0f}) | {pct(r['rss_growth_pct_per_100_steps'])} | "
+            f"{r['uss_start_mib']:.0f} → {r['uss_end_mib']:.0f} | {pct(r['uss_growth_pct_per_100_steps'])} |"
+        )
     for r in table:
         if "rss_change_after_warmup_by_mapping_mib" in r:
-            print(f"{r['process']}: RSS change from step {r['warmup_until_step']} to {r['last_step']} by mapping "
-                  f"(MiB): {r['rss_change_after_warmup_by_mapping_mib']}")
+            print(
+                f"{r['process']}: RSS change from step {r['warmup_until_step']} to {r['last_step']} by mapping "
+                f"(MiB): {r['rss_change_after_warmup_by_mapping_mib']}"
+            )
     return 0 if job.returncode == 0 and summary["every_step_once"] and not left else 1
 
 

@@ -27,6 +27,7 @@ Per step:
 - `engine_handover_s`: vLLM worker -> engine at this shape: main writes the states to a safetensors file in
   /dev/shm, reads and deletes it (timed here by doing exactly that); in-process (`inline`) it is the tensor itself.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,6 +59,7 @@ DTYPES = {"fp32": ("float32", torch.float32), "bf16": ("bfloat16", torch.bfloat1
 def serialized_bytes(obj) -> int:
     """Bytes Ray's own serializer makes of `obj` (what crosses a process boundary); refs count as ids only."""
     import ray
+
     ctx = ray._private.worker.global_worker.get_serialization_context()
     return int(ctx.serialize(obj).total_bytes)
 
@@ -77,6 +79,7 @@ class PrerecordedEngine:
             raw = torch.randn(n, self.tokens, self.hidden, generator=g)
             if dtype == "float8_rowscale":
                 from rl.estimators.states import encode
+
                 self.states[(n, dtype)] = [encode(raw[i], dtype) for i in range(n)]
             else:
                 self.states[(n, dtype)] = [raw[i].to(DTYPES_BY_NAME[dtype]).clone() for i in range(n)]
@@ -84,8 +87,19 @@ class PrerecordedEngine:
 
     def generate(self, prompts, params, min_version=None):
         states = self._states(len(prompts), params.states_dtype)
-        return [Sample(list(p), list(range(3, 3 + self.tokens)), [-1.0] * self.tokens, "length", self.version,
-                       states=states[i], group_id=i, decode_mode=params.decode_mode) for i, p in enumerate(prompts)]
+        return [
+            Sample(
+                list(p),
+                list(range(3, 3 + self.tokens)),
+                [-1.0] * self.tokens,
+                "length",
+                self.version,
+                states=states[i],
+                group_id=i,
+                decode_mode=params.decode_mode,
+            )
+            for i, p in enumerate(prompts)
+        ]
 
     def load_weights(self, path, version):
         self.version = version
@@ -110,7 +124,7 @@ class ProbeRank:
             fetched = state_plane.fetch(samples, rows).nbytes
         batch = collate([samples[i] for i in rows], with_states=True)
         seconds = time.perf_counter() - t0
-        share = sum(batch.states[i, :samples[r].response_len].numel() for i, r in enumerate(rows))
+        share = sum(batch.states[i, : samples[r].response_len].numel() for i, r in enumerate(rows))
         self.last = {"rows": len(rows), "fetched_bytes": fetched, "seconds": seconds, "share_elements": share}
         return {"_tokens": float(sum(samples[i].response_len for i in rows))}
 
@@ -128,6 +142,7 @@ def probe_rank_actor_class():
             self.rank = ProbeRank(cfg, rank, world_size)
             try:  # trees whose RankActor trims the heap after updates: never here (only the transfer is timed)
                 from actors.memory import HeapTrimmer
+
                 self.heap = HeapTrimmer(0)
             except ImportError:
                 pass
@@ -140,6 +155,7 @@ def engine_handover_seconds(n, tokens, hidden, dtype, repeats=3) -> float:
     """Main's vLLM worker -> engine handover at this shape: write the batch's states to a safetensors file in
     /dev/shm (tmp name + rename, as rollout/vllm_worker_ext.py did), read it, delete it. Median seconds."""
     from safetensors.torch import load_file, save_file
+
     states = torch.randn(n * tokens, hidden).to(DTYPES_BY_NAME[dtype])
     scratch = "/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
     path = os.path.join(scratch, f"fbrl_bench_states_{os.getpid()}.safetensors")
@@ -163,10 +179,18 @@ def run(args) -> list[dict]:
     from rl.config import load_config
     from rl.train.sampling import SamplingParams
 
-    cfg = load_config(None, ["rollout.engine=torch", "likelihood.estimator=replay",
-                             f"learner.num_workers={args.ranks}", f"learner.micro_batch_size={args.samples}"])
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, args.ranks + 1), include_dashboard=False,
-             log_to_driver=False)
+    cfg = load_config(
+        None,
+        [
+            "rollout.engine=torch",
+            "likelihood.estimator=replay",
+            f"learner.num_workers={args.ranks}",
+            f"learner.micro_batch_size={args.samples}",
+        ],
+    )
+    ray.init(
+        address="local", num_cpus=max(os.cpu_count() or 1, args.ranks + 1), include_dashboard=False, log_to_driver=False
+    )
     out = []
     try:
         engine = PrerecordedEngine(args.tokens, args.hidden)
@@ -197,18 +221,24 @@ def run(args) -> list[dict]:
             row_bytes = (args.hidden + (4 if fmt == "fp8" else 0)) * element
             record = {
                 "tree": "after (actors/state_plane.py)" if state_plane else "before (main)",
-                "format": fmt, "samples": args.samples, "tokens": args.tokens, "hidden": args.hidden,
-                "ranks": args.ranks, "steps": args.steps,
+                "format": fmt,
+                "samples": args.samples,
+                "tokens": args.tokens,
+                "hidden": args.hidden,
+                "ranks": args.ranks,
+                "steps": args.steps,
                 "state_bytes_per_step": args.samples * args.tokens * row_bytes,
                 "driver_bytes": 2 * received,
                 "driver_state_bytes": 2 * (received - metadata),  # beyond the samples' tokens and log-probs
                 "driver_state_tensors": sum(isinstance(s.states, torch.Tensor) for s in samples),
                 "rank_bytes": [received + s["fetched_bytes"] for s in stats],
                 "share_bytes": [s["share_elements"] // args.hidden * row_bytes for s in stats],
-                "transfer_s": statistics.median(step_s), "transfer_s_all": step_s,
+                "transfer_s": statistics.median(step_s),
+                "transfer_s_all": step_s,
                 "slowest_rank_s": statistics.median(rank_s),
-                "engine_handover_s": 0.0 if state_plane else engine_handover_seconds(
-                    args.samples, args.tokens, args.hidden, name),
+                "engine_handover_s": 0.0
+                if state_plane
+                else engine_handover_seconds(args.samples, args.tokens, args.hidden, name),
                 # the driver process's peak resident memory so far (run one format per process to read it per
                 # format); it includes Ray's client and torch, so compare trees side by side, not to zero
                 "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -15,6 +15,7 @@ random-weight FBT of SmolLM2-135M's shape (d=576, 30 layers, 9 heads of 64, 3 KV
 `alternating_reward` (random weights earn no task reward; without a signal the loop would skip update and sync).
 Writes OUT/weight_sync.json and OUT/weight_sync.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,12 +39,24 @@ def make_135m(directory: Path) -> str:
 
     from actors.learner import copy_tokenizer_files
     from rl.model import convert_to_fbt
+
     if (directory / "config.json").exists():
         return str(directory)
     torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                      head_dim=64, intermediate_size=1536, vocab_size=49152, max_position_embeddings=2048,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = LlamaConfig(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        vocab_size=49152,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     model = convert_to_fbt(LlamaForCausalLM(cfg))
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory), safe_serialization=True)
@@ -61,14 +74,25 @@ def alternating_reward(prompts, completions, answers, **row_fields) -> list[floa
 
 
 def overrides_for(model: str, out: Path, steps: int) -> list[str]:
-    common = [f"train.steps={steps}", "train.eval_every=0", "train.checkpoint_every=0", "logging.progress=false",
-              "logging.wandb_mode=disabled"]
+    common = [
+        f"train.steps={steps}",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+        "logging.progress=false",
+        "logging.wandb_mode=disabled",
+    ]
     if model == "tiny":
         return common
-    return common + [f"model.path={make_135m(out / 'ckpt_135m')}", "train.prompts_per_step=8",
-                     "rollout.n_samples_per_prompt=4", "rollout.max_tokens=16", "rollout.vllm.max_num_seqs=32",
-                     "rollout.vllm.max_model_len=128", "learner.micro_batch_size=8",
-                     f"reward.fns=[{{fn: '{Path(__file__).resolve()}:alternating_reward'}}]"]
+    return common + [
+        f"model.path={make_135m(out / 'ckpt_135m')}",
+        "train.prompts_per_step=8",
+        "rollout.n_samples_per_prompt=4",
+        "rollout.max_tokens=16",
+        "rollout.vllm.max_num_seqs=32",
+        "rollout.vllm.max_model_len=128",
+        "learner.micro_batch_size=8",
+        f"reward.fns=[{{fn: '{Path(__file__).resolve()}:alternating_reward'}}]",
+    ]
 
 
 def run_one(model: str, transport: str, out: Path, steps: int, reps: int) -> dict:
@@ -80,21 +104,30 @@ def run_one(model: str, transport: str, out: Path, steps: int, reps: int) -> dic
     from rl.loop import train
     from rl.train.run_dir import RunDir
 
-    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"),
-                      overrides_for(model, out, steps) + [f"rollout.weight_sync={transport}"])
+    cfg = load_config(
+        str(ROOT / "configs" / "tiny.yaml"), overrides_for(model, out, steps) + [f"rollout.weight_sync={transport}"]
+    )
     run_dir = out / f"{model}_{transport}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run = RunDir(str(run_dir))
     rollout, learner, rewards = build_workers(cfg, use_ray=True)
     try:
         n_params = count_params(cfg.model.path)
-        train(cfg, load_tokenizer(cfg.model.tokenizer or cfg.model.path), rollout, learner, rewards, run,
-              log=lambda m: print(f"  [{model}/{transport}] {m}", flush=True))
-        rows = [r for r in run.read_metrics() if "time_sync_s" in r][1:]   # step 1 warms up
+        train(
+            cfg,
+            load_tokenizer(cfg.model.tokenizer or cfg.model.path),
+            rollout,
+            learner,
+            rewards,
+            run,
+            log=lambda m: print(f"  [{model}/{transport}] {m}", flush=True),
+        )
+        rows = [r for r in run.read_metrics() if "time_sync_s" in r][1:]  # step 1 warms up
         sync = statistics.median(r["time_sync_s"] for r in rows)
         step = statistics.median(r["time_step_s"] for r in rows)
         # alternate the two transports on the same workers: seconds per sync at identical state
         from actors.weight_sync import make_transport
+
         version = max(rollout.versions())
         alternating = {t: [] for t in TRANSPORTS}
         for _ in range(reps):
@@ -102,13 +135,22 @@ def run_one(model: str, transport: str, out: Path, steps: int, reps: int) -> dic
                 rollout.transport = make_transport(cfg, t)
                 version += 1
                 t0 = time.perf_counter()
-                assert rollout.sync_weights(learner, version, str(run_dir.absolute() / "weights" / "w.safetensors")) == [version]
+                assert rollout.sync_weights(
+                    learner, version, str(run_dir.absolute() / "weights" / "w.safetensors")
+                ) == [version]
                 alternating[t].append(time.perf_counter() - t0)
-        return {"model": model, "transport": transport, "params": n_params, "steps_timed": len(rows),
-                "loop_sync_s": sync, "loop_step_s": step, "sync_per_step": sync / step,
-                "loop_sync_all_s": [r["time_sync_s"] for r in rows],
-                "alternating_s": alternating,
-                "alternating_median_s": {t: statistics.median(v) for t, v in alternating.items()}}
+        return {
+            "model": model,
+            "transport": transport,
+            "params": n_params,
+            "steps_timed": len(rows),
+            "loop_sync_s": sync,
+            "loop_step_s": step,
+            "sync_per_step": sync / step,
+            "loop_sync_all_s": [r["time_sync_s"] for r in rows],
+            "alternating_s": alternating,
+            "alternating_median_s": {t: statistics.median(v) for t, v in alternating.items()},
+        }
     finally:
         for w in (rollout, learner, rewards):
             w.close()
@@ -120,6 +162,7 @@ def count_params(path: str) -> int:
     import math
 
     from safetensors import safe_open
+
     n = 0
     for f in sorted(Path(path).glob("*.safetensors")):
         with safe_open(str(f), "pt") as h:
@@ -128,14 +171,18 @@ def count_params(path: str) -> int:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| model | params | transport | sync s (loop median) | step s (loop median) | sync / step | "
-             "alternating: file s | alternating: ray s | ray / file |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| model | params | transport | sync s (loop median) | step s (loop median) | sync / step | "
+        "alternating: file s | alternating: ray s | ray / file |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         a = r["alternating_median_s"]
-        lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['transport']} | {r['loop_sync_s']:.3f} | "
-                     f"{r['loop_step_s']:.2f} | {100 * r['sync_per_step']:.1f} % | {a['file']:.3f} | {a['ray']:.3f} | "
-                     f"{a['ray'] / a['file']:.2f} |")
+        lines.append(
+            f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['transport']} | {r['loop_sync_s']:.3f} | "
+            f"{r['loop_step_s']:.2f} | {100 * r['sync_per_step']:.1f} % | {a['file']:.3f} | {a['ray']:.3f} | "
+            f"{a['ray'] / a['file']:.2f} |"
+        )
     return "\n".join(lines)
 
 

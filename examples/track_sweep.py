@@ -17,6 +17,7 @@ fusion with W_U = I, W_T = wt * I (the state carried as is); the default is the 
 This is the quick probe behind docs/BENCHMARKS.md's state-tracking section (the full pipeline is `fbrl pretrain`
 + `fbrl eval --baseline`); it is not part of the package.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,13 +32,33 @@ from rl.config import load_config
 from rl.data import track
 
 
-def run(task, mode, lengths, fusion="linear_addition", layers=2, d=64, steps=600, lr=3e-3, seed=0,
-        eval_lengths=(3, 4, 6, 8, 10, 12), every=500, init="random", wt=1.0):
+def run(
+    task,
+    mode,
+    lengths,
+    fusion="linear_addition",
+    layers=2,
+    d=64,
+    steps=600,
+    lr=3e-3,
+    seed=0,
+    eval_lengths=(3, 4, 6, 8, 10, 12),
+    every=500,
+    init="random",
+    wt=1.0,
+):
     if mode not in ("exact", "plain"):
         raise ValueError(f"mode: expected 'exact' or 'plain', got {mode!r}")
-    cfg = load_config(None, ["model.path=null", f"model.fusion_mode={fusion}", f"pretrain.seed={seed}",
-                             f"model.init={{backbone: llama, hidden_size: {d}, num_layers: {layers}, "
-                             f"num_heads: {d // 64}, num_kv_heads: {d // 64}, intermediate_size: {3 * d}}}"])
+    cfg = load_config(
+        None,
+        [
+            "model.path=null",
+            f"model.fusion_mode={fusion}",
+            f"pretrain.seed={seed}",
+            f"model.init={{backbone: llama, hidden_size: {d}, num_layers: {layers}, "
+            f"num_heads: {d // 64}, num_kv_heads: {d // 64}, intermediate_size: {3 * d}}}",
+        ],
+    )
     model, tok = P.load_model_and_tokenizer(cfg)
     if init == "irnn":
         with torch.no_grad():

@@ -43,8 +43,9 @@ _BOX_RE = re.compile(r"\\boxed\s*\{")
 _FINAL_RE = re.compile(r"final\s+answer\b[*\s]{0,8}(?:is\b[*\s]{0,8}:?|:)[*\s]{0,8}", re.IGNORECASE)
 _HEDGE_RE = re.compile(r"I\s+hope\s+it\s+is\s+correct", re.IGNORECASE)
 # Math blocks on a final-answer line. `\$` is a dollar sign, not a delimiter; inline `$`/`\(` stay on one line.
-_BLOCK_RE = re.compile(r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|(?<![\\$])\$(?!\$)([^$\n]+?)(?<!\\)\$",
-                       re.DOTALL)
+_BLOCK_RE = re.compile(
+    r"(?<!\\)\$\$(.+?)(?<!\\)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|(?<![\\$])\$(?!\$)([^$\n]+?)(?<!\\)\$", re.DOTALL
+)
 # What may stand between the parts of one answer: commas, and/or, &, spaces, delimiters, LaTeX spacing.
 _JOINER_RE = re.compile(r"(?:\s|,|;|&|\$|\\[()\[\]]|\\text\{\s*(?:and|or)\s*\}|\\q?quad|\\[,;: !]|\band\b|\bor\b)*")
 _NUMBER = r"[-+−]?\$?\d[\d,]*(?:\.\d+)?%?"
@@ -77,7 +78,7 @@ def box_content(text: str, open_brace: int, max_chars: int) -> str | None:
         elif c == "}":
             depth -= 1
             if depth == 0:
-                return text[open_brace + 1: i]
+                return text[open_brace + 1 : i]
         i += 1
     return None
 
@@ -114,7 +115,7 @@ def _box_answer(completion: str, boxes: list[re.Match], max_chars: int) -> str |
                 return None  # the last box is broken: no answer, never an earlier (retracted) one
             break
         close = m.end() - 1 + len(content) + 1
-        if end_of_next is not None and not _is_joiner(completion[close + 1: end_of_next]):
+        if end_of_next is not None and not _is_joiner(completion[close + 1 : end_of_next]):
             break
         parts.append(content.strip())
         end_of_next = m.start()
@@ -133,7 +134,7 @@ def _unbrace(content: str, max_chars: int) -> str:
 
 def _final_region(text: str, start: int, max_chars: int) -> str:
     """The text a "final answer" anchor ending at `start` refers to (see the module docstring)."""
-    rest = text[start: start + 8 * max_chars]
+    rest = text[start : start + 8 * max_chars]
     stripped = rest.lstrip(" \t*")
     if stripped.startswith("\n"):  # "Final answer:\n42": the next non-empty line
         stripped = stripped.lstrip()
@@ -151,14 +152,14 @@ def _final_answer(text: str, start: int, max_chars: int) -> str | None:
     blocks = list(_BLOCK_RE.finditer(region))
     if blocks:
         last = blocks[-1]
-        tail = region[last.end():].strip(_DECORATION)
+        tail = region[last.end() :].strip(_DECORATION)
         is_number = _IS_NUMBER_RE.search(tail)
         if is_number and re.fullmatch(r"[\w\s,]*", tail[: is_number.start()]):  # "... $n$ is 34."
             answer = is_number.group(1)
         else:
             parts = [next(g for g in last.groups() if g is not None)]
             for prev, nxt in zip(reversed(blocks[:-1]), reversed(blocks[1:])):
-                if not _is_joiner(region[prev.end(): nxt.start()]):
+                if not _is_joiner(region[prev.end() : nxt.start()]):
                     break
                 parts.append(next(g for g in prev.groups() if g is not None))
             answer = ", ".join(p.strip() for p in reversed(parts))  # math as written: f' keeps its prime
@@ -191,6 +192,7 @@ def extract_answer(completion: str, max_chars: int = 512) -> str | None:
 
 # -- normalisation ---------------------------------------------------------------------------------------------------
 
+
 def _join_groups(m: re.Match) -> str:
     return m.group(1) + _GROUP_SEP_RE.sub("", m.group(2))
 
@@ -212,8 +214,10 @@ _INT_RE = re.compile(r"[-+]?\s*[0-9]+")
 _THOUSANDS_RE = re.compile(r"[-+]?\s*[1-9][0-9]{0,2}(?:,[0-9]{3})+(?:\.[0-9]+)?")
 _DEC_RE = re.compile(r"[-+]?\s*(?:[0-9]+\.[0-9]*|\.[0-9]+)")
 # \frac{a}{b}, \dfrac / \tfrac / \cfrac, the one-digit shorthand \frac12, and a/b.
-_FRAC_RE = re.compile(r"([-+]?)\s*(?:\\[dtc]?frac\s*(?:\{\s*([0-9]+)\s*\}|([0-9]))\s*(?:\{\s*([0-9]+)\s*\}|([0-9]))"
-                      r"|([0-9]+)\s*/\s*([0-9]+))")
+_FRAC_RE = re.compile(
+    r"([-+]?)\s*(?:\\[dtc]?frac\s*(?:\{\s*([0-9]+)\s*\}|([0-9]))\s*(?:\{\s*([0-9]+)\s*\}|([0-9]))"
+    r"|([0-9]+)\s*/\s*([0-9]+))"
+)
 
 
 def literal_value(answer: str) -> tuple[str, Fraction] | None:

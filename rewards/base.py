@@ -38,8 +38,9 @@ log = logging.getLogger(__name__)
 
 @runtime_checkable
 class RewardFn(Protocol):
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any],
-                 **row_fields: Any) -> Sequence[float] | Awaitable[Sequence[float]]: ...
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any], **row_fields: Any
+    ) -> Sequence[float] | Awaitable[Sequence[float]]: ...
 
 
 class RewardResult(list):
@@ -69,7 +70,8 @@ def _accepted_kwargs(fn: Any) -> set[str] | None:
     # The first three positional slots are prompts, completions, answers.
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return {p.name for p in positional[3:] if p.kind is not p.POSITIONAL_ONLY} | {
-        p.name for p in params if p.kind is p.KEYWORD_ONLY}
+        p.name for p in params if p.kind is p.KEYWORD_ONLY
+    }
 
 
 # A score beyond this is a bug (a sum that overflowed, an unnormalized count), not a reward: it counts as an error.
@@ -111,10 +113,10 @@ class RewardEntry:
 
 @dataclass
 class RewardSetResult:
-    rewards: list[float]                  # weighted sum per sample
-    per_reward: dict[str, list[float]]    # each reward's (unweighted) scores
-    metrics: dict[str, float]             # rewards/<name>/{mean,errors,timeouts,latency_s,...}, rewards/total/mean
-    errors: list[str]                     # one readable line per failed call, naming the function
+    rewards: list[float]  # weighted sum per sample
+    per_reward: dict[str, list[float]]  # each reward's (unweighted) scores
+    metrics: dict[str, float]  # rewards/<name>/{mean,errors,timeouts,latency_s,...}, rewards/total/mean
+    errors: list[str]  # one readable line per failed call, naming the function
 
 
 class _Call:
@@ -128,8 +130,9 @@ class _Call:
         self.t0 = time.perf_counter()
         self.seconds = 0.0
         self.timed_out = False
-        self.thread = threading.Thread(target=self._run, args=(entry, args, kwargs), daemon=True,
-                                       name=f"reward-{entry.name}")
+        self.thread = threading.Thread(
+            target=self._run, args=(entry, args, kwargs), daemon=True, name=f"reward-{entry.name}"
+        )
 
     def _run(self, entry: RewardEntry, args: tuple, kwargs: dict) -> None:
         self.t0 = time.perf_counter()  # latency of this call alone (inline calls run one after another)
@@ -168,9 +171,15 @@ class RewardSet:
         self.entries: list[RewardEntry] = []
         seen: set[str] = set()
         for r in rewards:
-            e = r if isinstance(r, RewardEntry) else (
-                RewardEntry(r[0], float(r[1]), timeout_s=timeout_s) if isinstance(r, tuple)
-                else RewardEntry(r, timeout_s=timeout_s))
+            e = (
+                r
+                if isinstance(r, RewardEntry)
+                else (
+                    RewardEntry(r[0], float(r[1]), timeout_s=timeout_s)
+                    if isinstance(r, tuple)
+                    else RewardEntry(r, timeout_s=timeout_s)
+                )
+            )
             base = e.name or fn_name(e.fn)
             name, k = base, 2
             while name in seen:  # two rewards of one name keep separate metrics
@@ -182,8 +191,9 @@ class RewardSet:
         if not self.entries:
             raise ValueError("RewardSet needs at least one reward")
 
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any],
-                 **row_fields) -> RewardSetResult:
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any], **row_fields
+    ) -> RewardSetResult:
         n = len(completions)
         if len(prompts) != n or len(answers) != n:
             raise ValueError(f"batch sizes differ: {len(prompts)} prompts, {n} completions, {len(answers)} answers")
@@ -214,8 +224,14 @@ class RewardSet:
             per_reward[e.name] = scores
             total = [t + e.weight * s for t, s in zip(total, scores)]
             pre = f"rewards/{e.name}/"
-            metrics.update({pre + "mean": sum(scores) / n if n else 0.0, pre + "errors": float(n_err),
-                            pre + "timeouts": float(n_to), pre + "latency_s": seconds})
+            metrics.update(
+                {
+                    pre + "mean": sum(scores) / n if n else 0.0,
+                    pre + "errors": float(n_err),
+                    pre + "timeouts": float(n_to),
+                    pre + "latency_s": seconds,
+                }
+            )
             metrics.update({pre + k: float(v) for k, v in counts.items()})
         metrics["rewards/total/mean"] = sum(total) / n if n else 0.0
         return RewardSetResult(total, per_reward, metrics, errors)

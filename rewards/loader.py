@@ -45,12 +45,16 @@ def check_reward_signature(fn: Any, name: str) -> None:
         return
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if len(positional) < 3:
-        raise RewardLoadError(f"reward function {name!r} must accept (prompts, completions, answers, "
-                              f"**row_fields); its signature is {sig}")
+        raise RewardLoadError(
+            f"reward function {name!r} must accept (prompts, completions, answers, "
+            f"**row_fields); its signature is {sig}"
+        )
     extra_pos_only = [p.name for p in positional[3:] if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
     if extra_pos_only:
-        raise RewardLoadError(f"reward function {name!r} has required positional-only parameters "
-                              f"{extra_pos_only} beyond (prompts, completions, answers); its signature is {sig}")
+        raise RewardLoadError(
+            f"reward function {name!r} has required positional-only parameters "
+            f"{extra_pos_only} beyond (prompts, completions, answers); its signature is {sig}"
+        )
 
 
 def _import_file(path_str: str, spec: str, base_dir: Path) -> Any:
@@ -82,8 +86,10 @@ def _import_module(mod: str, spec: str) -> Any:
         return importlib.import_module(mod)
     except ModuleNotFoundError as e:
         if e.name and (mod == e.name or mod.startswith(e.name + ".")):
-            raise RewardLoadError(f"reward module {mod!r} not found (from {spec!r}); is it installed or on "
-                                  f"PYTHONPATH? A file is written as path/to/file.py:fn") from e
+            raise RewardLoadError(
+                f"reward module {mod!r} not found (from {spec!r}); is it installed or on "
+                f"PYTHONPATH? A file is written as path/to/file.py:fn"
+            ) from e
         raise RewardLoadError(f"importing reward module {mod!r} failed: {e}") from e
     except BaseException as e:
         raise RewardLoadError(f"importing reward module {mod!r} failed: {type(e).__name__}: {e}") from e
@@ -106,15 +112,17 @@ def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None) -> Call
     for part in attr.split("."):
         if not hasattr(obj, part):
             names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-            raise RewardLoadError(f"{label} has no function {attr!r} (from {spec!r}); callables there: "
-                                  f"{', '.join(names[:20]) or 'none'}")
+            raise RewardLoadError(
+                f"{label} has no function {attr!r} (from {spec!r}); callables there: {', '.join(names[:20]) or 'none'}"
+            )
         obj = getattr(obj, part)
     if inspect.isclass(obj):
         try:
             obj = obj()
         except Exception as e:
-            raise RewardLoadError(f"reward class {attr!r} in {label} cannot be created without arguments: "
-                                  f"{type(e).__name__}: {e}") from e
+            raise RewardLoadError(
+                f"reward class {attr!r} in {label} cannot be created without arguments: {type(e).__name__}: {e}"
+            ) from e
     if not callable(obj):
         raise RewardLoadError(f"{attr!r} in {label} is a {type(obj).__name__}, not a function")
     check_reward_signature(obj, attr)
@@ -141,8 +149,12 @@ def make_reward(spec: str, base_dir: str | os.PathLike | None = None, **options)
     return load_reward_fn(spec, base_dir)
 
 
-def build_reward_set(entries: Sequence[str | dict], base_dir: str | os.PathLike | None = None,
-                     default_timeout_s: float = 60.0, num_workers: int | None = None) -> RewardSet:
+def build_reward_set(
+    entries: Sequence[str | dict],
+    base_dir: str | os.PathLike | None = None,
+    default_timeout_s: float = 60.0,
+    num_workers: int | None = None,
+) -> RewardSet:
     """A RewardSet from config entries: a spec string, or {fn, weight?, timeout_s?, name?, options?}.
 
     `timeout_s` is the deadline of what can hang: a user function's whole call (default `default_timeout_s`),

@@ -52,8 +52,10 @@ UNFINISHED_REASONS = ("length", "aborted")
 _THOUSANDS_GOLD_RE = re.compile(r"[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?")
 _DECIMAL_COMMA_GOLD_RE = re.compile(r"[-+]?\d+,\d+")
 # For the lost-symbol note: text-like groups and unit words are not symbols; `\mathrm{x}` of one letter may be.
-_TEXT_GROUP_RE = re.compile(r"\\(?:text\w*|mbox|mathrm|operatorname)\s*\{\s*[A-Za-z]{2,}[^{}]*\}|"
-                            r"\\(?:text\w*|mbox)\s*\{[^{}]*\}")
+_TEXT_GROUP_RE = re.compile(
+    r"\\(?:text\w*|mbox|mathrm|operatorname)\s*\{\s*[A-Za-z]{2,}[^{}]*\}|"
+    r"\\(?:text\w*|mbox)\s*\{[^{}]*\}"
+)
 
 
 def plain_number_gold(gold: str) -> str | None:
@@ -101,8 +103,9 @@ def _extraction_config():
 def _parse_gold(text: str, parse_timeout_s: int) -> tuple:
     from math_verify import parse
 
-    return tuple(parse(text, extraction_config=_extraction_config(), parsing_timeout=parse_timeout_s,
-                       raise_on_error=True))
+    return tuple(
+        parse(text, extraction_config=_extraction_config(), parsing_timeout=parse_timeout_s, raise_on_error=True)
+    )
 
 
 def score_literal(gold: Any, completion: str, max_answer_chars: int = 512) -> tuple[float, str, str] | None:
@@ -125,8 +128,9 @@ def score_literal(gold: Any, completion: str, max_answer_chars: int = 512) -> tu
     return 0.0, (WRONG if right_kind else NOT_LITERAL), ""
 
 
-def score_completion(gold: Any, completion: str, max_answer_chars: int = 512, mv_timeout_s: int | None = 3,
-                     strict: bool = False) -> tuple[float, str, str]:
+def score_completion(
+    gold: Any, completion: str, max_answer_chars: int = 512, mv_timeout_s: int | None = 3, strict: bool = False
+) -> tuple[float, str, str]:
     """Score one completion against its gold answer: (1.0, "correct", note) or (0.0, reason, note).
 
     `note` is "" or a note on the gold (`gold_string_only`, `gold_lost_symbols`). Runs where math-verify's
@@ -151,8 +155,12 @@ def score_completion(gold: Any, completion: str, max_answer_chars: int = 512, mv
         if not gold_parsed:
             return 0.0, GOLD_UNPARSED, note
         note = _gold_note(text, tuple(gold_parsed))
-        pred = parse("\\boxed{" + normalize(answer) + "}", extraction_config=_extraction_config(),
-                     parsing_timeout=mv_timeout_s, raise_on_error=True)
+        pred = parse(
+            "\\boxed{" + normalize(answer) + "}",
+            extraction_config=_extraction_config(),
+            parsing_timeout=mv_timeout_s,
+            raise_on_error=True,
+        )
         if not pred:
             return 0.0, NO_ANSWER, note
         # Gold first: verify(gold, pred) is not symmetric. Pair by pair (what verify does over the lists) so a
@@ -181,9 +189,16 @@ def score_completion(gold: Any, completion: str, max_answer_chars: int = 512, mv
 WORKER_PRELOAD = ("rewards.math", "math_verify", "sympy", "rewards._warm_math")
 
 # One answer of each common kind: the first parse of a kind builds parser tables and sympy caches (~0.1 s each).
-_WARM_CASES = (("1", "\\boxed{1}"), ("\\frac{1}{2}", "\\boxed{\\dfrac{2}{4}}"), ("2\\sqrt{3}", "\\boxed{\\sqrt{12}}"),
-               ("[-1, 2)", "\\boxed{[-1,2)}"), ("\\{1,2\\}", "\\boxed{\\{2, 1\\}}"),
-               ("x^2+3x+2", "\\boxed{(x+1)(x+2)}"), ("0.25", "The final answer is $\\frac{1}{4}$."), ("-7", "\\boxed{-8}"))
+_WARM_CASES = (
+    ("1", "\\boxed{1}"),
+    ("\\frac{1}{2}", "\\boxed{\\dfrac{2}{4}}"),
+    ("2\\sqrt{3}", "\\boxed{\\sqrt{12}}"),
+    ("[-1, 2)", "\\boxed{[-1,2)}"),
+    ("\\{1,2\\}", "\\boxed{\\{2, 1\\}}"),
+    ("x^2+3x+2", "\\boxed{(x+1)(x+2)}"),
+    ("0.25", "The final answer is $\\frac{1}{4}$."),
+    ("-7", "\\boxed{-8}"),
+)
 
 
 def warm_worker() -> None:
@@ -206,8 +221,12 @@ def _finish_reasons(n: int, row_fields: dict) -> list:
 def _result(scores: list[float], statuses: list[str], notes: list[str]) -> RewardResult:
     counts = {s: statuses.count(s) for s in (NO_ANSWER, TRUNCATED, GOLD_UNPARSED, WRONG, NOT_LITERAL)}
     counts.update({k: notes.count(k) for k in (GOLD_STRING_ONLY, GOLD_LOST_SYMBOLS)})
-    return RewardResult(scores, errors=statuses.count(ERROR) + statuses.count(GOLD_UNPARSED),
-                        timeouts=statuses.count(TIMEOUT), counts=counts)
+    return RewardResult(
+        scores,
+        errors=statuses.count(ERROR) + statuses.count(GOLD_UNPARSED),
+        timeouts=statuses.count(TIMEOUT),
+        counts=counts,
+    )
 
 
 class MathReward:
@@ -225,8 +244,17 @@ class MathReward:
     at most `max_answer_chars` characters, nothing that can hang).
     """
 
-    def __init__(self, pool=None, *, num_workers: int = 2, timeout_s: float = 10.0, in_process: bool = False,
-                 max_answer_chars: int = 512, mv_timeout_s: int | None = None, strict: bool = False):
+    def __init__(
+        self,
+        pool=None,
+        *,
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        in_process: bool = False,
+        max_answer_chars: int = 512,
+        mv_timeout_s: int | None = None,
+        strict: bool = False,
+    ):
         self.__name__ = "math"
         self.timeout_s = float(timeout_s)
         self.num_workers = num_workers
@@ -246,12 +274,14 @@ class MathReward:
             if self._pool is None:
                 from rewards.pool import RewardPool
 
-                self._pool = RewardPool(num_workers=self.num_workers, timeout_s=self.timeout_s,
-                                        preload=WORKER_PRELOAD, init=warm_worker)
+                self._pool = RewardPool(
+                    num_workers=self.num_workers, timeout_s=self.timeout_s, preload=WORKER_PRELOAD, init=warm_worker
+                )
             return self._pool
 
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any],
-                 **row_fields) -> RewardResult:
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any], **row_fields
+    ) -> RewardResult:
         n = len(completions)
         if len(answers) != n:
             raise ValueError(f"math reward got {n} completions but {len(answers)} answers")
@@ -273,7 +303,8 @@ class MathReward:
             on_main = threading.current_thread() is threading.main_thread()
             for i in todo:
                 scores[i], statuses[i], notes[i] = score_completion(
-                    str(answers[i]), completions[i], self.max_answer_chars, self.mv_timeout_s if on_main else None)
+                    str(answers[i]), completions[i], self.max_answer_chars, self.mv_timeout_s if on_main else None
+                )
         elif todo:
             # Identical (gold, completion) pairs are scored once: a small policy often repeats itself in a group.
             unique: dict[tuple[str, str], list[int]] = {}
@@ -291,13 +322,21 @@ class MathReward:
                     scores[i], statuses[i], notes[i] = got
         out = _result([float(s) if _math.isfinite(s) else 0.0 for s in scores], statuses, notes)
         if out.errors or out.timeouts:
-            log.warning("math reward: %d of %d samples scored 0 for an error (%d golds that do not parse) and %d "
-                        "for a timeout", out.errors, n, out.counts[GOLD_UNPARSED], out.timeouts)
+            log.warning(
+                "math reward: %d of %d samples scored 0 for an error (%d golds that do not parse) and %d for a timeout",
+                out.errors,
+                n,
+                out.counts[GOLD_UNPARSED],
+                out.timeouts,
+            )
         noted = sorted({str(answers[i]) for i in range(n) if notes[i]})
         if noted:
-            log.warning("math reward: %d gold answers parse only to text or to a number without the symbols they "
-                        "name (scored anyway; check the answer column): %s", len(noted),
-                        ", ".join(repr(g[:60]) for g in noted[:3]) + (" ..." if len(noted) > 3 else ""))
+            log.warning(
+                "math reward: %d gold answers parse only to text or to a number without the symbols they "
+                "name (scored anyway; check the answer column): %s",
+                len(noted),
+                ", ".join(repr(g[:60]) for g in noted[:3]) + (" ..." if len(noted) > 3 else ""),
+            )
         return out
 
     def close(self) -> None:
@@ -316,8 +355,9 @@ _DEFAULT: MathReward | None = None
 _DEFAULT_LOCK = threading.Lock()
 
 
-def math_reward(prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any],
-                **row_fields) -> RewardResult:
+def math_reward(
+    prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any], **row_fields
+) -> RewardResult:
     """The math reward as a plain function (`rewards.math:math_reward` in config): a process-wide
     `MathReward()` with default settings, whose pool starts on the first call."""
     global _DEFAULT
@@ -327,12 +367,14 @@ def math_reward(prompts: Sequence[str], completions: Sequence[str], answers: Seq
     return _DEFAULT(prompts, completions, answers, **row_fields)
 
 
-def format_reward(prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any],
-                  **row_fields) -> list[float]:
+def format_reward(
+    prompts: Sequence[str], completions: Sequence[str], answers: Sequence[Any], **row_fields
+) -> list[float]:
     """1.0 when a finished completion carries an answer anchor (see the module docstring), else 0.0.
 
     Cheap (no sympy): runs in-process. Meant as a small-weight shaping term beside `MathReward`.
     """
     reasons = _finish_reasons(len(completions), row_fields)
-    return [0.0 if r in UNFINISHED_REASONS else float(extract_answer(c) is not None)
-            for c, r in zip(completions, reasons)]
+    return [
+        0.0 if r in UNFINISHED_REASONS else float(extract_answer(c) is not None) for c, r in zip(completions, reasons)
+    ]

@@ -53,9 +53,9 @@ _QUEUE_BYTES = 64 * 1024  # largest pickled item queued behind a running one (pi
 
 @dataclass
 class ItemResult:
-    value: Any          # the function's return value; None unless status == "ok"
-    status: str         # ok | error | timeout | crash
-    seconds: float      # from hand-over to a worker until the result (or the kill)
+    value: Any  # the function's return value; None unless status == "ok"
+    status: str  # ok | error | timeout | crash
+    seconds: float  # from hand-over to a worker until the result (or the kill)
     error: str = ""
 
 
@@ -138,15 +138,16 @@ class _Pending:
 class _Worker:
     def __init__(self, ctx, preload: tuple[str, ...], init: Callable | None):
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, preload, init), daemon=True,
-                                name="fbrl-reward-worker")
+        self.proc = ctx.Process(
+            target=_worker_main, args=(child, preload, init), daemon=True, name="fbrl-reward-worker"
+        )
         self.proc.start()
         child.close()
         self.started = time.monotonic()
         self.ready = False
         self.queue: deque[int] = deque()  # item indices sent, in order; queue[0] is running
-        self.key: Any = None              # the item group it is working through (see _Pending)
-        self.head_started = 0.0           # when queue[0] started (as seen by the dispatcher)
+        self.key: Any = None  # the item group it is working through (see _Pending)
+        self.head_started = 0.0  # when queue[0] started (as seen by the dispatcher)
 
     def kill(self) -> None:
         try:
@@ -166,8 +167,16 @@ class RewardPool:
     tables), so neither cost is charged to an item's timeout.
     """
 
-    def __init__(self, num_workers: int = 2, timeout_s: float = 10.0, *, preload: Sequence[str] = (),
-                 init: Callable | None = None, start_method: str = "forkserver", startup_timeout_s: float = 120.0):
+    def __init__(
+        self,
+        num_workers: int = 2,
+        timeout_s: float = 10.0,
+        *,
+        preload: Sequence[str] = (),
+        init: Callable | None = None,
+        start_method: str = "forkserver",
+        startup_timeout_s: float = 120.0,
+    ):
         if start_method not in ("forkserver", "spawn"):
             raise ValueError("start_method must be 'forkserver' or 'spawn' ('fork' is unsafe beside threads)")
         if num_workers < 1 or timeout_s <= 0:
@@ -289,8 +298,9 @@ class RewardPool:
                     w.head_started = time.monotonic()
                 w.queue.append(i)
 
-    def _run(self, fn: Callable | None, items: list[tuple], keys: Sequence[Any] | None,
-             until_ready: bool = False) -> list[ItemResult]:
+    def _run(
+        self, fn: Callable | None, items: list[tuple], keys: Sequence[Any] | None, until_ready: bool = False
+    ) -> list[ItemResult]:
         results: list[ItemResult | None] = [None] * len(items)
         pending = _Pending(range(len(items)) if keys is None else keys)
         failed_starts = 0
@@ -324,8 +334,14 @@ class RewardPool:
                         w.ready, failed_starts = True, 0
                     elif w.queue:
                         i = w.queue.popleft()
-                        self._record(results, i, kind, now - w.head_started, payload if kind == OK else None,
-                                     "" if kind == OK else payload)
+                        self._record(
+                            results,
+                            i,
+                            kind,
+                            now - w.head_started,
+                            payload if kind == OK else None,
+                            "" if kind == OK else payload,
+                        )
                         w.head_started = now  # the queued item (if any) starts now
                 if got_msg:
                     continue
@@ -345,7 +361,8 @@ class RewardPool:
                     self._retire(w, results, pending, CRASH, "worker did not start")
                 if failed_starts > 2 * self.num_workers:
                     self._abort()
-                    raise RuntimeError(f"reward workers keep failing to start (start method "
-                                       f"{self._ctx.get_start_method()}, preload {self.preload})")
+                    raise RuntimeError(
+                        f"reward workers keep failing to start (start method "
+                        f"{self._ctx.get_start_method()}, preload {self.preload})"
+                    )
         return results  # type: ignore[return-value]
-

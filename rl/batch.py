@@ -5,6 +5,7 @@ for is `rl.train.sampling.SamplingParams`). `LearnerBatch` is a right-padded ten
 the likelihood estimators: response token j of row b sits at position `prompt_lens[b] + j`, and its log-prob is read
 from the state at position `prompt_lens[b] + j - 1` (row j of the recorded states, docs/DESIGN.md §4).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -75,13 +76,19 @@ class LearnerBatch:
         """A sub-batch (micro-batch or a rank's share) with the same padding."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         pick = lambda t: None if t is None else t[rows]
-        return LearnerBatch(pick(self.input_ids), pick(self.attention_mask), pick(self.prompt_lens),
-                            pick(self.response_lens), pick(self.response_mask), pick(self.engine_logprobs),
-                            pick(self.states), {k: v[rows] for k, v in self.extras.items()})
+        return LearnerBatch(
+            pick(self.input_ids),
+            pick(self.attention_mask),
+            pick(self.prompt_lens),
+            pick(self.response_lens),
+            pick(self.response_mask),
+            pick(self.engine_logprobs),
+            pick(self.states),
+            {k: v[rows] for k, v in self.extras.items()},
+        )
 
 
-def collate(samples: list[Sample], pad_id: int = 0, with_states: bool = False,
-            state_rows=None) -> LearnerBatch:
+def collate(samples: list[Sample], pad_id: int = 0, with_states: bool = False, state_rows=None) -> LearnerBatch:
     """Right-pad samples into a LearnerBatch (states decoded to fp32 for the learner). `state_rows`: only these
     rows' states are read (they must be tensors; the other rows may still hold a `StateRef`) and the other rows'
     stay zero: a learner rank's stand-in row for an empty micro-batch is another rank's, never fetched."""
@@ -99,28 +106,38 @@ def collate(samples: list[Sample], pad_id: int = 0, with_states: bool = False,
     if with_states:
         missing = [i for i in sorted(read) if samples[i].states is None]
         if missing:
-            raise ValueError(f"collate: samples {missing[:5]} have no recorded states (rollout.record_states "
-                             f"must be on for the replay estimator)")
+            raise ValueError(
+                f"collate: samples {missing[:5]} have no recorded states (rollout.record_states "
+                f"must be on for the replay estimator)"
+            )
         remote = [i for i in sorted(read) if isinstance(samples[i].states, StateRef)]
         if remote:
-            raise ValueError(f"collate: samples {remote[:5]} hold a StateRef, not their states: the learner must "
-                             f"fetch the rows it reads first (actors/state_plane.py)")
+            raise ValueError(
+                f"collate: samples {remote[:5]} hold a StateRef, not their states: the learner must "
+                f"fetch the rows it reads first (actors/state_plane.py)"
+            )
         states = torch.zeros(B, R, _state_width(samples, read))
     for b, s in enumerate(samples):
         seq = s.prompt_ids + s.response_ids
-        input_ids[b, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-        attention_mask[b, :len(seq)] = 1
-        response_mask[b, :s.response_len] = 1
-        engine_logprobs[b, :s.response_len] = torch.tensor(s.logprobs, dtype=torch.float32)
+        input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention_mask[b, : len(seq)] = 1
+        response_mask[b, : s.response_len] = 1
+        engine_logprobs[b, : s.response_len] = torch.tensor(s.logprobs, dtype=torch.float32)
         if states is not None and b in read:
             if s.states.shape[0] != s.response_len:
-                raise ValueError(f"collate: sample {b} has {s.states.shape[0]} state rows for "
-                                 f"{s.response_len} response tokens")
-            states[b, :s.response_len] = state_formats.decode(s.states)
-    return LearnerBatch(input_ids, attention_mask,
-                        torch.tensor([s.prompt_len for s in samples]),
-                        torch.tensor([s.response_len for s in samples]),
-                        response_mask, engine_logprobs, states)
+                raise ValueError(
+                    f"collate: sample {b} has {s.states.shape[0]} state rows for {s.response_len} response tokens"
+                )
+            states[b, : s.response_len] = state_formats.decode(s.states)
+    return LearnerBatch(
+        input_ids,
+        attention_mask,
+        torch.tensor([s.prompt_len for s in samples]),
+        torch.tensor([s.response_len for s in samples]),
+        response_mask,
+        engine_logprobs,
+        states,
+    )
 
 
 def _state_width(samples: list[Sample], read: set[int]) -> int:

@@ -14,6 +14,7 @@ them in config.json, `fbt_decode_modes` (a sorted list):
 Checkpoints written before the record existed are read from their `pretrain_config.yaml` the same way; without
 either, the modes are unknown and nothing is said.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,6 +55,7 @@ def trained_decode_modes(checkpoint: str | Path) -> list[str] | None:
     saved = path / "pretrain_config.yaml"
     if saved.is_file():
         import yaml
+
         pcfg = (yaml.safe_load(saved.read_text()) or {}).get("pretrain")
         if isinstance(pcfg, dict):
             return modes_of_pretraining(pcfg) or None
@@ -86,7 +88,9 @@ def mode_warning(checkpoint: str | Path, wanted, what: str) -> str | None:
     missing = [m for m in dict.fromkeys(wanted) if trained is not None and m not in trained]
     if not missing:
         return None
-    return (f"warning: {checkpoint} was trained for decode mode{'s' if len(trained) > 1 else ''} "
-            f"{', '.join(trained)}, not {', '.join(missing)} ({what}): expect low accuracy and truncated answers in "
-            f"{'that mode' if len(missing) == 1 else 'those modes'} (docs/PRETRAINING.md says which objective "
-            f"trains which mode)")
+    return (
+        f"warning: {checkpoint} was trained for decode mode{'s' if len(trained) > 1 else ''} "
+        f"{', '.join(trained)}, not {', '.join(missing)} ({what}): expect low accuracy and truncated answers in "
+        f"{'that mode' if len(missing) == 1 else 'those modes'} (docs/PRETRAINING.md says which objective "
+        f"trains which mode)"
+    )

@@ -18,6 +18,7 @@ the failed pass is closed with it and a new one regenerates the batches from the
 or gradients were not finite is skipped; `RunGuard` stops the job (`RunStopped`) when that, or a failing reward,
 persists. `stop_requested()` (a signal arrived) ends the job after the current step, which is checkpointed.
 """
+
 from __future__ import annotations
 
 import time
@@ -40,9 +41,19 @@ from rl.train.run_dir import RunDir, restore_step, save_step, stop_after_step, s
 from rl.train.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
 
 
-def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorkers, rewards: RewardWorkers,
-          run: RunDir, log=print, progress=None, faults: FaultLog | None = None, stop_requested=None,
-          background_rollouts: bool | None = None) -> list[dict]:
+def train(
+    cfg: Config,
+    tokenizer,
+    rollout: RolloutWorkers,
+    learner: LearnerWorkers,
+    rewards: RewardWorkers,
+    run: RunDir,
+    log=print,
+    progress=None,
+    faults: FaultLog | None = None,
+    stop_requested=None,
+    background_rollouts: bool | None = None,
+) -> list[dict]:
     """Run the job to `cfg.train.steps` (continuing `cfg.train.resume`); returns the metrics of the steps run.
 
     `stop_requested()` returns a reason (e.g. "SIGTERM") once the job should end; it is asked between steps.
@@ -50,18 +61,38 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
     force it at 0 to check that the thread changes nothing)."""
     faults = faults if faults is not None else FaultLog(log)
     fitter = PromptFitter(tokenizer, prompt_token_limit(cfg), cfg.data.overlong_prompts)
-    train_rows = fitter.fit_reported(load_task_split(cfg.data, "train", tokenizer=tokenizer), "train data", faults,
-                                     log)
-    eval_rows = fitter.fit_reported(load_task_split(cfg.data, "test", n=cfg.train.eval_n, tokenizer=tokenizer),
-                                    "eval data", faults, log) if cfg.train.eval_every > 0 else []
+    train_rows = fitter.fit_reported(load_task_split(cfg.data, "train", tokenizer=tokenizer), "train data", faults, log)
+    eval_rows = (
+        fitter.fit_reported(
+            load_task_split(cfg.data, "test", n=cfg.train.eval_n, tokenizer=tokenizer), "eval data", faults, log
+        )
+        if cfg.train.eval_every > 0
+        else []
+    )
     reward_columns(train_rows + eval_rows)  # a column that would shadow a reward argument fails now, not at step 1
     # rollout and reward calls from the loop and from the producer thread take turns (new weights reach the
     # engines between requests: rl/train/rollout_queue.py); one lock per worker object for the whole job, so a
     # generation still in flight from a pass that a rebuilt learner ended finishes before the next pass syncs
-    parts = _Parts(cfg, tokenizer, fitter, train_rows, eval_rows, Serialized(rollout), learner, Serialized(rewards),
-                   run, log, progress, faults)
-    job = _Job(restore="resume" if cfg.train.resume else None, guard=RunGuard(cfg.faults, faults),
-               stop_requested=stop_requested or (lambda: None), background_rollouts=background_rollouts)
+    parts = _Parts(
+        cfg,
+        tokenizer,
+        fitter,
+        train_rows,
+        eval_rows,
+        Serialized(rollout),
+        learner,
+        Serialized(rewards),
+        run,
+        log,
+        progress,
+        faults,
+    )
+    job = _Job(
+        restore="resume" if cfg.train.resume else None,
+        guard=RunGuard(cfg.faults, faults),
+        stop_requested=stop_requested or (lambda: None),
+        background_rollouts=background_rollouts,
+    )
     history: list[dict] = []
     while True:
         try:
@@ -74,6 +105,7 @@ def train(cfg: Config, tokenizer, rollout: RolloutWorkers, learner: LearnerWorke
 @dataclass
 class _Parts:
     """What one job runs with: the config, the data, the workers, where it writes and how it reports."""
+
     cfg: Config
     tokenizer: object
     fitter: PromptFitter
@@ -91,12 +123,15 @@ class _Parts:
 @dataclass
 class _Job:
     """What outlives one pass of `_run_steps` when the learner is rebuilt mid-job."""
-    restore: str | None           # "resume" / "rebuild": start from the run's last checkpoint
+
+    restore: str | None  # "resume" / "rebuild": start from the run's last checkpoint
     guard: RunGuard
-    stop_requested: object        # () -> a reason to stop (str) or None
-    step: int = 0                 # the last step completed
-    version: int = 0              # the newest policy version pushed to the engines (versions only increase)
-    background_rollouts: bool | None = None  # rl/train/rollout_queue.py's producer thread (None: when max_staleness > 0)
+    stop_requested: object  # () -> a reason to stop (str) or None
+    step: int = 0  # the last step completed
+    version: int = 0  # the newest policy version pushed to the engines (versions only increase)
+    background_rollouts: bool | None = (
+        None  # rl/train/rollout_queue.py's producer thread (None: when max_staleness > 0)
+    )
 
 
 def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
@@ -111,9 +146,16 @@ def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
     # makes a new queue from the restored step, so the batches after the checkpoint are generated again.
     batches = RolloutQueue(
         lambda k, v: generate_batch(cfg, p.fitter, sampler, p.rollout, p.tokenizer.eos_token_id, k, v),
-        lambda b: score_batch(p.tokenizer, p.rewards, b), p.rollout, first_step=step + 1, last_step=cfg.train.steps,
-        max_staleness=max_staleness, checkpoint_every=cfg.train.checkpoint_every, published_step=step,
-        version=version, background=job.background_rollouts)
+        lambda b: score_batch(p.tokenizer, p.rewards, b),
+        p.rollout,
+        first_step=step + 1,
+        last_step=cfg.train.steps,
+        max_staleness=max_staleness,
+        checkpoint_every=cfg.train.checkpoint_every,
+        published_step=step,
+        version=version,
+        background=job.background_rollouts,
+    )
     unsaved = None  # the state of the last step completed in this pass, when it was not checkpointed
     with batches:
         while step < cfg.train.steps:
@@ -135,8 +177,9 @@ def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
             lengths = torch.tensor([s.response_len for s in samples], dtype=torch.float32)
             reward_metrics = dict(batch.reward_metrics)
             if cfg.algo.overlong_buffer > 0:  # a reward term of its own, logged like the others
-                penalty = algos.overlong_penalty(lengths, cfg.rollout.max_tokens, cfg.algo.overlong_buffer,
-                                                 cfg.algo.overlong_factor)
+                penalty = algos.overlong_penalty(
+                    lengths, cfg.rollout.max_tokens, cfg.algo.overlong_buffer, cfg.algo.overlong_factor
+                )
                 reward = reward + penalty
                 reward_metrics["rewards/overlong_penalty/mean"] = float(penalty.mean()) if len(samples) else 0.0
 
@@ -171,12 +214,29 @@ def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
             time_sync = time.perf_counter() - t0
 
             # 6. metrics, the held-out eval when due, the checkpoint and RUN_DIR/policy/ when due
-            metrics = step_row(step, version, batch, reward, lengths, skipped=skip, nonfinite=nonfinite,
-                               dropped=dropped, stale_dropped=stale_dropped, ages=ages,
-                               reward_metrics=reward_metrics, learner_metrics=learner_metrics, parts=parts,
-                               times={"rollout": batch.time_rollout_s, "reward": batch.time_reward_s,
-                                      "wait": time_wait, "mismatch_parts": time_parts, "learner": time_learner,
-                                      "sync": time_sync})
+            metrics = step_row(
+                step,
+                version,
+                batch,
+                reward,
+                lengths,
+                skipped=skip,
+                nonfinite=nonfinite,
+                dropped=dropped,
+                stale_dropped=stale_dropped,
+                ages=ages,
+                reward_metrics=reward_metrics,
+                learner_metrics=learner_metrics,
+                parts=parts,
+                times={
+                    "rollout": batch.time_rollout_s,
+                    "reward": batch.time_reward_s,
+                    "wait": time_wait,
+                    "mismatch_parts": time_parts,
+                    "learner": time_learner,
+                    "sync": time_sync,
+                },
+            )
             if cfg.train.eval_every > 0 and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
                 metrics.update(_heldout(p, version, step)[0])
             # the sampler position after this step's prompts (the producer may have drawn later batches)
@@ -204,8 +264,10 @@ def _start(p: _Parts, job: _Job, sampler: PromptSampler, history: list[dict]) ->
         if job.restore == "rebuild":  # completed steps after the checkpoint are lost and run again
             p.faults.add("steps_lost", max(job.step - step, 0))
             history[:] = [m for m in history if m["step"] <= step]
-            p.log(f"learner restored to step {step} (policy version {version + 1}); the next steps run again "
-                  f"with the same prompts")
+            p.log(
+                f"learner restored to step {step} (policy version {version + 1}); the next steps run again "
+                f"with the same prompts"
+            )
             job.step = step
         else:
             p.log(f"resumed {p.run.path} at step {step} (policy version {version})")
@@ -222,8 +284,9 @@ def _start(p: _Parts, job: _Job, sampler: PromptSampler, history: list[dict]) ->
 
 def _heldout(p: _Parts, version: int, step: int) -> tuple[dict, dict, dict]:
     """The held-out eval at `step`: (its metrics row fields, strict and lenient accuracy per mode)."""
-    strict, lenient = heldout_accuracy(p.cfg, p.eval_rows, p.tokenizer, p.rollout, p.rewards, version, p.fitter.encode,
-                                       p.run, step, p.log)
+    strict, lenient = heldout_accuracy(
+        p.cfg, p.eval_rows, p.tokenizer, p.rollout, p.rewards, version, p.fitter.encode, p.run, step, p.log
+    )
     return eval_metrics(strict, lenient, p.cfg.train.eval_decode_modes[0]), strict, lenient
 
 

@@ -6,6 +6,7 @@ from, softmax(logits / T) truncated by top-k / top-p and renormalised; T = 0 mea
 untempered logits), the finish reason, the policy version, and, when asked, the recorded states (row j = the state that
 predicted response token j).
 """
+
 from __future__ import annotations
 
 import abc
@@ -38,8 +39,9 @@ class RolloutEngine(abc.ABC):
     version: int = 0
 
     @abc.abstractmethod
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 min_version: int | None = None) -> list[Sample]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, min_version: int | None = None
+    ) -> list[Sample]:
         """n samples per prompt, flat, ordered by prompt then sample (`group_id`, `sample_index` set)."""
 
     @abc.abstractmethod
@@ -49,8 +51,9 @@ class RolloutEngine(abc.ABC):
 
     def check_version(self, min_version: int | None) -> None:
         if min_version is not None and self.version < min_version:
-            raise StaleWeightsError(f"engine holds policy version {self.version}, request requires "
-                                    f">= {min_version}; sync weights first")
+            raise StaleWeightsError(
+                f"engine holds policy version {self.version}, request requires >= {min_version}; sync weights first"
+            )
 
     def _check_new_version(self, version: int) -> None:
         if version <= self.version and not (version == 0 and self.version == 0):

@@ -1,6 +1,7 @@
 """A KV cache with room for the whole decode, for the torch engine: transformers' `DynamicCache` grows by
 concatenation (a copy of every layer's keys and values per generated token); `preallocate` swaps each layer for one
 that writes into a buffer sized for prompt + max_tokens, and grows the batch by repeating rows in place."""
+
 from __future__ import annotations
 
 import torch
@@ -27,16 +28,16 @@ class PreallocatedLayer(DynamicLayer):
         self._views()
 
     def _views(self):
-        self.keys, self.values = self.kbuf[:, :, :self.length], self.vbuf[:, :, :self.length]
+        self.keys, self.values = self.kbuf[:, :, : self.length], self.vbuf[:, :, : self.length]
 
     def update(self, key_states, value_states, *args, **kwargs):
         end = self.length + key_states.shape[-2]
         if end > self.kbuf.shape[-2]:  # out of room (not expected): grow like DynamicLayer would
-            grow = lambda buf, new: torch.cat([buf[:, :, :self.length], new], dim=-2)
+            grow = lambda buf, new: torch.cat([buf[:, :, : self.length], new], dim=-2)
             self.kbuf, self.vbuf = grow(self.kbuf, key_states), grow(self.vbuf, value_states)
         else:
-            self.kbuf[:, :, self.length:end] = key_states
-            self.vbuf[:, :, self.length:end] = value_states
+            self.kbuf[:, :, self.length : end] = key_states
+            self.vbuf[:, :, self.length : end] = value_states
         self.length = end
         self._views()
         return self.keys, self.values

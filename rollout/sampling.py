@@ -7,6 +7,7 @@ follow the log-prob contract (rl/estimators/logprob_contract.py): log π_b of th
 distribution sampled from (truncated by top-k / top-p and renormalised, the same kept set as vLLM's); T = 0 is
 greedy with log-probs of the untempered logits.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,7 +48,7 @@ def uniforms(keys: torch.Tensor, step: int) -> torch.Tensor:
     t = torch.tensor(step & _MASK32)
     a = _fmix32(keys[:, 0] ^ _fmix32(t ^ keys[:, 1]))
     b = _fmix32(keys[:, 1] ^ _fmix32(a ^ 0x85EBCA6B))
-    return ((a >> 6) * 2.0 ** 27 + (b >> 5)).double() * 2.0 ** -53
+    return ((a >> 6) * 2.0**27 + (b >> 5)).double() * 2.0**-53
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor):

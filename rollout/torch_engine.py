@@ -39,6 +39,7 @@ Design choices (bench/decode.py measures them; docs/BENCHMARKS.md has the figure
   differently shaped batches landing a uniform on the other side of a CDF boundary) — and there is no per-row
   `torch.Generator` loop in the step (B Python calls per token). Log-probs follow docs/DESIGN.md §5.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,8 +63,8 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tenso
     ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
     mask = torch.zeros(len(prompts), P, dtype=torch.long)
     for b, p in enumerate(prompts):
-        ids[b, P - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[b, P - len(p):] = 1
+        ids[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+        mask[b, P - len(p) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -105,8 +106,9 @@ def load_state_dict_from(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     path = Path(path)
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
     if not files or not all(f.suffix == ".safetensors" and f.is_file() for f in files):
-        raise ValueError(f"load_weights: {str(path)!r} is neither a .safetensors file nor a directory holding "
-                         f"*.safetensors files")
+        raise ValueError(
+            f"load_weights: {str(path)!r} is neither a .safetensors file nor a directory holding *.safetensors files"
+        )
     state = {}
     for f in files:
         state.update(load_file(str(f)))
@@ -126,8 +128,15 @@ class TorchEngine(RolloutEngine):
         are not); 0 = one group per distinct prompt length.
     """
 
-    def __init__(self, model, version: int = 0, eos_token_ids=None, tokenizer=None, fusion_tables: bool = True,
-                 prefill_split_tokens: float | None = None):
+    def __init__(
+        self,
+        model,
+        version: int = 0,
+        eos_token_ids=None,
+        tokenizer=None,
+        fusion_tables: bool = True,
+        prefill_split_tokens: float | None = None,
+    ):
         self.model = model
         self.version = int(version)
         if eos_token_ids is None:
@@ -144,8 +153,11 @@ class TorchEngine(RolloutEngine):
             # memory bandwidth vs FLOP rate) and pays ~0.4 ms of dispatch per layer (~2e7 FLOPs at CPU matmul
             # speed); one prompt token costs 2 FLOPs per parameter. Measured: tiny ~50, 135M ~15-20 tokens.
             n_params = sum(p.numel() for p in model.parameters())
-            prefill_split_tokens = float("inf") if self.device.type != "cpu" else \
-                16 + 2e7 * model.config.num_hidden_layers / (2 * n_params)
+            prefill_split_tokens = (
+                float("inf")
+                if self.device.type != "cpu"
+                else 16 + 2e7 * model.config.num_hidden_layers / (2 * n_params)
+            )
         self.prefill_split_tokens = prefill_split_tokens
 
     @staticmethod
@@ -174,13 +186,18 @@ class TorchEngine(RolloutEngine):
         """
         self._check_new_version(version)
         state = weights if isinstance(weights, dict) else load_state_dict_from(weights)
-        tied = set(getattr(self.model, "_tied_weights_keys", None) or ()) \
-            if self.model.config.tie_word_embeddings else set()
+        tied = (
+            set(getattr(self.model, "_tied_weights_keys", None) or ())
+            if self.model.config.tie_word_embeddings
+            else set()
+        )
         own = self.model.state_dict()
         missing, unexpected = set(own) - set(state) - tied, set(state) - set(own)
         if missing or unexpected:
-            raise ValueError(f"load_weights: names do not fit the model: missing={sorted(missing)[:5]} "
-                             f"unexpected={sorted(unexpected)[:5]}")
+            raise ValueError(
+                f"load_weights: names do not fit the model: missing={sorted(missing)[:5]} "
+                f"unexpected={sorted(unexpected)[:5]}"
+            )
         with torch.no_grad():
             self.model.load_state_dict(state, strict=False)
         self._tables = None
@@ -243,21 +260,23 @@ class TorchEngine(RolloutEngine):
         validate_prompts(prompts, self.vocab_size)
         bad = [t for t in params.stop_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
         if bad:
-            raise ValueError(f"SamplingParams.stop_token_ids: {bad[:3]} outside the vocabulary "
-                             f"[0, {self.vocab_size})")
+            raise ValueError(f"SamplingParams.stop_token_ids: {bad[:3]} outside the vocabulary [0, {self.vocab_size})")
         limit = getattr(self.model.config, "max_position_embeddings", None)
         longest = max(len(p) for p in prompts)
         if limit is not None and longest + params.max_tokens > limit:
-            raise ValueError(f"SamplingParams.max_tokens={params.max_tokens}: the longest prompt ({longest}) plus "
-                             f"max_tokens exceeds the model's max_position_embeddings ({limit})")
+            raise ValueError(
+                f"SamplingParams.max_tokens={params.max_tokens}: the longest prompt ({longest}) plus "
+                f"max_tokens exceeds the model's max_position_embeddings ({limit})"
+            )
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 min_version: int | None = None) -> list[Sample]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, min_version: int | None = None
+    ) -> list[Sample]:
         """n samples per prompt, flat, prompt-major (module docstring). A stop token ends its sample and is
         included in `response_ids` (finish_reason "stop"); otherwise the sample has max_tokens tokens ("length")."""
         self.check_version(min_version)
         self._validate(prompts, params)
-        seed = params.seed if params.seed is not None else int(torch.randint(0, 2 ** 62, ()).item())
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         training = self.model.training  # the model may be shared with an in-process learner: restore its mode
         self.model.eval()
         try:
@@ -271,11 +290,19 @@ class TorchEngine(RolloutEngine):
         samples = []
         for b, R in enumerate(lengths):
             i, k = divmod(b, params.n)
-            samples.append(Sample(
-                prompt_ids=list(prompts[i]), response_ids=tokens[b][:R], logprobs=logprobs[b][:R],
-                finish_reason="stop" if stopped[b] else "length", policy_version=self.version,
-                states=None if states is None else state_formats.encode(states[b, :R], params.states_dtype).clone(),
-                group_id=i, sample_index=k, decode_mode=params.decode_mode))
+            samples.append(
+                Sample(
+                    prompt_ids=list(prompts[i]),
+                    response_ids=tokens[b][:R],
+                    logprobs=logprobs[b][:R],
+                    finish_reason="stop" if stopped[b] else "length",
+                    policy_version=self.version,
+                    states=None if states is None else state_formats.encode(states[b, :R], params.states_dtype).clone(),
+                    group_id=i,
+                    sample_index=k,
+                    decode_mode=params.decode_mode,
+                )
+            )
         return samples
 
     def _step_mask(self, mask2d: torch.Tensor):
@@ -299,8 +326,11 @@ class TorchEngine(RolloutEngine):
         without the compute spent on padding."""
         model, dev = self.model, self.device
         pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-        groups = prefill_groups([len(p) for p in prompts], self.prefill_split_tokens) \
-            if self.prefill_split_tokens != float("inf") else [list(range(len(prompts)))]
+        groups = (
+            prefill_groups([len(p) for p in prompts], self.prefill_split_tokens)
+            if self.prefill_split_tokens != float("inf")
+            else [list(range(len(prompts)))]
+        )
         if len(groups) == 1:
             ids, mask = left_pad(prompts, pad_id, dev)
             h, cache = model.prefill(ids, mask, mode=mode)
@@ -314,12 +344,16 @@ class TorchEngine(RolloutEngine):
             idx, Pg = torch.tensor(rows, device=dev), ids_g.shape[1]
             if h_last is None:
                 h_last = h_g.new_zeros(len(prompts), h_g.shape[-1])
-                kv = [(lay.keys.new_zeros(len(prompts), *lay.keys.shape[1:2], P, lay.keys.shape[-1]),
-                       lay.values.new_zeros(len(prompts), *lay.values.shape[1:2], P, lay.values.shape[-1]))
-                      for lay in cache_g.layers]
+                kv = [
+                    (
+                        lay.keys.new_zeros(len(prompts), *lay.keys.shape[1:2], P, lay.keys.shape[-1]),
+                        lay.values.new_zeros(len(prompts), *lay.values.shape[1:2], P, lay.values.shape[-1]),
+                    )
+                    for lay in cache_g.layers
+                ]
             h_last[idx] = h_g[:, -1]
             for (k, v), lay in zip(kv, cache_g.layers):
-                k[idx, :, P - Pg:], v[idx, :, P - Pg:] = lay.keys, lay.values
+                k[idx, :, P - Pg :], v[idx, :, P - Pg :] = lay.keys, lay.values
         return h_last, DynamicCache(ddp_cache_data=kv, config=model.config), mask
 
     def _decode(self, prompts, params: SamplingParams, seed: int):
@@ -381,7 +415,7 @@ class TorchEngine(RolloutEngine):
             if step == T - 1:
                 break
             x = self._next_input(tok, h_prev, tables, is_reset) if feedback else model.embed(tok[:, None])
-            am = attn[..., :P0 + step + 1] if attn is not None else None
+            am = attn[..., : P0 + step + 1] if attn is not None else None
             h, cache = model.run_stack(x, am, pos, cache, use_cache=True)
             h_prev, pos = h[:, 0], pos + 1
         cpu = lambda t: None if t is None else t.cpu()

@@ -12,6 +12,7 @@ of squares per tensor). Two things stand between vLLM's parameters and the check
 Vocabulary-padded embeddings / LM heads are cut to `config.vocab_size` rows. Tied weights are counted once, like
 `named_parameters()` on the Hugging Face side.
 """
+
 from __future__ import annotations
 
 import torch
@@ -83,9 +84,10 @@ def live_weight_checksums(model) -> dict[str, float]:
                 _linear_weight_sums(out, module_name, module, packed)
             elif isinstance(module, LinearBase) and pname == "bias" and len(_output_sizes(module)) > 1:
                 a = 0
-                for n, size in zip(_split_names(module_name, packed, len(_output_sizes(module))),
-                                   _output_sizes(module)):
-                    _acc(out, f"{n}.bias", p[a:a + size])
+                for n, size in zip(
+                    _split_names(module_name, packed, len(_output_sizes(module))), _output_sizes(module)
+                ):
+                    _acc(out, f"{n}.bias", p[a : a + size])
                     a += size
             elif p.dim() == 2 and vocab and p.shape[0] > vocab and ("embed" in module_name or "lm_head" in module_name):
                 _acc(out, full, p[:vocab])  # vocabulary padding rows are not part of the checkpoint

@@ -22,6 +22,7 @@ deleted as soon as it is read; never bulk tensors through RPC between processes)
   request table; vLLM 0.32 would pick V2 on CUDA), pickled IPC handles through `collective_rpc` for the native IPC
   transfer, true-fp32 Triton attention for fp32 engines on GPU. docs/GPU.md has the reasons.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -57,11 +58,23 @@ class VLLMEngine(RolloutEngine):
     engine_kwargs: more `vllm.LLM` options; one that contradicts `FORCED_OPTIONS` is a ValueError naming it.
     """
 
-    def __init__(self, checkpoint_dir: str, decode_mode: str = "soft", version: int = 0, max_model_len: int = 1024,
-                 max_num_seqs: int = 64, kv_cache_gib: float | None = None, seed: int = 0, dtype: str = "auto",
-                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
-                 weight_transfer_backend: str | None = None, num_gpu_blocks_override: int | None = None,
-                 eos_token_ids=None, **engine_kwargs):
+    def __init__(
+        self,
+        checkpoint_dir: str,
+        decode_mode: str = "soft",
+        version: int = 0,
+        max_model_len: int = 1024,
+        max_num_seqs: int = 64,
+        kv_cache_gib: float | None = None,
+        seed: int = 0,
+        dtype: str = "auto",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        weight_transfer_backend: str | None = None,
+        num_gpu_blocks_override: int | None = None,
+        eos_token_ids=None,
+        **engine_kwargs,
+    ):
         if decode_mode not in PROMPT_MODES:
             raise ValueError(f"decode_mode: expected one of {PROMPT_MODES}, got {decode_mode!r}")
         from vllm.platforms import current_platform
@@ -80,8 +93,10 @@ class VLLMEngine(RolloutEngine):
         self.config = AutoConfig.from_pretrained(checkpoint_dir)
         arch = (self.config.architectures or [""])[0]
         if arch not in ("FBTLlamaForCausalLM", "FBTQwen2ForCausalLM"):
-            raise ValueError(f"{checkpoint_dir}: architectures[0] is {arch!r}, not an FBT model "
-                             f"(convert it with rl.model.convert_to_fbt)")
+            raise ValueError(
+                f"{checkpoint_dir}: architectures[0] is {arch!r}, not an FBT model "
+                f"(convert it with rl.model.convert_to_fbt)"
+            )
         self.checkpoint_dir, self.version, self.max_model_len = checkpoint_dir, int(version), max_model_len
         self.max_num_seqs = max_num_seqs
         self.vocab_size = self.config.vocab_size
@@ -90,9 +105,19 @@ class VLLMEngine(RolloutEngine):
         elif isinstance(eos_token_ids, int):
             eos_token_ids = {eos_token_ids}
         self.eos_token_ids = tuple(sorted(int(t) for t in eos_token_ids))
-        kwargs = self._engine_options(engine_kwargs, decode_mode, max_model_len, max_num_seqs, kv_cache_gib, seed,
-                                      dtype, tensor_parallel_size, gpu_memory_utilization, weight_transfer_backend,
-                                      num_gpu_blocks_override)
+        kwargs = self._engine_options(
+            engine_kwargs,
+            decode_mode,
+            max_model_len,
+            max_num_seqs,
+            kv_cache_gib,
+            seed,
+            dtype,
+            tensor_parallel_size,
+            gpu_memory_utilization,
+            weight_transfer_backend,
+            num_gpu_blocks_override,
+        )
         from vllm import LLM
 
         set_num_threads = torch.set_num_threads
@@ -116,27 +141,52 @@ class VLLMEngine(RolloutEngine):
         self._weights_invalid = False
 
     # ---- construction helpers ----------------------------------------------------------------------------
-    def _engine_options(self, extra, decode_mode, max_model_len, max_num_seqs, kv_cache_gib, seed, dtype, tp,
-                        gpu_util, wt_backend, blocks_override) -> dict:
+    def _engine_options(
+        self,
+        extra,
+        decode_mode,
+        max_model_len,
+        max_num_seqs,
+        kv_cache_gib,
+        seed,
+        dtype,
+        tp,
+        gpu_util,
+        wt_backend,
+        blocks_override,
+    ) -> dict:
         for name, value in extra.items():
             if name in FORCED_OPTIONS and value != FORCED_OPTIONS[name][0]:
                 forced, why = FORCED_OPTIONS[name]
-                raise ValueError(f"VLLMEngine: engine option {name}={value!r} is incompatible with latent-feedback "
-                                 f"decoding ({why}); it must be {forced!r}")
+                raise ValueError(
+                    f"VLLMEngine: engine option {name}={value!r} is incompatible with latent-feedback "
+                    f"decoding ({why}); it must be {forced!r}"
+                )
         mnbt = extra.pop("max_num_batched_tokens", max(max_model_len, 4096))
         if mnbt < max_model_len:
-            raise ValueError(f"VLLMEngine: engine option max_num_batched_tokens={mnbt} is incompatible with "
-                             f"latent-feedback decoding: it must be >= max_model_len={max_model_len} so no prompt "
-                             f"is chunked")
+            raise ValueError(
+                f"VLLMEngine: engine option max_num_batched_tokens={mnbt} is incompatible with "
+                f"latent-feedback decoding: it must be >= max_model_len={max_model_len} so no prompt "
+                f"is chunked"
+            )
         hf_overrides = dict(extra.pop("hf_overrides", None) or {})
         for key in ("architectures", "model_type"):
             if key in hf_overrides:
-                raise ValueError(f"VLLMEngine: engine option hf_overrides[{key!r}] is incompatible: the checkpoint's "
-                                 f"own {key} selects the FBT plugin")
+                raise ValueError(
+                    f"VLLMEngine: engine option hf_overrides[{key!r}] is incompatible: the checkpoint's "
+                    f"own {key} selects the FBT plugin"
+                )
         hf_overrides["fbt_decode_mode"] = decode_mode
         opts = {name: forced for name, (forced, _) in FORCED_OPTIONS.items()}
-        opts.update(max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt, seed=seed,
-                    dtype=dtype, tensor_parallel_size=tp, hf_overrides=hf_overrides)
+        opts.update(
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=mnbt,
+            seed=seed,
+            dtype=dtype,
+            tensor_parallel_size=tp,
+            hf_overrides=hf_overrides,
+        )
         if kv_cache_gib is None and self.on_cpu:
             kv_cache_gib = self._kv_gib_needed(max_model_len, max_num_seqs, dtype)
         if kv_cache_gib is not None:  # on GPU, None: vLLM sizes the cache from gpu_memory_utilization
@@ -146,8 +196,10 @@ class VLLMEngine(RolloutEngine):
         if self.on_cpu:
             opts["distributed_executor_backend"] = "uni"
             if wt_backend is not None:
-                raise ValueError(f"VLLMEngine: weight_transfer_backend={wt_backend!r} needs a GPU; on CPU weights "
-                                 f"go through load_weights(path, version)")
+                raise ValueError(
+                    f"VLLMEngine: weight_transfer_backend={wt_backend!r} needs a GPU; on CPU weights "
+                    f"go through load_weights(path, version)"
+                )
         else:
             opts["gpu_memory_utilization"] = gpu_util
             if wt_backend is not None:
@@ -176,8 +228,14 @@ class VLLMEngine(RolloutEngine):
         the state slots."""
         c = self.config
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        nbytes = 2 if (dtype in ("bfloat16", "float16", "half")
-                       or (dtype == "auto" and str(getattr(c, "dtype", "float32")) in ("bfloat16", "float16"))) else 4
+        nbytes = (
+            2
+            if (
+                dtype in ("bfloat16", "float16", "half")
+                or (dtype == "auto" and str(getattr(c, "dtype", "float32")) in ("bfloat16", "float16"))
+            )
+            else 4
+        )
         per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * nbytes
         # vLLM CPU pages a hybrid model's KV in 128-token blocks, and each request also holds one state page of a
         # block's size: ceil(L / 128) + 1 blocks (2 x L alone fell short at L = 140: 53 of 64 sequences fit)
@@ -189,27 +247,34 @@ class VLLMEngine(RolloutEngine):
         cc = self.llm.llm_engine.vllm_config.cache_config
         conc = getattr(cc, "kv_cache_max_concurrency", None)
         if conc is not None and conc < self.max_num_seqs:
-            raise ValueError(f"VLLMEngine: the KV cache holds {conc:.2f} sequences of max_model_len="
-                             f"{self.max_model_len} tokens, fewer than max_num_seqs={self.max_num_seqs}: decoding could "
-                             f"preempt (and lose latent states). Raise kv_cache_gib or lower max_num_seqs.")
+            raise ValueError(
+                f"VLLMEngine: the KV cache holds {conc:.2f} sequences of max_model_len="
+                f"{self.max_model_len} tokens, fewer than max_num_seqs={self.max_num_seqs}: decoding could "
+                f"preempt (and lose latent states). Raise kv_cache_gib or lower max_num_seqs."
+            )
 
     def _rpc(self, method: str, *args, **kwargs):
         """Call a worker-extension method on every worker; return rank 0's answer."""
         return self.llm.collective_rpc(method, args=args, kwargs=kwargs or None)[0]
 
     # ---- RolloutEngine -----------------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 min_version: int | None = None) -> list[Sample]:
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams, min_version: int | None = None
+    ) -> list[Sample]:
         if self._weights_invalid:
-            raise StaleWeightsError("a native weight transfer started and its weights carry no policy version yet "
-                                    "(finish_weight_update(weight_version=v) or set_weight_version(v))")
+            raise StaleWeightsError(
+                "a native weight transfer started and its weights carry no policy version yet "
+                "(finish_weight_update(weight_version=v) or set_weight_version(v))"
+            )
         self.check_version(min_version)
         params.validate()
         validate_prompts(prompts, self.vocab_size)
         for i, p in enumerate(prompts):
             if len(p) + params.max_tokens > self.max_model_len:
-                raise ValueError(f"prompts[{i}]: {len(p)} prompt tokens + max_tokens={params.max_tokens} exceed "
-                                 f"max_model_len={self.max_model_len}")
+                raise ValueError(
+                    f"prompts[{i}]: {len(p)} prompt tokens + max_tokens={params.max_tokens} exceed "
+                    f"max_model_len={self.max_model_len}"
+                )
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -225,11 +290,21 @@ class VLLMEngine(RolloutEngine):
                 where.append((i, s))
                 reqs.append(TokensPrompt(prompt_token_ids=list(p)))
                 # One request per sample (n=1): each has its own key, slot and seed.
-                sps.append(VSamplingParams(
-                    n=1, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                    max_tokens=params.max_tokens, stop_token_ids=stop, ignore_eos=True,
-                    seed=seed, logprobs=0, detokenize=False,
-                    extra_args={"fbt": {"key": key, "mode": params.decode_mode, "record": params.record_states}}))
+                sps.append(
+                    VSamplingParams(
+                        n=1,
+                        temperature=params.temperature,
+                        top_p=params.top_p,
+                        top_k=params.top_k,
+                        max_tokens=params.max_tokens,
+                        stop_token_ids=stop,
+                        ignore_eos=True,
+                        seed=seed,
+                        logprobs=0,
+                        detokenize=False,
+                        extra_args={"fbt": {"key": key, "mode": params.decode_mode, "record": params.record_states}},
+                    )
+                )
         path = None
         if params.record_states and not self.inline_states:
             path = os.path.join(scratch_dir(), f"fbrl_states_{os.getpid()}_{self._uid}_{call}.safetensors")
@@ -247,8 +322,10 @@ class VLLMEngine(RolloutEngine):
             finally:
                 os.remove(popped["path"])  # read once: scratch files never outlive the call that wrote them
         preempted = set(popped["preempted"])
-        return [self._sample(out, key, gi, si, params, prompts[gi], states, popped["index"], key in preempted)
-                for out, key, (gi, si) in zip(outs, keys, where)]
+        return [
+            self._sample(out, key, gi, si, params, prompts[gi], states, popped["index"], key in preempted)
+            for out, key, (gi, si) in zip(outs, keys, where)
+        ]
 
     def _sample(self, out, key, group_id, sample_index, params, prompt, states, index, preempted) -> Sample:
         comp = out.outputs[0]
@@ -258,14 +335,24 @@ class VLLMEngine(RolloutEngine):
         if params.record_states and not preempted:
             if key not in index or index[key][1] < len(ids):
                 got = index[key][1] if key in index else 0
-                raise RuntimeError(f"sample {key}: {got} recorded state rows for {len(ids)} response tokens "
-                                   f"(the request was neither complete nor flagged preempted)")
+                raise RuntimeError(
+                    f"sample {key}: {got} recorded state rows for {len(ids)} response tokens "
+                    f"(the request was neither complete nor flagged preempted)"
+                )
             off, _ = index[key]
-            sample_states = states[off:off + len(ids)].clone()
-        return Sample(prompt_ids=list(prompt), response_ids=ids, logprobs=logprobs,
-                      finish_reason=FINISH.get(comp.finish_reason or "length", "aborted"),
-                      policy_version=self.version, states=sample_states, group_id=group_id,
-                      sample_index=sample_index, decode_mode=params.decode_mode, preempted=preempted)
+            sample_states = states[off : off + len(ids)].clone()
+        return Sample(
+            prompt_ids=list(prompt),
+            response_ids=ids,
+            logprobs=logprobs,
+            finish_reason=FINISH.get(comp.finish_reason or "length", "aborted"),
+            policy_version=self.version,
+            states=sample_states,
+            group_id=group_id,
+            sample_index=sample_index,
+            decode_mode=params.decode_mode,
+            preempted=preempted,
+        )
 
     def load_weights(self, weights, version: int) -> None:
         """Install weights as policy `version` (must be newer than the engine's).

@@ -2,6 +2,7 @@
 (`FORCED_OPTIONS`, each with the reason), the process environment it sets before vLLM starts
 (`engine_environment`, `apply_environment`), the eager token-rank count on CPU (`use_eager_token_ranks`) and
 where scratch files go (`scratch_dir`)."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,11 @@ FORCED_OPTIONS = {
     "enable_chunked_prefill": (False, "a fused prompt's passes must see the whole prompt in one step"),
     "speculative_config": (None, "draft tokens would be fed without their latent state"),
     "async_scheduling": (False, "the recorded states and slots assume one step at a time"),
-    "enforce_eager": (True, "the per-request modes and recorded states are host-side bookkeeping a captured CUDA "
-                            "graph would replay stale (docs/GPU.md)"),
+    "enforce_eager": (
+        True,
+        "the per-request modes and recorded states are host-side bookkeeping a captured CUDA "
+        "graph would replay stale (docs/GPU.md)",
+    ),
     "logprobs_mode": ("processed_logprobs", "engine log-probs must be those of the distribution sampled from"),
     "worker_extension_cls": (WORKER_EXTENSION, "weights and recorded states travel through it"),
     "skip_tokenizer_init": (True, "the engine is token-in, token-out"),
@@ -68,8 +72,10 @@ def apply_environment(required: dict, defaults: dict) -> None:
     for name, (value, why) in required.items():
         current = os.environ.get(name)
         if current is not None and current.strip() != value:
-            raise ValueError(f"VLLMEngine: environment variable {name}={current!r} is incompatible with "
-                             f"latent-feedback decoding ({why}); unset it or set it to {value!r}")
+            raise ValueError(
+                f"VLLMEngine: environment variable {name}={current!r} is incompatible with "
+                f"latent-feedback decoding ({why}); unset it or set it to {value!r}"
+            )
     for name, (value, _) in required.items():
         os.environ[name] = value
     for name, (value, _) in defaults.items():

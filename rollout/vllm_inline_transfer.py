@@ -12,6 +12,7 @@ the GPU data plane (docs/CLUSTER.md).
 Registered under `BACKEND` in vLLM's `WeightTransferEngineFactory` by `register()`; an engine built with
 `weight_transfer_config=WeightTransferConfig(backend=BACKEND)` gets it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -37,12 +38,13 @@ class InlineUpdateInfo(WeightTransferUpdateInfo):
     def __post_init__(self):
         n = len(self.names)
         if not (len(self.dtype_names) == len(self.shapes) == len(self.tensors) == n):
-            raise ValueError(f"update info: {n} names, {len(self.dtype_names)} dtypes, {len(self.shapes)} shapes, "
-                             f"{len(self.tensors)} tensors")
+            raise ValueError(
+                f"update info: {n} names, {len(self.dtype_names)} dtypes, {len(self.shapes)} shapes, "
+                f"{len(self.tensors)} tensors"
+            )
         for name, dt, shape, t in zip(self.names, self.dtype_names, self.shapes, self.tensors):
             if str(t.dtype).removeprefix("torch.") != dt or list(t.shape) != list(shape):
-                raise ValueError(f"update info: {name} announced {dt} {list(shape)}, carries "
-                                 f"{t.dtype} {list(t.shape)}")
+                raise ValueError(f"update info: {name} announced {dt} {list(shape)}, carries {t.dtype} {list(t.shape)}")
 
 
 class InlineWeightTransferEngine(WeightTransferEngine[InlineInitInfo, InlineUpdateInfo]):
@@ -54,10 +56,12 @@ class InlineWeightTransferEngine(WeightTransferEngine[InlineInitInfo, InlineUpda
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
         initialize_layerwise_reload(self.model)
 
     def finish_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
         finalize_layerwise_reload(self.model, self.model_config)
 
     def update_weights(self, update_info: dict) -> None:
@@ -74,8 +78,11 @@ class InlineWeightTransferEngine(WeightTransferEngine[InlineInitInfo, InlineUpda
             # A tied checkpoint sends the embedding once, but vLLM's CPU layers keep a separately repacked LM head:
             # feed it the embedding too (as rollout.vllm_worker_ext.fbt_load_weights does), or it keeps old weights.
             names = set(update_info.names)
-            pairs += [("lm_head.weight", t) for n, t in pairs
-                      if n == "model.embed_tokens.weight" and "lm_head.weight" not in names]
+            pairs += [
+                ("lm_head.weight", t)
+                for n, t in pairs
+                if n == "model.embed_tokens.weight" and "lm_head.weight" not in names
+            ]
         self.model.load_weights(pairs)
 
     def shutdown(self) -> None:
@@ -85,5 +92,6 @@ class InlineWeightTransferEngine(WeightTransferEngine[InlineInitInfo, InlineUpda
 def register() -> None:
     """Make `BACKEND` known to vLLM's worker-side factory (idempotent; in the process that builds the engine)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, InlineWeightTransferEngine)

@@ -26,6 +26,7 @@ without our worker extension (plain `vllm serve`) decodes every request in the e
 Fusion, its scaling and the reset-token rule are `rl.model`'s own code (`Fusion`, `FBTMixin.fuse`), so the
 engine computes exactly what the torch engine and the learner compute.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -135,8 +136,9 @@ class FBTVLLMMixin:
     def _init_fbt(self, vllm_config: VllmConfig) -> None:
         cfg = vllm_config.model_config.hf_config
         if vllm_config.parallel_config.pipeline_parallel_size > 1:
-            raise ValueError("FBT models do not support pipeline parallelism (the fused input needs the "
-                             "top-layer state at layer 0)")
+            raise ValueError(
+                "FBT models do not support pipeline parallelism (the fused input needs the top-layer state at layer 0)"
+            )
         self.fusion = Fusion(cfg.hidden_size, cfg.fbt_fusion_mode, getattr(cfg, "fbt_rms_eps", 1e-6))
         self.fbt_passes = int(cfg.fbt_prefill_passes)
         if self.fbt_passes < 1:
@@ -151,7 +153,8 @@ class FBTVLLMMixin:
         # bookkeeping, run per group every step, cost ~5% of decode time (135M, CPU). n - 1 unused state layers
         # make it two groups; the price is one attention block's worth of memory per request.
         self.fbt_state_padding = nn.ModuleList(
-            LatentStateLayer(cfg.hidden_size, dtype, f"model.layers.{n + i}.fbt_state") for i in range(1, n))
+            LatentStateLayer(cfg.hidden_size, dtype, f"model.layers.{n + i}.fbt_state") for i in range(1, n)
+        )
         is_reset = torch.zeros(cfg.vocab_size, dtype=torch.bool)
         is_reset[[t for t in self.reset_token_ids if 0 <= t < cfg.vocab_size]] = True
         # A plain attribute, not a buffer: vLLM's in-place weight reload warns "Failed to load weights" for any
@@ -208,7 +211,7 @@ class FBTVLLMMixin:
             live = set(runner.requests)
             self._fbt_req_cache = {r: i for r, i in self._fbt_req_cache.items() if r in live}
         # Filled by the runner before every forward (_prepare_inputs); host arrays, no device read.
-        bounds = runner.query_start_loc.np[:num_reqs + 1].tolist()
+        bounds = runner.query_start_loc.np[: num_reqs + 1].tolist()
         computed = runner.input_batch.num_computed_tokens_cpu[:num_reqs].tolist()
         return StepBatch(infos, bounds, computed)
 
@@ -287,8 +290,9 @@ class FBTVLLMMixin:
         passes, pf_idx, last = 1, None, None
         if npf:
             last = md.query_start_loc_p[1:].long() + (nd - 1)  # each prefill's last token
-            bounds = batch.bounds if batch is not None else \
-                list(range(nd)) + (md.query_start_loc_p + nd).tolist()  # without the extension: a device read
+            bounds = (
+                batch.bounds if batch is not None else list(range(nd)) + (md.query_start_loc_p + nd).tolist()
+            )  # without the extension: a device read
             fused_ranges = []
             for r in range(ndec, ndec + npf):
                 a, b = bounds[r], bounds[r + 1]

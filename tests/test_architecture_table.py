@@ -3,6 +3,7 @@ nothing that is not there: a module added, moved or removed changes the table in
 
 A row's first column holds the paths it describes, in backticks: a module (`rl/loop.py`) or a package
 (`rl/algos/`, which names the modules directly inside it)."""
+
 import pathlib
 import re
 
@@ -16,7 +17,7 @@ def table_paths(text: str) -> list[str]:
     lines = text.splitlines()
     start = lines.index(HEADER)
     paths = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         first = line.split("|")[1]
@@ -25,8 +26,7 @@ def table_paths(text: str) -> list[str]:
 
 
 def modules() -> set[str]:
-    return {str(p.relative_to(ROOT)) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
-            if p.name != "__init__.py"}
+    return {str(p.relative_to(ROOT)) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py") if p.name != "__init__.py"}
 
 
 def covered(paths: list[str]) -> set[str]:
@@ -55,6 +55,8 @@ def test_the_table_names_only_what_exists():
 
 
 def test_reading_the_table():
-    text = f"x\n{HEADER}\n|---|---|\n| `rl/loop.py`, `rl/algos/` | the loop |\n| `rewards/base.py` | `rl/x.py` |\n\nafter"
+    text = (
+        f"x\n{HEADER}\n|---|---|\n| `rl/loop.py`, `rl/algos/` | the loop |\n| `rewards/base.py` | `rl/x.py` |\n\nafter"
+    )
     assert table_paths(text) == ["rl/loop.py", "rl/algos/", "rewards/base.py"]
     assert "rl/algos/losses.py" in covered(["rl/algos/"])

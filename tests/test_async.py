@@ -12,6 +12,7 @@
   s = 0 (exactly), the estimator part of `exact` (exactly) and of replay at s = 0; they are not 0 where the
   policy moved; the signed parts add up to the total.
 """
+
 import random
 import threading
 import time
@@ -31,8 +32,9 @@ CKPT = str(ROOT / "checkpoints" / "tiny-arith-mixed")
 
 # ---- the schedule, without models -------------------------------------------------------------------------------
 
+
 def test_gate_step():
-    assert [gate_step(k, 0) for k in range(1, 6)] == [0, 1, 2, 3, 4]        # synchronous: the previous step
+    assert [gate_step(k, 0) for k in range(1, 6)] == [0, 1, 2, 3, 4]  # synchronous: the previous step
     assert [gate_step(k, 1) for k in range(1, 6)] == [0, 0, 1, 2, 3]
     assert [gate_step(k, 2) for k in range(1, 7)] == [0, 0, 0, 1, 2, 3]
     # checkpoints at 2, 4, ...: batch 3 waits for step 2's weights (never crosses the checkpoint), batch 4 not
@@ -73,12 +75,12 @@ def test_batch_k_comes_from_the_weights_of_gate_step_k_whatever_the_timing(s, ev
 
     steps, version = 24, 1
     skipped = {5, 6, 11}  # steps without an update: no new version, the schedule goes on
+
     def score(batch):  # scoring runs in the producer outside the engines' lock: a slow one lets a sync race ahead
         time.sleep(rng.random() * 0.008)
         return batch
 
-    with RolloutQueue(generate, score, engine, 1, steps, s, every, published_step=0, version=1,
-                      background=True) as q:
+    with RolloutQueue(generate, score, engine, 1, steps, s, every, published_step=0, version=1, background=True) as q:
         installed = {0: 1}  # step -> version its weights carry
         for k in range(1, steps + 1):
             q.take(k)
@@ -122,21 +124,23 @@ def test_split_stale():
 
 # ---- the parts, by hand ------------------------------------------------------------------------------------------
 
+
 def test_mismatch_decomposition_by_hand():
     # float64 inputs: the hand values below are exact to ~1e-16 (float32 would round 0.001 to ~3e-8 relative)
     D = torch.float64
     engine = torch.tensor([[-1.0, -2.0], [-0.5, -9.0]], dtype=D)
     # kernels: same sign on both tokens, so no part's |Δ| sum equals another mixing of the same differences
     then = engine + torch.tensor([[0.001, 0.002], [0.0, 0.0]], dtype=D)
-    now = then + torch.tensor([[0.1, 0.3], [-0.2, 0.0]], dtype=D)               # the policy moved
-    est = now + torch.tensor([[0.0, 0.02], [0.01, 0.0]], dtype=D)               # the estimator's error
-    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])                      # row 1's second token is padding
+    now = then + torch.tensor([[0.1, 0.3], [-0.2, 0.0]], dtype=D)  # the policy moved
+    est = now + torch.tensor([[0.0, 0.02], [0.01, 0.0]], dtype=D)  # the estimator's error
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])  # row 1's second token is padding
     out = mismatch_decomposition(engine, then, now, est, mask)
     assert out["engine"] == pytest.approx(0.003 / 3) and out["engine_signed"] == pytest.approx(0.003 / 3)
     assert out["staleness"] == pytest.approx(0.6 / 3) and out["staleness_signed"] == pytest.approx(0.2 / 3)
     assert out["estimator"] == pytest.approx(0.03 / 3) and out["estimator_signed"] == pytest.approx(0.03 / 3)
-    assert out["total_signed"] == pytest.approx(out["engine_signed"] + out["staleness_signed"]
-                                                + out["estimator_signed"])
+    assert out["total_signed"] == pytest.approx(
+        out["engine_signed"] + out["staleness_signed"] + out["estimator_signed"]
+    )
     assert out["total"] == pytest.approx((0.101 + 0.322 + 0.19) / 3)
     # rows whose sampling weights are unknown count in the estimator part and the total only
     out = mismatch_decomposition(engine, then, now, est, mask, then_known=torch.tensor([True, False]))
@@ -145,10 +149,11 @@ def test_mismatch_decomposition_by_hand():
 
 def test_diagnostic_rows_stay_within_the_token_budget():
     from rl.estimators.mismatch_parts import within_token_budget
+
     lengths = [10, 40, 30, 5, 50]
-    assert within_token_budget([0, 1, 2, 3], lengths, 80) == [0, 1, 2]   # 80 tokens; row 3 would make 85
-    assert within_token_budget([4, 0], lengths, 20) == [4]                # the first row always: parts every step
-    assert within_token_budget([0, 1, 2], lengths, 0) == [0, 1, 2]        # 0: no budget
+    assert within_token_budget([0, 1, 2, 3], lengths, 80) == [0, 1, 2]  # 80 tokens; row 3 would make 85
+    assert within_token_budget([4, 0], lengths, 20) == [4]  # the first row always: parts every step
+    assert within_token_budget([0, 1, 2], lengths, 0) == [0, 1, 2]  # 0: no budget
     assert within_token_budget([], lengths, 10) == []
 
 
@@ -165,8 +170,9 @@ def test_weight_history_keeps_the_last_versions():
 
 def test_diagnostic_rows():
     assert diagnostic_rows(256, 0.0625, 0, 3) == diagnostic_rows(256, 0.0625, 0, 3)
-    assert len(diagnostic_rows(256, 0.0625, 0, 3)) == 16 and diagnostic_rows(256, 0.0625, 0, 4) != \
-        diagnostic_rows(256, 0.0625, 0, 3)
+    assert len(diagnostic_rows(256, 0.0625, 0, 3)) == 16 and diagnostic_rows(256, 0.0625, 0, 4) != diagnostic_rows(
+        256, 0.0625, 0, 3
+    )
     assert len(diagnostic_rows(5, 0.01, 0, 1)) == 1 and diagnostic_rows(5, 0.0, 0, 1) == []
     assert diagnostic_rows(0, 0.5, 0, 1) == []
 
@@ -179,10 +185,12 @@ def test_rows_of_the_current_version_run_the_exact_recurrence_once():
     from rl.estimators.mismatch_parts import MismatchProbe
     from rl.train.sampling import SamplingParams
     from rollout.torch_engine import TorchEngine
+
     cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [f"model.path={CKPT}", "train.max_staleness=1"])
     model = load_policy(CKPT)
-    params = SamplingParams(n=2, temperature=1.0, max_tokens=8, stop_token_ids=(2,), seed=3, decode_mode="soft",
-                            record_states=True)
+    params = SamplingParams(
+        n=2, temperature=1.0, max_tokens=8, stop_token_ids=(2,), seed=3, decode_mode="soft", record_states=True
+    )
     samples = TorchEngine(model).generate([[1, 5, 6, 7], [1, 8, 9]], params)
     probe = MismatchProbe(cfg, lambda: load_policy(CKPT), pad_id_of(model))
     calls = []
@@ -202,13 +210,29 @@ def test_rows_of_the_current_version_run_the_exact_recurrence_once():
 
 # ---- the loop, on real in-process workers --------------------------------------------------------------------------
 
+
 def job(tmp_path, name, *overrides, steps=4):
     from rl.config import load_config
-    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [
-        f"model.path={CKPT}", "rollout.engine=torch", "learner.num_workers=1", "train.prompts_per_step=4",
-        "rollout.n_samples_per_prompt=4", "train.eval_every=2", "train.eval_n=16", "train.checkpoint_every=0",
-        f"train.steps={steps}", "train.mismatch_parts_frac=0.25", "logging.wandb_mode=disabled",
-        "logging.progress=false", f"train.run_dir={tmp_path / name}", *overrides])
+
+    cfg = load_config(
+        str(ROOT / "configs" / "tiny.yaml"),
+        [
+            f"model.path={CKPT}",
+            "rollout.engine=torch",
+            "learner.num_workers=1",
+            "train.prompts_per_step=4",
+            "rollout.n_samples_per_prompt=4",
+            "train.eval_every=2",
+            "train.eval_n=16",
+            "train.checkpoint_every=0",
+            f"train.steps={steps}",
+            "train.mismatch_parts_frac=0.25",
+            "logging.wandb_mode=disabled",
+            "logging.progress=false",
+            f"train.run_dir={tmp_path / name}",
+            *overrides,
+        ],
+    )
     return cfg
 
 
@@ -216,6 +240,7 @@ def job(tmp_path, name, *overrides, steps=4):
 def rewards():
     from actors.local import LocalRewards
     from rl.config import load_config
+
     r = LocalRewards(load_config(str(ROOT / "configs" / "tiny.yaml"), []))
     yield r
     r.close()
@@ -266,10 +291,19 @@ def run_job(cfg, rewards, background=None, rollout_delay=0.0, learner_delay=0.0,
     from rl.data.tokenizer import load_tokenizer
     from rl.loop import train
     from rl.train.run_dir import RunDir
+
     rollout = LaggingRollout(LocalRollout(cfg), rollout_delay, lag_on, lag)
     learner = RecordingLearner(LocalLearner(cfg, "torch"), learner_delay)
-    history = train(cfg, load_tokenizer(cfg.model.path), rollout, learner, rewards, RunDir(cfg.train.run_dir),
-                    log=lambda *_: None, background_rollouts=background)
+    history = train(
+        cfg,
+        load_tokenizer(cfg.model.path),
+        rollout,
+        learner,
+        rewards,
+        RunDir(cfg.train.run_dir),
+        log=lambda *_: None,
+        background_rollouts=background,
+    )
     return history, learner
 
 
@@ -304,8 +338,7 @@ def test_async_at_s0_equals_the_synchronous_loop(tmp_path, rewards):
 def test_an_async_run_is_the_same_run_whatever_the_timing(tmp_path, rewards):
     fast, fast_learner = run_job(job(tmp_path, "fast", "train.max_staleness=1"), rewards)
     slow_gen, _ = run_job(job(tmp_path, "slow_gen", "train.max_staleness=1"), rewards, rollout_delay=0.3)
-    slow_learn, slow_learner = run_job(job(tmp_path, "slow_learn", "train.max_staleness=1"), rewards,
-                                       learner_delay=0.3)
+    slow_learn, slow_learner = run_job(job(tmp_path, "slow_learn", "train.max_staleness=1"), rewards, learner_delay=0.3)
     same_run(fast, slow_gen)
     same_run(fast, slow_learn)
     assert fast_learner.inner.weight_checksums() == slow_learner.inner.weight_checksums()
@@ -324,8 +357,9 @@ def test_an_async_run_is_the_same_run_whatever_the_timing(tmp_path, rewards):
 @pytest.mark.parametrize("s", [1, 2])
 def test_no_sample_older_than_s_reaches_the_learner(tmp_path, rewards, s):
     # requests 2 and 4 come back with half their samples tagged s + 1 versions old: they must be dropped
-    history, learner = run_job(job(tmp_path, f"lag{s}", f"train.max_staleness={s}", steps=5), rewards,
-                               lag_on=(2, 4), lag=s + 1)
+    history, learner = run_job(
+        job(tmp_path, f"lag{s}", f"train.max_staleness={s}", steps=5), rewards, lag_on=(2, 4), lag=s + 1
+    )
     assert learner.seen, "nothing was trained"
     gaps = [version - v for version, versions in learner.seen for v in versions]
     assert max(gaps) <= s, gaps
@@ -349,8 +383,15 @@ def test_async_resume_is_exact(tmp_path, rewards):
     resumed, _ = run_job(job(tmp_path, "part", *common, f"train.resume={tmp_path / 'part'}", steps=4), rewards)
     assert [r["step"] for r in resumed] == [3, 4]
     for x, y in zip(full[2:], resumed):
-        for key in ("prompts_digest", "reward_mean", "learner/loss", "learner/grad_norm", "staleness_max",
-                    "mismatch_parts/staleness", "mismatch_parts/estimator"):
+        for key in (
+            "prompts_digest",
+            "reward_mean",
+            "learner/loss",
+            "learner/grad_norm",
+            "staleness_max",
+            "mismatch_parts/staleness",
+            "mismatch_parts/estimator",
+        ):
             assert x.get(key) == y.get(key), (x["step"], key, x.get(key), y.get(key))
 
 
@@ -363,6 +404,7 @@ class RebuiltOnce:
 
     def update(self, samples, advantages):
         from rl.train.faults import LearnerRebuilt
+
         self.updates += 1
         if self.updates == self.at and not self.raised:
             self.raised = True
@@ -383,6 +425,7 @@ def test_a_rebuilt_learner_regenerates_the_batches_from_the_restored_step(tmp_pa
     from rl.data.tokenizer import load_tokenizer
     from rl.loop import train
     from rl.train.run_dir import RunDir
+
     common = [f"train.max_staleness={s}", "train.checkpoint_every=2", "train.eval_every=0"]
     full, _ = run_job(job(tmp_path, "full", *common, steps=5), rewards)
     cfg = job(tmp_path, "rebuilt", *common, steps=5)
@@ -391,14 +434,27 @@ def test_a_rebuilt_learner_regenerates_the_batches_from_the_restored_step(tmp_pa
     assert any(not r["skipped"] for r in full[2:]), "no update after step 2: nothing to rebuild in"
     learner = RebuiltOnce(LocalLearner(cfg, "torch"), at=updates_to_step_2 + 1)
     lines = []
-    history = train(cfg, load_tokenizer(cfg.model.path), LocalRollout(cfg), learner, rewards,
-                    RunDir(cfg.train.run_dir), log=lines.append)
+    history = train(
+        cfg,
+        load_tokenizer(cfg.model.path),
+        LocalRollout(cfg),
+        learner,
+        rewards,
+        RunDir(cfg.train.run_dir),
+        log=lines.append,
+    )
     assert learner.raised and any("learner restored to step 2" in x for x in lines), lines
     assert [r["step"] for r in history] == [1, 2, 3, 4, 5]
     for x, y in zip(full, history):
         # (policy versions are not compared: they only increase, so the rerun steps carry new numbers)
-        for key in ("prompts_digest", "reward_mean", "learner/loss", "learner/grad_norm", "staleness_max",
-                    "mismatch_parts/estimator"):
+        for key in (
+            "prompts_digest",
+            "reward_mean",
+            "learner/loss",
+            "learner/grad_norm",
+            "staleness_max",
+            "mismatch_parts/estimator",
+        ):
             assert x.get(key) == y.get(key), (x["step"], key, x.get(key), y.get(key))
     assert history[-1]["faults/steps_lost"] >= 1
     assert not [t for t in threading.enumerate() if t.name == "fbrl-rollout-producer" and t.is_alive()]
@@ -411,6 +467,7 @@ def test_engine_part_of_a_vllm_rollout_is_tiny(tmp_path):
     from rl.data.loaders import encode_prompt, load_task_split
     from rl.data.tokenizer import load_tokenizer
     from rl.train.sampling import sampling_params
+
     cfg = job(tmp_path, "vllm", "rollout.engine=vllm")
     tok = load_tokenizer(cfg.model.path)
     rollout, learner = LocalRollout(cfg), LocalLearner(cfg, "torch")
@@ -426,8 +483,16 @@ def test_engine_part_of_a_vllm_rollout_is_tiny(tmp_path):
 
 def test_the_plot_shows_the_parts(tmp_path):
     from rl.report.plots import build_panels, render
-    rows = [{"step": 1, "mismatch_parts/engine": 1e-7, "mismatch_parts/staleness": 0.0,
-             "mismatch_parts/estimator": 2e-3, "mismatch_parts/total": 2e-3}]
+
+    rows = [
+        {
+            "step": 1,
+            "mismatch_parts/engine": 1e-7,
+            "mismatch_parts/staleness": 0.0,
+            "mismatch_parts/estimator": 2e-3,
+            "mismatch_parts/total": 2e-3,
+        }
+    ]
     panel = {p.name: p for p in build_panels(rows)}["mismatch_parts"]
     # the exact 0 of the staleness part has no place on the log axis: left out, the other three drawn
     assert [s.label.split(":")[0] for s in panel.series] == ["engine", "estimator", "total"]

@@ -1,6 +1,7 @@
 """Bad input refused before Ray or any engine starts, run-directory rules, secrets and untrusted files, and the
 pieces of fault handling that need no Ray (prompt fitting, stop rules, a skipped non-finite step, absurd rewards).
 The faults injected into real jobs are in tests/test_faults.py; docs/RELIABILITY.md has the tables."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "tiny.yaml"
-ENV = dict(WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-           TOKENIZERS_PARALLELISM="false")
+ENV = dict(
+    WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false"
+)
 MY_REWARDS = "def zero(prompts, completions, answers, **fields):\n    return [0.0] * len(completions)\n"
 
 
@@ -24,10 +26,12 @@ def write_task_with_long_prompt(path: Path, n: int) -> None:
     """n arithmetic rows with one prompt longer than the engine's context at row n // 2."""
     from rl.data import arith
     from rl.data.loaders import write_jsonl
-    rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in arith.generate("train", n, seed=0,
-                                                                                     difficulties=(1, 2))]
+
+    rows = [
+        {"prompt": r["prompt"], "answer": r["answer"]} for r in arith.generate("train", n, seed=0, difficulties=(1, 2))
+    ]
     long = {"prompt": f"Q: {'1+' * 200}1=? Put the answer in \\boxed{{}}.\nA:", "answer": "201"}
-    write_jsonl(rows[:n // 2] + [long] + rows[n // 2:], path)
+    write_jsonl(rows[: n // 2] + [long] + rows[n // 2 :], path)
 
 
 # ---- bad input: refused before Ray or any engine starts -----------------------------------------------------------
@@ -37,6 +41,7 @@ def prepare(*argv: str, cwd: Path | None = None):
 
     from actors.cli.launch import add_arguments
     from actors.cli.launch import prepare as launch_prepare
+
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(list(argv))
@@ -48,9 +53,11 @@ def inputs(tmp_path):
     """Files for the bad-input cases: a reward file, data sets, a tokenizer bigger than the model's vocabulary."""
     from rl.data.loaders import write_jsonl
     from rl.data.tokenizer import ALPHABET, build_tokenizer
+
     (tmp_path / "my_rewards.py").write_text(MY_REWARDS)
-    write_jsonl([{"prompt": "Q: 1+1=?", "answer": "2"}, {"question": "Q: 2+2=?", "answer": "4"}],
-                tmp_path / "nofield.jsonl")
+    write_jsonl(
+        [{"prompt": "Q: 1+1=?", "answer": "2"}, {"question": "Q: 2+2=?", "answer": "4"}], tmp_path / "nofield.jsonl"
+    )
     write_task_with_long_prompt(tmp_path / "long.jsonl", 10)
     write_jsonl([{"prompt": "Q: 1+1=?", "answer": "2"}], tmp_path / "short.jsonl")
     build_tokenizer(alphabet=ALPHABET + "äöü").save_pretrained(str(tmp_path / "bigtok"))
@@ -70,10 +77,14 @@ BAD_INPUT = [  # (overrides, a piece of the message); {d} is the inputs director
     (["data.task=jsonl", "data.train_path={d}/missing.jsonl"], "data.train_path: {d}/missing.jsonl: no such file"),
     (["data.task=jsonl", "data.train_path={d}/nofield.jsonl"], "nofield.jsonl:2: missing field 'prompt'"),
     (["model.tokenizer={d}/bigtok"], "vocabulary mismatch"),
-    (["data.task=jsonl", "data.train_path={d}/long.jsonl", "data.overlong_prompts=error"],
-     "row 5 (from 0) has a prompt of 438 tokens, more than the limit of 208"),
-    (["data.task=jsonl", "data.train_path={d}/short.jsonl", "data.max_prompt_tokens=3"],
-     "every one of the 1 prompts is longer than the limit of 3"),
+    (
+        ["data.task=jsonl", "data.train_path={d}/long.jsonl", "data.overlong_prompts=error"],
+        "row 5 (from 0) has a prompt of 438 tokens, more than the limit of 208",
+    ),
+    (
+        ["data.task=jsonl", "data.train_path={d}/short.jsonl", "data.max_prompt_tokens=3"],
+        "every one of the 1 prompts is longer than the limit of 3",
+    ),
     (["rollout.max_tokens=300"], "rollout.max_tokens=300 leaves no room for a prompt"),
 ]
 
@@ -81,6 +92,7 @@ BAD_INPUT = [  # (overrides, a piece of the message); {d} is the inputs director
 @pytest.mark.parametrize("overrides, message", BAD_INPUT, ids=[m[:40] for _, m in BAD_INPUT])
 def test_bad_input_is_refused_before_anything_starts(inputs, overrides, message):
     import ray
+
     d = str(inputs)
     with pytest.raises(ValueError) as e:
         prepare(*[o.format(d=d) for o in overrides], f"train.run_dir={inputs / 'run'}")
@@ -93,6 +105,7 @@ def test_run_dir_rules(tmp_path):
     nothing; --resume takes the run's own config.yaml plus the overrides it allows, and refuses locked ones."""
     from rl.config import ConfigError
     from rl.train.run_dir import RunDirError
+
     run = tmp_path / "run"
     cfg, _, run_dir, _ = prepare("train.checkpoint_every=7", "train.steps=3", f"train.run_dir={run}")
     run_dir.write_config(cfg)
@@ -134,6 +147,7 @@ def test_embedded_default_from_another_directory(tmp_path, monkeypatch):
 def test_secrets_are_not_saved_and_resume_asks_for_them(tmp_path):
     from rl.config import ConfigError, load_config
     from rl.train.run_dir import RunDir
+
     secret = uuid.uuid4().hex
     cfg = load_config(CONFIG, [f"reward.fns=[{{fn: math}}, {{fn: x.py:f, options: {{api_key: {secret}}}}}]"])
     run = RunDir(str(tmp_path / "run"))
@@ -150,11 +164,18 @@ def test_cli_bad_input_exit_code_and_time(tmp_path):
     """Through the real command: one line on stderr, no traceback, exit code 2, no Ray, in seconds."""
     env = dict(os.environ, **ENV, PYTHONPATH=str(ROOT))
     t0 = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "actors.cli", "train", "train.steps=0", f"train.run_dir={tmp_path}/r"],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "train", "train.steps=0", f"train.run_dir={tmp_path}/r"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     seconds = time.monotonic() - t0
-    assert p.returncode == 2 and p.stderr.strip() == ("fbrl train: error: train.steps: must be >= 1, got 0 "
-                                                      "(override 'train.steps=0')"), p.stderr
+    assert p.returncode == 2 and p.stderr.strip() == (
+        "fbrl train: error: train.steps: must be >= 1, got 0 (override 'train.steps=0')"
+    ), p.stderr
     assert "Traceback" not in p.stderr and "Ray" not in p.stdout + p.stderr and not (tmp_path / "r").exists()
     assert seconds < 60, seconds  # imports only (torch); start-up of Ray + engines is what is avoided
 
@@ -162,9 +183,16 @@ def test_cli_bad_input_exit_code_and_time(tmp_path):
 def test_untrusted_files_load_without_pickle_or_remote_code():
     """torch.load only with weights_only=True; no trust_remote_code=True anywhere in the package."""
     offenders = []
-    for path in [*ROOT.glob("rl/**/*.py"), *ROOT.glob("actors/**/*.py"), *ROOT.glob("rollout/**/*.py"),
-                 *ROOT.glob("rewards/**/*.py"), *ROOT.glob("scripts/*.py"), *ROOT.glob("bench/*.py"),
-                 *ROOT.glob("tools/**/*.py"), *ROOT.glob("examples/*.py")]:
+    for path in [
+        *ROOT.glob("rl/**/*.py"),
+        *ROOT.glob("actors/**/*.py"),
+        *ROOT.glob("rollout/**/*.py"),
+        *ROOT.glob("rewards/**/*.py"),
+        *ROOT.glob("scripts/*.py"),
+        *ROOT.glob("bench/*.py"),
+        *ROOT.glob("tools/**/*.py"),
+        *ROOT.glob("examples/*.py"),
+    ]:
         text = path.read_text()
         for m in re.finditer(r"torch\.load\(([^()]|\([^()]*\))*\)", text):
             if "weights_only=True" not in m.group(0):
@@ -179,6 +207,7 @@ def test_prompt_fitter_drops_truncates_or_refuses():
     from rl.data.loaders import DataError
     from rl.data.prompts import PromptFitter
     from rl.data.tokenizer import build_tokenizer
+
     tok = build_tokenizer()
     rows = [{"prompt": "12345"}, {"prompt": "1234567890abc"}, {"prompt": "abc"}]  # 6, 14, 4 tokens with BOS
     kept, over = PromptFitter(tok, 8, "drop").fit(rows, "data")
@@ -186,8 +215,11 @@ def test_prompt_fitter_drops_truncates_or_refuses():
     left = PromptFitter(tok, 8, "truncate_left")
     assert left.fit(rows, "data") == (rows, 1)
     long, short = {"prompt": "1234567890abc"}, {"prompt": "12345"}
-    assert left.encode(long) == [tok.bos_token_id] + tok.encode("7890abc", add_special_tokens=False) \
-        and len(left.encode(long)) == 8 and left.encode(short) == tok.encode("12345")
+    assert (
+        left.encode(long) == [tok.bos_token_id] + tok.encode("7890abc", add_special_tokens=False)
+        and len(left.encode(long)) == 8
+        and left.encode(short) == tok.encode("12345")
+    )
     assert PromptFitter(tok, 8, "truncate_right").encode(long) == tok.encode("1234567")
     # a chat-templated prompt already holds its special tokens (rl.data.loaders.encode_prompt): no BOS is added,
     # and its length is counted the same way
@@ -201,32 +233,35 @@ def test_prompt_fitter_drops_truncates_or_refuses():
 def test_run_guard_stops_on_persistent_faults_only():
     from rl.config import FaultsConfig
     from rl.train.faults import FaultLog, RunGuard, RunStopped
+
     lines = []
-    guard = RunGuard(FaultsConfig(max_nonfinite_steps=2, reward_error_share=0.5, reward_error_steps=3),
-                     FaultLog(lines.append))
+    guard = RunGuard(
+        FaultsConfig(max_nonfinite_steps=2, reward_error_share=0.5, reward_error_steps=3), FaultLog(lines.append)
+    )
     ok = {"rewards/math/errors": 0.0, "rewards/math/timeouts": 0.0}
-    half = {"rewards/math/errors": 8.0, "rewards/math/timeouts": 8.0}    # exactly the share: not over it
+    half = {"rewards/math/errors": 8.0, "rewards/math/timeouts": 8.0}  # exactly the share: not over it
     most = {"rewards/judge/errors": 20.0, "rewards/judge/timeouts": 5.0}
     guard.check(1, True, ok, 32)
-    guard.check(2, False, half, 32)   # a finite step resets the non-finite run
+    guard.check(2, False, half, 32)  # a finite step resets the non-finite run
     guard.check(3, True, most, 32)
     with pytest.raises(RunStopped, match=r"not finite in 2 steps in a row \(steps 3-4"):
         guard.check(4, True, most, 32)
     guard = RunGuard(FaultsConfig(reward_error_share=0.5, reward_error_steps=3), FaultLog(lines.append))
     guard.check(1, False, most, 32)
     guard.check(2, False, most, 32)
-    guard.check(3, False, ok, 32)     # one good step resets it
+    guard.check(3, False, ok, 32)  # one good step resets it
     guard.check(4, False, most, 32)
     guard.check(5, False, most, 32)
     with pytest.raises(RunStopped, match=r"reward 'judge' failed .* on 78% of the rows at step 6.*steps 4-6"):
         guard.check(6, False, most, 32)
-    assert sum(x.startswith("fault: step") for x in lines) == 3   # one line per non-finite step
+    assert sum(x.startswith("fault: step") for x in lines) == 3  # one line per non-finite step
 
 
 def test_torch_backend_skips_a_nonfinite_step():
     import torch
 
     from rl.train.policy_update import TorchBackend
+
     model = torch.nn.Linear(3, 1)
     backend = TorchBackend(model, lr=0.1)
     before = [p.detach().clone() for p in model.parameters()]

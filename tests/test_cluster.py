@@ -14,6 +14,7 @@ Checksums: `rl.train.workers.tensor_checksums` (float64 sum + 1e-3 x sum of squa
 are equal up to float64 summation order; vLLM's live weights are read back exactly (rollout/vllm_checksums.py), so
 engines and reference agree to rel 1e-12, while a perturbation of 1e-3 per weight moves them by far more.
 """
+
 import json
 import os
 import re
@@ -63,17 +64,24 @@ class _Placed:
 def test_auto_transport_follows_placement_and_refusals_name_the_key():
     cpu = cfg_of()
     assert resolve_transport(cpu, None)[0] == "file"
-    assert resolve_transport(cpu, _Placed(["a", "a"], ["a", "b"]))[0] == "file"   # engines on rank 0's node
-    assert resolve_transport(cpu, _Placed(["a", "b"], ["a", "b"]))[0] == "ray"    # one engine elsewhere
+    assert resolve_transport(cpu, _Placed(["a", "a"], ["a", "b"]))[0] == "file"  # engines on rank 0's node
+    assert resolve_transport(cpu, _Placed(["a", "b"], ["a", "b"]))[0] == "ray"  # one engine elsewhere
     gpu = cfg_of("rollout.num_gpus_per_engine=1", "learner.num_gpus_per_worker=1")
     assert resolve_transport(gpu, _Placed(["a"], ["b"]))[0] == "nccl"
-    assert resolve_transport(cfg_of("rollout.num_gpus_per_engine=1", "learner.num_gpus_per_worker=1",
-                                    "ray.colocate=true"), _Placed(["a"], ["a"]))[0] == "ipc"
+    assert (
+        resolve_transport(
+            cfg_of("rollout.num_gpus_per_engine=1", "learner.num_gpus_per_worker=1", "ray.colocate=true"),
+            _Placed(["a"], ["a"]),
+        )[0]
+        == "ipc"
+    )
     with pytest.raises(ValueError, match="rollout.weight_sync='nccl'.*GPU"):
         resolve_transport(cfg_of("rollout.weight_sync=nccl"), _Placed(["a"], ["a"]))
     with pytest.raises(ValueError, match="rollout.weight_sync='ipc'.*colocate"):
-        resolve_transport(cfg_of("rollout.weight_sync=ipc", "rollout.num_gpus_per_engine=1",
-                                 "learner.num_gpus_per_worker=1"), _Placed(["a"], ["a"]))
+        resolve_transport(
+            cfg_of("rollout.weight_sync=ipc", "rollout.num_gpus_per_engine=1", "learner.num_gpus_per_worker=1"),
+            _Placed(["a"], ["a"]),
+        )
     with pytest.raises(ValueError, match="rollout.weight_sync='native_ray'.*rollout.engine is 'torch'"):
         resolve_transport(cfg_of("rollout.weight_sync=native_ray", "rollout.engine=torch"), _Placed(["a"], ["a"]))
     with pytest.raises(ValueError, match="rollout.weight_sync='ray' needs Ray actors"):
@@ -87,6 +95,7 @@ def test_local_ray_reports_task_events_only_with_a_dashboard(monkeypatch):
     import ray
 
     from actors import placement
+
     started = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(placement, "start_local_ray", lambda **kwargs: started.append(kwargs))
@@ -99,9 +108,13 @@ def test_local_ray_reports_task_events_only_with_a_dashboard(monkeypatch):
 
 def test_buckets_round_trip_every_dtype_and_shape():
     g = torch.Generator().manual_seed(0)
-    named = [("w", torch.randn(3, 5, generator=g)), ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
-             ("s", torch.tensor(2.5)), ("t", torch.randn(4, 6, generator=g).t()),   # 0-dim, non-contiguous
-             ("h", torch.randn(2, 2, generator=g).half())]
+    named = [
+        ("w", torch.randn(3, 5, generator=g)),
+        ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
+        ("s", torch.tensor(2.5)),
+        ("t", torch.randn(4, 6, generator=g).t()),  # 0-dim, non-contiguous
+        ("h", torch.randn(2, 2, generator=g).half()),
+    ]
     got = unpack_bucket(pack_bucket(named))
     assert list(got) == [n for n, _ in named]
     for name, t in named:
@@ -109,13 +122,24 @@ def test_buckets_round_trip_every_dtype_and_shape():
 
 
 def test_bundles_carry_role_resources_and_config_checks_them():
-    cfg = cfg_of("rollout.num_engines=2", "learner.num_workers=2", "ray.rollout_resources={gen: 1}",
-                 "ray.learner_resources={train: 0.5}", "ray.placement=spread")
+    cfg = cfg_of(
+        "rollout.num_engines=2",
+        "learner.num_workers=2",
+        "ray.rollout_resources={gen: 1}",
+        "ray.learner_resources={train: 0.5}",
+        "ray.placement=spread",
+    )
     bundles, r_idx, l_idx, share = plan_bundles(cfg)
     assert [bundles[i] for i in r_idx] == [{"CPU": 1.0, "gen": 1.0}] * 2
     assert [bundles[i] for i in l_idx] == [{"CPU": 1.0, "train": 0.5}] * 2 and share == 1.0
-    colo, _, _, share = plan_bundles(cfg_of("ray.colocate=true", "ray.rollout_resources={gen: 1}",
-                                            "ray.learner_resources={train: 2}", "learner.num_workers=2"))
+    colo, _, _, share = plan_bundles(
+        cfg_of(
+            "ray.colocate=true",
+            "ray.rollout_resources={gen: 1}",
+            "ray.learner_resources={train: 2}",
+            "learner.num_workers=2",
+        )
+    )
     assert colo == [{"CPU": 1.0, "gen": 1.0, "train": 2.0}] * 2 and share == 0.5
     with pytest.raises(ConfigError, match="ray.rollout_resources"):
         cfg_of("ray.rollout_resources={GPU: 1}")
@@ -134,7 +158,7 @@ def test_gathered_weights_announce_full_shapes_under_zero3():
         p.data = torch.empty(0)
     gathers = []
 
-    class Gather:   # stands in for deepspeed.zero.GatheredParameters([p])
+    class Gather:  # stands in for deepspeed.zero.GatheredParameters([p])
         def __init__(self, p):
             self.p = p
 
@@ -180,6 +204,7 @@ def _gcs_call(address: str, token: str | None):
     """GetClusterId on the GCS with (or without) a bearer token; returns the gRPC status code."""
     import grpc
     from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
     with grpc.insecure_channel(address) as ch:
         stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(ch)
         md = [("authorization", f"Bearer {token}")] if token is not None else []
@@ -203,9 +228,20 @@ class TestLocalRun:
 
         from actors.learner import load_policy
         from actors.placement import build_workers
-        cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [
-            f"model.path={CKPT}", "rollout.engine=vllm", "rollout.num_engines=2", "learner.num_workers=2", "learner.zero_stage=3",
-            "rollout.weight_sync=native_ray", "rollout.vllm.max_num_seqs=16", "ray.num_cpus=6"])
+
+        cfg = load_config(
+            str(ROOT / "configs" / "tiny.yaml"),
+            [
+                f"model.path={CKPT}",
+                "rollout.engine=vllm",
+                "rollout.num_engines=2",
+                "learner.num_workers=2",
+                "learner.zero_stage=3",
+                "rollout.weight_sync=native_ray",
+                "rollout.vllm.max_num_seqs=16",
+                "ray.num_cpus=6",
+            ],
+        )
         lines = []
         workers = build_workers(cfg, use_ray=True, log=lines.append)
         ref = {n: p.detach().clone() for n, p in load_policy(CKPT).named_parameters()}
@@ -222,6 +258,7 @@ class TestLocalRun:
     def test_ray_listens_on_loopback_only_and_every_rpc_needs_the_run_token(self, run):
         import grpc
         import ray
+
         node = ray._private.worker._global_node
         listening = _descendants_listening(psutil.Process(), node.get_session_dir_path())
         names = {name for _, name in listening}
@@ -249,6 +286,7 @@ class TestLocalRun:
         learners' weights (still the checkpoint's) as v + 1: every engine must hold exactly the checkpoint's
         weights — an independent reference, so a partial or missing gather fails — and refuse newer versions."""
         from rollout.base import StaleWeightsError
+
         cfg, (rollout, learner, _), (ref, ref_out), _ = run
         v = max(rollout.versions()) + 1
         want = tensor_checksums(ref.items())
@@ -270,6 +308,7 @@ class TestLocalRun:
         import ray
 
         from rollout.base import StaleWeightsError
+
         cfg, (rollout, learner, _), _, _ = run
         engine = rollout.actors[0]
         v = max(rollout.versions())
@@ -288,6 +327,7 @@ class TestLocalRun:
         cfg, (rollout, learner, _), (ref, _), _ = run
         v = max(rollout.versions())
         from rl.train.sampling import sampling_params
+
         samples = rollout.generate([[1, 5, 6, 7], [1, 8, 9]], sampling_params(cfg, 2, seed=0), min_version=v)
         learner.update(samples, [1.0 if i % 2 else -1.0 for i in range(len(samples))])
         after = learner.weight_checksums()
@@ -306,6 +346,7 @@ def _outputs(rollout) -> list[float]:
     out = []
     for k in range(len(rollout.actors)):
         import ray
+
         samples = ray.get(rollout.actors[k].generate.remote(PROMPTS, _greedy(16), max(rollout.versions())))
         out += [float(t) for s in samples for t in s.response_ids] + [lp for s in samples for lp in s.logprobs]
     return out
@@ -313,13 +354,14 @@ def _outputs(rollout) -> list[float]:
 
 def _greedy(max_tokens=4):
     from rl.train.sampling import SamplingParams
+
     return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop_token_ids=(2,))
 
 
 def test_file_transport_names_the_fix_when_an_engine_cannot_see_the_file(tmp_path):
     class Learner:
         def export_weights(self, path):
-            return path   # "written" on another node: not here
+            return path  # "written" on another node: not here
 
     class Rollout:
         def load_weights(self, path, version):
@@ -349,7 +391,7 @@ class TwoNodeCluster:
     whose command line names this cluster (its temp dirs or its GCS address) and their children — never
     `ray stop`, which would end other people's clusters on this machine."""
 
-    SMALL = ("--object-store-memory=300000000", "--disable-usage-stats")   # a shared 24 GiB machine
+    SMALL = ("--object-store-memory=300000000", "--disable-usage-stats")  # a shared 24 GiB machine
 
     def __init__(self, head_resources: dict, node_resources: dict, cpus=(4, 2), hide: str | None = None):
         # one temp dir per node, as on separate machines: a node's runtime-env agent manages (and deletes) the
@@ -359,26 +401,69 @@ class TwoNodeCluster:
         gcs, dash, agent1, agent2, client, metrics1, metrics2, rt1, rt2 = _free_ports(9)
         self.gcs_port, self.dashboard = gcs, f"http://127.0.0.1:{dash}"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "VLLM_HOST"))}
-        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=os.urandom(24).hex(),
-                        PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}", RAY_USAGE_STATS_ENABLED="0",
-                        WANDB_MODE="offline", TOKENIZERS_PARALLELISM="false", VLLM_ENABLE_V1_MULTIPROCESSING="0")
-        self.env.pop("PYTHONPATH", None)   # the job's code comes from its --working-dir
+        self.env.update(
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN=os.urandom(24).hex(),
+            PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}",
+            RAY_USAGE_STATS_ENABLED="0",
+            WANDB_MODE="offline",
+            TOKENIZERS_PARALLELISM="false",
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        )
+        self.env.pop("PYTHONPATH", None)  # the job's code comes from its --working-dir
         ray_bin = str(VENV_BIN / "ray")
-        head = self._run([ray_bin, "start", "--head", f"--temp-dir={self.temp}", f"--port={gcs}",
-                   "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                   f"--dashboard-agent-listen-port={agent1}", f"--ray-client-server-port={client}",
-                   f"--metrics-export-port={metrics1}", f"--runtime-env-agent-port={rt1}",
-                   f"--num-cpus={cpus[0]}", f"--resources={json.dumps(head_resources)}", *self.SMALL])
+        head = self._run(
+            [
+                ray_bin,
+                "start",
+                "--head",
+                f"--temp-dir={self.temp}",
+                f"--port={gcs}",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={dash}",
+                f"--dashboard-agent-listen-port={agent1}",
+                f"--ray-client-server-port={client}",
+                f"--metrics-export-port={metrics1}",
+                f"--runtime-env-agent-port={rt1}",
+                f"--num-cpus={cpus[0]}",
+                f"--resources={json.dumps(head_resources)}",
+                *self.SMALL,
+            ]
+        )
         self.ip = re.search(r"Local node IP: (\S+)", _plain(head.stdout + head.stderr)).group(1)
         # `hide`: the second node sees an empty directory there (its own mount namespace, a tmpfs over it), as a
         # machine without the head's storage would
         self.hidden = bool(hide) and _can_hide()
-        prefix = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                  'mount -t tmpfs fbrl-hidden "$0" && exec "$@"', hide] if self.hidden else []
-        self._run([*prefix, ray_bin, "start", f"--address={self.ip}:{gcs}", f"--temp-dir={self.temp_b}",
-                   f"--dashboard-agent-listen-port={agent2}", f"--metrics-export-port={metrics2}",
-                   f"--runtime-env-agent-port={rt2}", f"--num-cpus={cpus[1]}",
-                   f"--resources={json.dumps(node_resources)}", *self.SMALL])
+        prefix = (
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                'mount -t tmpfs fbrl-hidden "$0" && exec "$@"',
+                hide,
+            ]
+            if self.hidden
+            else []
+        )
+        self._run(
+            [
+                *prefix,
+                ray_bin,
+                "start",
+                f"--address={self.ip}:{gcs}",
+                f"--temp-dir={self.temp_b}",
+                f"--dashboard-agent-listen-port={agent2}",
+                f"--metrics-export-port={metrics2}",
+                f"--runtime-env-agent-port={rt2}",
+                f"--num-cpus={cpus[1]}",
+                f"--resources={json.dumps(node_resources)}",
+                *self.SMALL,
+            ]
+        )
 
     def _run(self, cmd, timeout=180, check=True):
         r = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
@@ -431,7 +516,7 @@ def _can_hide() -> bool:
 
 
 def _plain(text: str) -> str:
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)   # ray start colours its output
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # ray start colours its output
 
 
 def _children(p):
@@ -445,13 +530,16 @@ def test_ray_job_submit_on_two_nodes(tmp_path):
     """The documented path (docs/CLUSTER.md): submit the tiny job with `ray job submit --working-dir`, engines
     asked onto the node with resource `gen`, learners and rewards onto the head (`train`)."""
     (tmp_path / "on_the_head").touch()
-    cluster = TwoNodeCluster({"train": 4}, {"gen": 2}, hide=str(tmp_path))   # RUN_DIR's parent: not on "gen"
+    cluster = TwoNodeCluster({"train": 4}, {"gen": 2}, hide=str(tmp_path))  # RUN_DIR's parent: not on "gen"
     try:
-        nodes, seen_on_gen = json.loads(cluster.python(
-            "import json, os, ray; ray.init(address=os.environ['RAY_ADDRESS'], log_to_driver=False); "
-            f"ls = ray.remote(resources={{'gen': 1}}, num_cpus=0)(lambda: os.listdir({str(tmp_path)!r})); "
-            "print(json.dumps([{n['NodeID']: n['Resources'] for n in ray.nodes() if n['Alive']}, "
-            "ray.get(ls.remote())]))").splitlines()[-1])
+        nodes, seen_on_gen = json.loads(
+            cluster.python(
+                "import json, os, ray; ray.init(address=os.environ['RAY_ADDRESS'], log_to_driver=False); "
+                f"ls = ray.remote(resources={{'gen': 1}}, num_cpus=0)(lambda: os.listdir({str(tmp_path)!r})); "
+                "print(json.dumps([{n['NodeID']: n['Resources'] for n in ray.nodes() if n['Alive']}, "
+                "ray.get(ls.remote())]))"
+            ).splitlines()[-1]
+        )
         train_node = next(n for n, res in nodes.items() if "train" in res)
         gen_node = next(n for n, res in nodes.items() if "gen" in res)
         assert len(nodes) == 2 and train_node != gen_node
@@ -462,32 +550,67 @@ def test_ray_job_submit_on_two_nodes(tmp_path):
         # put its run somewhere that lasts ($FBRL_RUNS_DIR here, ~/fbrl-runs by default) and say where first
         runs = tmp_path / "runs"
         sub_id = f"fbrl-test-{os.getpid()}-{int(time.time())}"
-        runtime_env = {"excludes": [".git", "runs", ".venv", "wandb", "__pycache__"],
-                       "env_vars": {"FBRL_RUNS_DIR": str(runs)}}
+        runtime_env = {
+            "excludes": [".git", "runs", ".venv", "wandb", "__pycache__"],
+            "env_vars": {"FBRL_RUNS_DIR": str(runs)},
+        }
         submit = cluster._run(
-            [str(VENV_BIN / "ray"), "job", "submit", f"--address={cluster.dashboard}", f"--submission-id={sub_id}",
-             f"--working-dir={ROOT}", f"--runtime-env-json={json.dumps(runtime_env)}", "--",
-             "fbrl", "train", "configs/tiny.yaml", "train.steps=2", "train.eval_every=0",
-             "train.checkpoint_every=2", "train.prompts_per_step=8", "logging.progress=false",
-             "learner.num_workers=2", "learner.zero_stage=2",   # a cluster's layout: ranks that reduce
-             "ray.rollout_resources={gen: 1}", "ray.learner_resources={train: 1}", "ray.reward_resources={train: 1}"],
-            timeout=900, check=False)
+            [
+                str(VENV_BIN / "ray"),
+                "job",
+                "submit",
+                f"--address={cluster.dashboard}",
+                f"--submission-id={sub_id}",
+                f"--working-dir={ROOT}",
+                f"--runtime-env-json={json.dumps(runtime_env)}",
+                "--",
+                "fbrl",
+                "train",
+                "configs/tiny.yaml",
+                "train.steps=2",
+                "train.eval_every=0",
+                "train.checkpoint_every=2",
+                "train.prompts_per_step=8",
+                "logging.progress=false",
+                "learner.num_workers=2",
+                "learner.zero_stage=2",  # a cluster's layout: ranks that reduce
+                "ray.rollout_resources={gen: 1}",
+                "ray.learner_resources={train: 1}",
+                "ray.reward_resources={train: 1}",
+            ],
+            timeout=900,
+            check=False,
+        )
         logs = _plain(submit.stdout + submit.stderr)
         said = re.search(r"fbrl train: configs/tiny.yaml -> (\S+)", logs)
         assert said, logs[-6000:]
         run_dir = Path(said.group(1))
-        assert run_dir.parent == runs and cluster.temp not in str(run_dir), run_dir   # not in Ray's session copy
-        status = cluster._run([str(VENV_BIN / "ray"), "job", "status", f"--address={cluster.dashboard}", sub_id],
-                              check=False)
-        assert f"Job '{sub_id}' succeeded" in _plain(status.stdout + status.stderr), logs[-6000:]   # = SUCCEEDED
+        assert run_dir.parent == runs and cluster.temp not in str(run_dir), run_dir  # not in Ray's session copy
+        status = cluster._run(
+            [str(VENV_BIN / "ray"), "job", "status", f"--address={cluster.dashboard}", sub_id], check=False
+        )
+        assert f"Job '{sub_id}' succeeded" in _plain(status.stdout + status.stderr), logs[-6000:]  # = SUCCEEDED
         # the rest of docs/CLUSTER.md step 4: list, logs, stop (a second job that would run for 10 minutes)
         ray_job = [str(VENV_BIN / "ray"), "job"]
         assert sub_id in cluster._run(ray_job + ["list", f"--address={cluster.dashboard}"]).stdout
-        assert "placement: rollout engine 0 on node" in cluster._run(
-            ray_job + ["logs", f"--address={cluster.dashboard}", sub_id]).stdout
+        assert (
+            "placement: rollout engine 0 on node"
+            in cluster._run(ray_job + ["logs", f"--address={cluster.dashboard}", sub_id]).stdout
+        )
         sleeper = f"{sub_id}-stop"
-        cluster._run(ray_job + ["submit", f"--address={cluster.dashboard}", f"--submission-id={sleeper}",
-                                "--no-wait", "--", "python", "-c", "import time; time.sleep(600)"])
+        cluster._run(
+            ray_job
+            + [
+                "submit",
+                f"--address={cluster.dashboard}",
+                f"--submission-id={sleeper}",
+                "--no-wait",
+                "--",
+                "python",
+                "-c",
+                "import time; time.sleep(600)",
+            ]
+        )
         cluster._run(ray_job + ["stop", f"--address={cluster.dashboard}", sleeper], timeout=120)
         stopped = cluster._run(ray_job + ["status", f"--address={cluster.dashboard}", sleeper], check=False)
         assert f"Job '{sleeper}' was stopped" in _plain(stopped.stdout + stopped.stderr), stopped
@@ -495,8 +618,12 @@ def test_ray_job_submit_on_two_nodes(tmp_path):
         steps = [r for r in rows if "time_sync_s" in r]
         assert [r["step"] for r in steps] == [1, 2] and all(r["policy_version"] >= 2 for r in steps)
         placed = re.findall(r"placement: (rollout engine|learner rank|reward actor) \d on node ([0-9a-f]{56})", logs)
-        assert sorted(role for role, _ in placed) == ["learner rank", "learner rank", "reward actor",
-                                                      "rollout engine"], logs[-6000:]
+        assert sorted(role for role, _ in placed) == [
+            "learner rank",
+            "learner rank",
+            "reward actor",
+            "rollout engine",
+        ], logs[-6000:]
         for role, node in placed:
             assert node == (gen_node if role == "rollout engine" else train_node), (role, node, nodes)
         # engines on another node than learner rank 0: auto picked ray, and the engines, which cannot see RUN_DIR,

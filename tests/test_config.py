@@ -1,4 +1,5 @@
 """rl.config: strict typed loading from YAML + dotted overrides, error messages, dump/round trip, diffs."""
+
 import textwrap
 
 import pytest
@@ -20,16 +21,29 @@ def test_defaults_load_and_validate():
 
 
 def test_file_and_overrides(tmp_path):
-    p = write(tmp_path, """
+    p = write(
+        tmp_path,
+        """
         learner:
           lr: 1.0e-5
         rollout:
           decode_mode: soft
-    """)
-    cfg = load_config(p, ["learner.lr=1e-6", "rollout.decode_mode=fused", "data.difficulty=[1,2]",
-                          "train.run_dir=runs/a", "algo.tis_cap=2", "model.init={hidden_size: 128}",
-                          "reward.fns=[{fn: my/file.py:fn, weight: 0.5}]", "train.resume="])
-    assert cfg.learner.lr == 1e-6 and isinstance(cfg.learner.lr, float)   # YAML 1.1 would say '1e-6'
+    """,
+    )
+    cfg = load_config(
+        p,
+        [
+            "learner.lr=1e-6",
+            "rollout.decode_mode=fused",
+            "data.difficulty=[1,2]",
+            "train.run_dir=runs/a",
+            "algo.tis_cap=2",
+            "model.init={hidden_size: 128}",
+            "reward.fns=[{fn: my/file.py:fn, weight: 0.5}]",
+            "train.resume=",
+        ],
+    )
+    assert cfg.learner.lr == 1e-6 and isinstance(cfg.learner.lr, float)  # YAML 1.1 would say '1e-6'
     assert cfg.rollout.decode_mode == "fused"
     assert cfg.data.difficulty == [1, 2]
     assert cfg.train.run_dir == "runs/a" and cfg.train.resume is None
@@ -40,23 +54,28 @@ def test_file_and_overrides(tmp_path):
     assert load_config(None).reward.entries()[0]["fn"] == "math"
 
 
-@pytest.mark.parametrize("text, expect", [
-    ("bogus: 1\n", ["bogus: unknown key", "x.yaml line 1"]),
-    ("train:\n  steps: 3\n  stpes: 4\n", ["train.stpes: unknown key", "did you mean 'steps'", "line 3"]),
-    ("rollout:\n  vllm:\n    kv_cache: 2\n", ["rollout.vllm.kv_cache: unknown key", "line 3"]),
-    ("learner:\n  zero_stage: 1\n  lr: abc\n", ["learner.lr: expected float, got 'abc'", "x.yaml line 3"]),
-    ("train:\n  steps: true\n", ["train.steps: expected int, got True", "line 2"]),
-    ("rollout:\n  decode_mode: sotf\n",
-     ["rollout.decode_mode: expected one of 'standard', 'soft', 'fused', got 'sotf'", "did you mean 'soft'"]),
-    ("reward:\n  fns:\n    - fn: a.py:f\n    - weight: 2\n", ["reward.fns[1].fn: required", "line 4"]),
-    ("reward:\n  fns:\n    - fn: a.py:f\n      wieght: 2\n", ["reward.fns[0].wieght: unknown key", "line 4"]),
-    ("reward:\n  fns:\n    - fn: my reward\n", ["reward.fns[0].fn: expected a built-in reward name", "line 3"]),
-    ("pretrain:\n  pass_schedule: [[0.5, 1], [0.9, 2]]\n", ["pretrain.pass_schedule: fractions", "line 2"]),
-    ("pretrain:\n  pass_schedule: [[0.5, 1, 3]]\n", ["pretrain.pass_schedule[0]: expected [float, int]"]),
-    ("train:\n  steps: 1\n  steps: 2\n", ["train.steps: duplicate key", "line 3"]),
-    ("train: 5\n", ["train: expected a mapping", "line 1"]),
-    ("train: [\n", ["invalid YAML", "x.yaml"]),
-])
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        ("bogus: 1\n", ["bogus: unknown key", "x.yaml line 1"]),
+        ("train:\n  steps: 3\n  stpes: 4\n", ["train.stpes: unknown key", "did you mean 'steps'", "line 3"]),
+        ("rollout:\n  vllm:\n    kv_cache: 2\n", ["rollout.vllm.kv_cache: unknown key", "line 3"]),
+        ("learner:\n  zero_stage: 1\n  lr: abc\n", ["learner.lr: expected float, got 'abc'", "x.yaml line 3"]),
+        ("train:\n  steps: true\n", ["train.steps: expected int, got True", "line 2"]),
+        (
+            "rollout:\n  decode_mode: sotf\n",
+            ["rollout.decode_mode: expected one of 'standard', 'soft', 'fused', got 'sotf'", "did you mean 'soft'"],
+        ),
+        ("reward:\n  fns:\n    - fn: a.py:f\n    - weight: 2\n", ["reward.fns[1].fn: required", "line 4"]),
+        ("reward:\n  fns:\n    - fn: a.py:f\n      wieght: 2\n", ["reward.fns[0].wieght: unknown key", "line 4"]),
+        ("reward:\n  fns:\n    - fn: my reward\n", ["reward.fns[0].fn: expected a built-in reward name", "line 3"]),
+        ("pretrain:\n  pass_schedule: [[0.5, 1], [0.9, 2]]\n", ["pretrain.pass_schedule: fractions", "line 2"]),
+        ("pretrain:\n  pass_schedule: [[0.5, 1, 3]]\n", ["pretrain.pass_schedule[0]: expected [float, int]"]),
+        ("train:\n  steps: 1\n  steps: 2\n", ["train.steps: duplicate key", "line 3"]),
+        ("train: 5\n", ["train: expected a mapping", "line 1"]),
+        ("train: [\n", ["invalid YAML", "x.yaml"]),
+    ],
+)
 def test_file_errors_name_key_file_and_line(tmp_path, text, expect):
     p = write(tmp_path, text)
     with pytest.raises(ConfigError) as e:
@@ -65,17 +84,20 @@ def test_file_errors_name_key_file_and_line(tmp_path, text, expect):
         assert piece in str(e.value), str(e.value)
 
 
-@pytest.mark.parametrize("override, expect", [
-    ("learner.lr=abc", "learner.lr: expected float, got 'abc' (override 'learner.lr=abc')"),
-    ("rollout.decode_mode=hard", "rollout.decode_mode: expected one of"),
-    ("likelihood.estimator=kpas", "did you mean 'kpass'"),
-    ("trian.steps=3", "trian: unknown key"),
-    ("train.steps.x=1", "train.steps: expected int"),
-    ("train.steps", "expected dotted.key=value"),
-    ("learner.zero_stage=4", "learner.zero_stage: expected 0, 1, 2 or 3, got 4"),
-    ("rollout.top_p=0", "rollout.top_p: expected a value in (0, 1]"),
-    ("model.path=3", "model.path: expected str or null, got 3"),
-])
+@pytest.mark.parametrize(
+    "override, expect",
+    [
+        ("learner.lr=abc", "learner.lr: expected float, got 'abc' (override 'learner.lr=abc')"),
+        ("rollout.decode_mode=hard", "rollout.decode_mode: expected one of"),
+        ("likelihood.estimator=kpas", "did you mean 'kpass'"),
+        ("trian.steps=3", "trian: unknown key"),
+        ("train.steps.x=1", "train.steps: expected int"),
+        ("train.steps", "expected dotted.key=value"),
+        ("learner.zero_stage=4", "learner.zero_stage: expected 0, 1, 2 or 3, got 4"),
+        ("rollout.top_p=0", "rollout.top_p: expected a value in (0, 1]"),
+        ("model.path=3", "model.path: expected str or null, got 3"),
+    ],
+)
 def test_override_errors(override, expect):
     with pytest.raises(ConfigError) as e:
         load_config(None, [override])
@@ -100,8 +122,15 @@ def test_configs_saved_by_earlier_versions_load(tmp_path):
 
 
 def test_round_trip_through_yaml(tmp_path):
-    cfg = load_config(None, ["learner.lr=3e-6", "pretrain.pass_schedule=[[0.5,1],[1.0,2]]",
-                             "reward.fns=[{fn: a.py:f, weight: 2, options: {box: last}}]", "model.init={}"])
+    cfg = load_config(
+        None,
+        [
+            "learner.lr=3e-6",
+            "pretrain.pass_schedule=[[0.5,1],[1.0,2]]",
+            "reward.fns=[{fn: a.py:f, weight: 2, options: {box: last}}]",
+            "model.init={}",
+        ],
+    )
     path = tmp_path / "dump.yaml"
     cfg.save(path)
     again = load_config(path)
@@ -117,7 +146,7 @@ def test_diff_and_resume_check():
     d = diff_configs(a, b)
     assert d == {"likelihood.estimator": ("replay", "kpass"), "learner.lr": (1e-5, 1e-7), "data.seed": (0, 3)}
     assert diff_configs(a, b, ["learner"]) == {"learner.lr": (1e-5, 1e-7)}
-    check_resume(a, load_config(None, ["learner.lr=1e-7", "train.steps=99"]))   # unlocked fields may change
+    check_resume(a, load_config(None, ["learner.lr=1e-7", "train.steps=99"]))  # unlocked fields may change
     with pytest.raises(ConfigError) as e:
         check_resume(a, b)
     assert "likelihood.estimator: 'replay' -> 'kpass'" in str(e.value) and "data.seed" in str(e.value)
@@ -128,6 +157,7 @@ def test_every_section_rule_runs():
     """A section with two `validate` methods silently loses the first (RewardConfig did: its accuracy rule never
     ran). Each rule below is from a different method body."""
     from rl.config.schema import RewardConfig
+
     problems = dict(RewardConfig(accuracy="  ", timeout_s=0).validate())
     assert set(problems) == {"accuracy", "timeout_s"}, problems
 
@@ -136,6 +166,7 @@ def test_an_offpolicy_correction_is_on_whenever_samples_can_be_stale():
     """`algo.tis_cap: auto` (the default): token TIS at 2.0 from max_staleness 1, off at 0; a set number or null
     stays as set; config.yaml gets the value in force."""
     from rl.train.policy_update import is_correction_mode
+
     for s, cap in ((0, None), (1, 2.0), (2, 2.0)):
         cfg = load_config(None, [f"train.max_staleness={s}"])
         assert cfg.algo.tis_cap == cap and is_correction_mode(cfg.algo) == (None if cap is None else "truncate")

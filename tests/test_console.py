@@ -1,6 +1,7 @@
 """What users see, without a training job: the CLI's help and `--print-config`, the step line, the end-of-run
 summary, plain text in files, the plots (every panel drawn with data, integer steps, files written), and the
 decode-mode record of checkpoints. The console of a real job is checked in tests/test_e2e.py."""
+
 import io
 import json
 import math
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # ---------------------------------------------------------------------------------------------- CLI
+
 
 def test_bare_fbrl_prints_help_and_starts_nothing(capsys):
     assert main([]) == 0
@@ -60,11 +62,24 @@ def test_print_config_is_the_whole_resolved_config(tmp_path, capsys):
 
 # ---------------------------------------------------------------------------------------------- step line
 
+
 def _row(step=3, **kw):
-    row = {"step": step, "reward_mean": 0.5, "accuracy": 0.4375, "response_len_mean": 18.25, "truncation_rate": 0.0,
-           "logprob_mismatch_abs_mean": 9.7e-8, "skipped": 0, "time_rollout_s": 1.8, "time_reward_s": 0.01,
-           "time_learner_s": 2.4, "time_sync_s": 0.07, "time_step_s": 4.3,
-           "reward/rewards/math/errors": 0.0, "reward/rewards/math/timeouts": 0.0}
+    row = {
+        "step": step,
+        "reward_mean": 0.5,
+        "accuracy": 0.4375,
+        "response_len_mean": 18.25,
+        "truncation_rate": 0.0,
+        "logprob_mismatch_abs_mean": 9.7e-8,
+        "skipped": 0,
+        "time_rollout_s": 1.8,
+        "time_reward_s": 0.01,
+        "time_learner_s": 2.4,
+        "time_sync_s": 0.07,
+        "time_step_s": 4.3,
+        "reward/rewards/math/errors": 0.0,
+        "reward/rewards/math/timeouts": 0.0,
+    }
     row.update(kw)
     return row
 
@@ -78,20 +93,34 @@ def test_console_line_is_one_line_with_every_phase():
 
 
 def test_console_line_says_kl_eval_failures_and_skips():
-    line = console_line(_row(**{"learner/kl_loss": 0.0123, "eval_accuracy_soft": 0.712, "eval_accuracy": 0.712,
-                                 "eval_accuracy_fused": 0.5, "time_step_s": 9.0,
-                                 "reward/rewards/judge/errors": 8.0, "reward/rewards/judge/timeouts": 0.0,
-                                 "reward/rewards/slow/timeouts": 32.0, "skipped": 1}), 40)
+    line = console_line(
+        _row(
+            **{
+                "learner/kl_loss": 0.0123,
+                "eval_accuracy_soft": 0.712,
+                "eval_accuracy": 0.712,
+                "eval_accuracy_fused": 0.5,
+                "time_step_s": 9.0,
+                "reward/rewards/judge/errors": 8.0,
+                "reward/rewards/judge/timeouts": 0.0,
+                "reward/rewards/slow/timeouts": 32.0,
+                "skipped": 1,
+            }
+        ),
+        40,
+    )
     assert "| kl 1.23e-02 |" in line
     assert "eval/ckpt 4.7" in line  # what the four phases do not account for
     assert "| eval soft 0.712 fused 0.500" in line
     assert "| reward failures: judge 8, slow 32" in line
     assert line.endswith("| skipped: no usable signal")
     assert console_line(_row(accuracy=None, logprob_mismatch_abs_mean=None), 9).startswith(
-        "step 3/9 | reward 0.500 acc - | len 18.2 trunc 0.00 | mismatch - |")
+        "step 3/9 | reward 0.500 acc - | len 18.2 trunc 0.00 | mismatch - |"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- plain text
+
 
 def test_plain_text_stream_strips_terminal_codes():
     sink = io.StringIO()
@@ -104,6 +133,7 @@ def test_plain_text_stream_strips_terminal_codes():
 
 def test_known_vllm_noise_is_dropped_and_warnings_kept():
     import logging
+
     f = console._DropKnownNoise()
     mk = lambda msg: logging.LogRecord("vllm.x", logging.WARNING, "f", 1, msg, None, None)  # noqa: E731
     assert not f.filter(mk("Chat template warmup failed"))
@@ -112,58 +142,85 @@ def test_known_vllm_noise_is_dropped_and_warnings_kept():
 
 # ---------------------------------------------------------------------------------------------- metrics
 
+
 def fake_rows(steps=12, modes=("soft", "fused")) -> list[dict]:
     """Rows shaped like a run's metrics.jsonl, with every family of keys the panels read (the mismatch
     parts and the latent-channel keys included), an eval every 4 steps and a skipped step."""
     rows = [{"step": 0, **{f"eval_accuracy_{m}": 0.3 + 0.01 * i for i, m in enumerate(modes)}}]
     for s in range(1, steps + 1):
-        r = _row(step=s, reward_mean=0.4 + 0.02 * s, accuracy=0.35 + 0.02 * s, response_len_mean=15.0 + s,
-                 truncation_rate=0.01 * (s % 3), skipped=int(s == 5), time_step_s=4.5 + (2.0 if s % 4 == 0 else 0))
-        r.update({"learner/loss": -0.05 + 0.002 * s, "learner/pg_loss": -0.05 + 0.002 * s, "learner/kl_loss": 1e-3 * s,
-                  "learner/approx_kl": 0.0, "learner/entropy": 0.14 - 0.005 * s, "learner/grad_norm": 0.2 + 0.01 * s,
-                  "learner/pg_clipfrac_low": 0.0, "learner/pg_clipfrac_high": 0.001 * s,
-                  "learner/mismatch/abs_logp_diff": 1e-7 / s, "learner/mismatch/k3": 1e-13,
-                  "learner/mismatch/ratio_outside_frac": 0.0, "learner/mismatch/seq_ess": 1.0,
-                  "mismatch/staleness": 1e-3, "reward/rewards/math/mean": 0.35 + 0.02 * s,
-                  "reward/rewards/format_reward/mean": 0.9, "reward/rewards/total/mean": 0.4 + 0.02 * s,
-                  "learner/latent/w_state_norm": 10.0 + s, "learner/latent/w_gate_norm": 7.0,
-                  "learner/latent/policy_shift": 0.01 * s, "learner/latent/gate_mean": 0.5})
+        r = _row(
+            step=s,
+            reward_mean=0.4 + 0.02 * s,
+            accuracy=0.35 + 0.02 * s,
+            response_len_mean=15.0 + s,
+            truncation_rate=0.01 * (s % 3),
+            skipped=int(s == 5),
+            time_step_s=4.5 + (2.0 if s % 4 == 0 else 0),
+        )
+        r.update(
+            {
+                "learner/loss": -0.05 + 0.002 * s,
+                "learner/pg_loss": -0.05 + 0.002 * s,
+                "learner/kl_loss": 1e-3 * s,
+                "learner/approx_kl": 0.0,
+                "learner/entropy": 0.14 - 0.005 * s,
+                "learner/grad_norm": 0.2 + 0.01 * s,
+                "learner/pg_clipfrac_low": 0.0,
+                "learner/pg_clipfrac_high": 0.001 * s,
+                "learner/mismatch/abs_logp_diff": 1e-7 / s,
+                "learner/mismatch/k3": 1e-13,
+                "learner/mismatch/ratio_outside_frac": 0.0,
+                "learner/mismatch/seq_ess": 1.0,
+                "mismatch/staleness": 1e-3,
+                "reward/rewards/math/mean": 0.35 + 0.02 * s,
+                "reward/rewards/format_reward/mean": 0.9,
+                "reward/rewards/total/mean": 0.4 + 0.02 * s,
+                "learner/latent/w_state_norm": 10.0 + s,
+                "learner/latent/w_gate_norm": 7.0,
+                "learner/latent/policy_shift": 0.01 * s,
+                "learner/latent/gate_mean": 0.5,
+            }
+        )
         if s % 4 == 0:
             r.update({f"eval_accuracy_{m}": 0.3 + 0.03 * s for m in modes})
         rows.append(r)
     return rows
 
 
-PANELS = {"reward", "eval_accuracy", "loss", "kl_entropy", "clip_fraction", "length", "mismatch", "step_time",
-          "latent"}
+PANELS = {"reward", "eval_accuracy", "loss", "kl_entropy", "clip_fraction", "length", "mismatch", "step_time", "latent"}
 
 
 def test_panels_take_every_family_of_keys():
     panels = {p.name: p for p in plots.build_panels(fake_rows())}
     assert set(panels) == PANELS
     labels = lambda name: {s.label for s in panels[name].series}  # noqa: E731
-    assert labels("eval_accuracy") == {"soft", "fused"}                      # one line per decode mode
-    assert {"term: math", "term: format_reward"} <= labels("reward")          # terms when there are several
+    assert labels("eval_accuracy") == {"soft", "fused"}  # one line per decode mode
+    assert {"term: math", "term: format_reward"} <= labels("reward")  # terms when there are several
     assert {"mean |Δ log p| engine vs learner", "mismatch/staleness"} <= labels("mismatch")  # any mismatch part
     assert not any(lab.endswith(("seq_ess", "ratio_outside_frac")) for lab in labels("mismatch"))
-    assert labels("latent") == {"‖W_U‖ (state weights)", "‖W_G‖ (gate weights)", "mean |log π_soft − log π_std|",
-                                "gate mean"}
+    assert labels("latent") == {
+        "‖W_U‖ (state weights)",
+        "‖W_G‖ (gate weights)",
+        "mean |log π_soft − log π_std|",
+        "gate mean",
+    }
     assert {s.label for s in panels["latent"].series if s.right} == {"mean |log π_soft − log π_std|", "gate mean"}
     assert labels("step_time") == {"rollout", "reward", "learner", "sync", "other (eval, checkpoint)"}
     other = next(s for s in panels["step_time"].series if s.label.startswith("other"))
     assert other.ys[3] == pytest.approx(2.0 + 4.5 - 4.28)  # step 4: an eval step's extra time is "other"
     # a run that logs none of a family simply has no such panel
     bare = [{k: v for k, v in r.items() if not k.startswith("learner/")} for r in fake_rows()]
-    assert {p.name for p in plots.build_panels(bare)} == {"reward", "eval_accuracy", "length", "mismatch",
-                                                          "step_time"}
+    assert {p.name for p in plots.build_panels(bare)} == {"reward", "eval_accuracy", "length", "mismatch", "step_time"}
 
 
 def test_render_draws_every_panel_with_data_and_integer_steps(tmp_path):
     rows = fake_rows()
     written = plots.render(rows, tmp_path / "plots", title="test run")
-    assert [p.name for p in written] == ["summary.png"] + [f"{n}.png" for n in
-                                                           [p.name for p in plots.build_panels(rows)]]
+    assert [p.name for p in written] == ["summary.png"] + [
+        f"{n}.png" for n in [p.name for p in plots.build_panels(rows)]
+    ]
     from PIL import Image
+
     sizes = {p.name: Image.open(p).size for p in written}
     assert sizes["summary.png"][0] > 1200 and sizes["summary.png"][1] > 1000  # 3 columns x 3 rows of panels
     for name, (w, h) in sizes.items():
@@ -191,7 +248,7 @@ def test_live_plots_draw_in_the_background_and_at_close(tmp_path):
     live = plots.LivePlots(run, title="t", every_s=3600)
     for r in fake_rows(4)[:3]:
         run.log_metrics(r)
-        live.update(r)               # no eval yet and not due: nothing drawn
+        live.update(r)  # no eval yet and not due: nothing drawn
     assert not (run.path / "plots" / "summary.png").exists()
     run.log_metrics(fake_rows(4)[4])
     live.update(fake_rows(4)[4] | {"eval_accuracy": 0.4})  # an eval step asks for a drawing
@@ -200,6 +257,7 @@ def test_live_plots_draw_in_the_background_and_at_close(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- summary
+
 
 def test_summary_names_existing_paths_and_counts(tmp_path):
     cfg = load_config(ROOT / "configs" / "tiny.yaml", ["train.eval_n=64"])
@@ -228,9 +286,15 @@ def test_summary_names_existing_paths_and_counts(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- decode modes
 
-@pytest.mark.parametrize("name,modes", [("tiny-arith", ["standard", "soft"]),
-                                        ("tiny-arith-mixed", ["standard", "soft"]),
-                                        ("tiny-arith-fused", ["standard", "soft", "fused"])])
+
+@pytest.mark.parametrize(
+    "name,modes",
+    [
+        ("tiny-arith", ["standard", "soft"]),
+        ("tiny-arith-mixed", ["standard", "soft"]),
+        ("tiny-arith-fused", ["standard", "soft", "fused"]),
+    ],
+)
 def test_committed_checkpoints_modes_come_from_their_pretraining(name, modes, tmp_path):
     """The committed checkpoints predate the record (their config.json is left as trained): their modes are read
     from pretrain_config.yaml, and a record, once written, wins over it."""
@@ -252,6 +316,7 @@ def test_mode_warning_only_for_untrained_modes(tmp_path):
 
 def test_rl_adds_its_mode_to_the_record():
     from types import SimpleNamespace
+
     config = SimpleNamespace()
     decode_modes.record_rl_mode(config, ROOT / "checkpoints" / "tiny-arith", "fused")
     assert config.fbt_decode_modes == ["standard", "soft", "fused"]
@@ -262,8 +327,13 @@ def test_verbose_flag_reaches_config_and_workers():
 
     from actors.cli.launch import load_train_config
     from actors.placement import runtime_env
-    args = lambda verbose: SimpleNamespace(config="configs/tiny.yaml", overrides=[], resume=None,  # noqa: E731
-                                           verbose=verbose)
+
+    args = lambda verbose: SimpleNamespace(
+        config="configs/tiny.yaml",
+        overrides=[],
+        resume=None,  # noqa: E731
+        verbose=verbose,
+    )
     quiet, loud = load_train_config(args(False))[1], load_train_config(args(True))[1]
     assert not quiet.logging.verbose and loud.logging.verbose
     assert console.QUIET_ENV.items() <= runtime_env(quiet)["env_vars"].items()  # Ray workers quieted too
@@ -276,10 +346,19 @@ def test_convert_records_the_modes_it_serves(init, modes, tmp_path, capsys):
     mode (tests/test_identity.py), so no mode is warned about."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=2, num_key_value_heads=1, head_dim=32)
-                     ).save_pretrained(tmp_path / "src")
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=97,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=32,
+        )
+    ).save_pretrained(tmp_path / "src")
     assert main(["convert", str(tmp_path / "src"), str(tmp_path / "out"), "--init", init]) == 0
     assert decode_modes.trained_decode_modes(tmp_path / "out") == modes
     warned = decode_modes.mode_warning(tmp_path / "out", "fused", "--decode-mode")
@@ -292,6 +371,7 @@ def test_vllm_noise_is_dropped_where_it_would_print(caplog):
     import logging
 
     import vllm  # noqa: F401
+
     console.drop_vllm_noise()
     logger = logging.getLogger("vllm.renderers.base")
     with caplog.at_level(logging.WARNING):

@@ -1,4 +1,5 @@
 """rl.data: arithmetic task (determinism, disjoint splits), char tokenizer, loaders, resumable sampler."""
+
 import importlib.util
 import json
 
@@ -23,7 +24,7 @@ ALL = (1, 2, 3, 4)
 def test_generation_is_deterministic_and_seeded():
     a = arith.generate("train", 300, seed=1, difficulties=ALL)
     assert a == arith.generate("train", 300, seed=1, difficulties=ALL)
-    assert a[:100] == arith.generate("train", 100, seed=1, difficulties=ALL)   # a prefix, not a reshuffle
+    assert a[:100] == arith.generate("train", 100, seed=1, difficulties=ALL)  # a prefix, not a reshuffle
     assert a != arith.generate("train", 300, seed=2, difficulties=ALL)
 
 
@@ -32,9 +33,8 @@ def test_rows_are_well_formed_and_short():
         assert set(row) >= {"prompt", "answer", "solution", "difficulty"}
         assert row["prompt"].endswith("Put the answer in \\boxed{}.\nA:") and len(row["prompt"]) <= 60
         assert row["solution"].endswith(f"\\boxed{{{row['answer']}}}")
-        assert int(row["answer"]) == eval(row["question"])   # Python's precedence is the task's
-        assert row["question"].count("+") + row["question"].count("*") + row["question"].count("-") \
-            == row["difficulty"]
+        assert int(row["answer"]) == eval(row["question"])  # Python's precedence is the task's
+        assert row["question"].count("+") + row["question"].count("*") + row["question"].count("-") == row["difficulty"]
         assert arith.score(row["solution"], row["answer"]) == 1.0
     assert arith.score("... \\boxed{3}", "4") == 0.0 and arith.score("4", "4") == 0.0
 
@@ -42,7 +42,7 @@ def test_rows_are_well_formed_and_short():
 def test_worked_solution_format():
     import random
 
-    class Fixed(random.Random):   # drives make_problem to 37+5*3
+    class Fixed(random.Random):  # drives make_problem to 37+5*3
         seq = iter(["+", "*", 37, 5, 3])
 
         def choice(self, s):
@@ -66,7 +66,7 @@ def test_direct_answer_mixture():
     for m, w, d in zip(mixed, worked, direct):
         assert m["solution"] == (f" \\boxed{{{w['answer']}}}" if d else w["solution"])
         assert arith.score(m["solution"], m["answer"]) == 1.0
-    assert all("=" in w["solution"] for w in worked)     # the default keeps every worked solution
+    assert all("=" in w["solution"] for w in worked)  # the default keeps every worked solution
     cfg = DataConfig(difficulty=[1, 2], direct_answer_frac=0.7, num_train=2000)
     assert load_task_split(cfg, "train") == mixed
     with pytest.raises(ConfigError, match="direct_answer_frac"):
@@ -77,8 +77,8 @@ def test_test_split_never_in_train():
     train = arith.generate("train", 20000, seed=0, difficulties=ALL)
     test = arith.generate("test", 500, seed=0, difficulties=ALL)
     val = arith.generate("val", 500, seed=0, difficulties=ALL)
-    h = lambda rows: {arith.problem_hash(r["question"]) for r in rows}   # noqa: E731
-    assert len(h(test)) == 500 and len(h(val)) == 500   # held-out splits have no repeats
+    h = lambda rows: {arith.problem_hash(r["question"]) for r in rows}  # noqa: E731
+    assert len(h(test)) == 500 and len(h(val)) == 500  # held-out splits have no repeats
     assert not h(test) & h(train) and not h(val) & h(train) and not h(test) & h(val)
     # by construction: even another seed's train never contains this test set
     assert not h(test) & h(arith.generate("train", 5000, seed=7, difficulties=ALL))
@@ -97,14 +97,18 @@ def test_tokenizer_round_trip_and_autotokenizer(tmp_path):
     tok = save_tokenizer(tmp_path / "tok")
     assert len(tok) <= 128 and (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
     loaded = AutoTokenizer.from_pretrained(str(tmp_path / "tok"))
-    assert (loaded.pad_token, loaded.bos_token, loaded.eos_token, loaded.unk_token) == \
-        ("<pad>", "<bos>", "<eos>", "<unk>")
+    assert (loaded.pad_token, loaded.bos_token, loaded.eos_token, loaded.unk_token) == (
+        "<pad>",
+        "<bos>",
+        "<eos>",
+        "<unk>",
+    )
     texts = [r["prompt"] + r["solution"] for r in arith.generate("test", 50, difficulties=ALL)]
     texts += ["  spaces  .  , ;\t{}\\^_ ~`'\"|\n\nend ", "What is 37 + 5 * 3? (-12) [x] #1 @a $b %c &d"]
     for t in (tok, loaded):
         for x in texts:
             bare = t.encode(x, add_special_tokens=False)
-            assert len(bare) == len(x) and 3 not in bare   # one token per character, nothing unknown
+            assert len(bare) == len(x) and 3 not in bare  # one token per character, nothing unknown
             assert t.decode(bare) == x
             ids = t(x)["input_ids"]
             assert ids[0] == t.bos_token_id and ids[1:] == bare
@@ -153,6 +157,7 @@ def test_load_task_split_from_config(tmp_path):
 def test_parquet(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     p = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist([{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}]), p)
     assert [r["answer"] for r in load_parquet(p)] == ["1", "2"]
@@ -163,11 +168,16 @@ def test_parquet(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="datasets not installed")
 def test_hf_disk(tmp_path):
     import datasets
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list([{"prompt": "a", "answer": "1"}]),
-                               "test": datasets.Dataset.from_list([{"prompt": "b", "answer": "2"}])})
+
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list([{"prompt": "a", "answer": "1"}]),
+            "test": datasets.Dataset.from_list([{"prompt": "b", "answer": "2"}]),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "ds"))
     assert load_hf_disk(tmp_path / "ds", "test")[0]["prompt"] == "b"
-    assert load_hf_disk(tmp_path / "ds" / "train")[0]["answer"] == "1"   # a single Dataset dir
+    assert load_hf_disk(tmp_path / "ds" / "train")[0]["answer"] == "1"  # a single Dataset dir
     with pytest.raises(DataError, match="no split 'dev'"):
         load_hf_disk(tmp_path / "ds", "dev")
 
@@ -175,15 +185,15 @@ def test_hf_disk(tmp_path):
 def test_sampler_epochs_and_resume_equivalence():
     rows = [{"prompt": str(i), "answer": str(i)} for i in range(10)]
     full = PromptSampler(rows, seed=5)
-    stream = [full.next(4) for _ in range(8)]   # 32 draws: crosses three epoch boundaries
+    stream = [full.next(4) for _ in range(8)]  # 32 draws: crosses three epoch boundaries
     flat = [r["prompt"] for batch in stream for r in batch]
-    assert sorted(flat[:10]) == sorted(flat[10:20]) == [str(i) for i in range(10)]   # each epoch a permutation
-    assert flat[:10] != flat[10:20]   # reshuffled per epoch
+    assert sorted(flat[:10]) == sorted(flat[10:20]) == [str(i) for i in range(10)]  # each epoch a permutation
+    assert flat[:10] != flat[10:20]  # reshuffled per epoch
 
     first = PromptSampler(rows, seed=5)
     for _ in range(3):
         first.next(4)
-    state = json.loads(json.dumps(first.state_dict()))   # survives a checkpoint as JSON
+    state = json.loads(json.dumps(first.state_dict()))  # survives a checkpoint as JSON
     resumed = PromptSampler(rows, seed=5)
     resumed.load_state_dict(state)
     assert [resumed.next(4) for _ in range(5)] == stream[3:]
@@ -200,6 +210,7 @@ def test_task_names_are_one_registry():
 
     from rl.config import DataConfig
     from rl.data import tasks, track
+
     assert set(tasks.TRACK_TASKS) == set(track.TASKS)
     assert typing.get_args(typing.get_type_hints(DataConfig)["task"]) == tasks.TASKS
     assert set(tasks.TASKS) == set(tasks.GENERATED_TASKS) | set(tasks.FILE_TASKS)

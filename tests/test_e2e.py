@@ -10,6 +10,7 @@
   and (same weights, optimizer state and RNGs) gets the same rewards. In-process workers with the torch engine:
   the loop, run directory and learner checkpoint are the same code as on Ray, at a fraction of the start-up.
 """
+
 import json
 import math
 import os
@@ -23,28 +24,59 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CKPT = os.environ.get("FBRL_E2E_CHECKPOINT", str(ROOT / "checkpoints" / "tiny-arith"))
 FUSED_CKPT = str(ROOT / "checkpoints" / "tiny-arith-fused")
-REQUIRED = ("step", "reward_mean", "accuracy", "response_len_mean", "logprob_mismatch_abs_mean", "time_rollout_s",
-            "time_learner_s", "time_sync_s", "time_step_s")
-SMALL = ["train.steps=2", "train.prompts_per_step=8", "rollout.n_samples_per_prompt=4", "train.eval_n=32",
-         "train.eval_every=2", "train.checkpoint_every=2", "logging.progress=false", "learner.micro_batch_size=16",
-         "rollout.engine=vllm"]  # the engine a real model's job runs (the tiny default decodes with torch)
+REQUIRED = (
+    "step",
+    "reward_mean",
+    "accuracy",
+    "response_len_mean",
+    "logprob_mismatch_abs_mean",
+    "time_rollout_s",
+    "time_learner_s",
+    "time_sync_s",
+    "time_step_s",
+)
+SMALL = [
+    "train.steps=2",
+    "train.prompts_per_step=8",
+    "rollout.n_samples_per_prompt=4",
+    "train.eval_n=32",
+    "train.eval_every=2",
+    "train.checkpoint_every=2",
+    "logging.progress=false",
+    "learner.micro_batch_size=16",
+    "rollout.engine=vllm",
+]  # the engine a real model's job runs (the tiny default decodes with torch)
 
 
 def fbrl_train(*args, timeout=900):
     """stdout and stderr of `fbrl train ARGS`, interleaved as a user's terminal (or log file) would get them."""
-    env = dict(os.environ, WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-               TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([sys.executable, "-m", "actors.cli", "train", *args], cwd=ROOT, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    env = dict(
+        os.environ,
+        WANDB_MODE="offline",
+        RAY_AUTH_MODE="disabled",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "actors.cli", "train", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, f"fbrl train failed:\n{proc.stdout[-10000:]}"
     return proc.stdout
 
 
 # The lines fbrl itself prints (rl/loop.py, actors/cli/launch.py, actors/console.py); anything else is a library's.
-OWN_LINE = re.compile(r"^(fbrl train: |starting |placement: |weight sync: |workers ready |step +\d+/\d+ \| |done: "
-                      r"|held-out greedy accuracy "
-                      r"|accuracy on training |reward failures|faults: |warning: |resumed |(policy|metrics|plots|wandb"
-                      r"|logs): +)")
+OWN_LINE = re.compile(
+    r"^(fbrl train: |starting |placement: |weight sync: |workers ready |step +\d+/\d+ \| |done: "
+    r"|held-out greedy accuracy "
+    r"|accuracy on training |reward failures|faults: |warning: |resumed |(policy|metrics|plots|wandb"
+    r"|logs): +)"
+)
 
 
 def check_console(out: str, steps: int) -> None:
@@ -52,13 +84,17 @@ def check_console(out: str, steps: int) -> None:
     the summary names paths that exist."""
     lines = [line for line in out.splitlines() if line.strip()]
     own = [line for line in lines if OWN_LINE.match(line)]
-    assert len(own) >= len(lines) / 2, "\n".join(["library lines outnumber fbrl's:"] +
-                                                  [line for line in lines if line not in own][:40])
+    assert len(own) >= len(lines) / 2, "\n".join(
+        ["library lines outnumber fbrl's:"] + [line for line in lines if line not in own][:40]
+    )
     for s in range(1, steps + 1):
         assert len([line for line in lines if re.match(rf"step +{s}/{steps} \| reward ", line)]) == 1, (s, out)
     assert "\x1b" not in out and "\r" not in out, "terminal codes or a progress bar in captured output"
-    summary = {m.group(1): m.group(2) for m in (re.match(r"^(policy|metrics|plots|wandb|logs): +(\S+)", line)
-                                                for line in own) if m}
+    summary = {
+        m.group(1): m.group(2)
+        for m in (re.match(r"^(policy|metrics|plots|wandb|logs): +(\S+)", line) for line in own)
+        if m
+    }
     assert {"policy", "metrics", "plots"} <= set(summary), own
     for label, path in summary.items():
         assert (ROOT / path).exists(), (label, path)
@@ -121,8 +157,9 @@ def check_train_rows(rows):
 def test_two_steps_real_stack_replay(tmp_path):
     run_dir = tmp_path / "replay"
     # progress on (the default): with output to a pipe, not a terminal, the bar must stay off
-    out = fbrl_train("configs/tiny.yaml", f"model.path={CKPT}", *SMALL, f"train.run_dir={run_dir}",
-                     "logging.progress=true")
+    out = fbrl_train(
+        "configs/tiny.yaml", f"model.path={CKPT}", *SMALL, f"train.run_dir={run_dir}", "logging.progress=true"
+    )
     check_console(out, 2)
     trained = check_train_rows(metrics_of(run_dir))
     # Replay recomputes the engine's own computation (vLLM, fp32, same weights): agreement to float rounding
@@ -131,24 +168,36 @@ def test_two_steps_real_stack_replay(tmp_path):
     assert max(r["logprob_mismatch_abs_mean"] for r in trained) < 1e-5
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000002"
     assert (run_dir / "checkpoints" / "step_000002" / "learner").exists()
-    assert {p.name for p in (run_dir / "plots").glob("*.png")} >= {"summary.png", "reward.png", "eval_accuracy.png",
-                                                                   "loss.png", "mismatch.png", "step_time.png"}
+    assert {p.name for p in (run_dir / "plots").glob("*.png")} >= {
+        "summary.png",
+        "reward.png",
+        "eval_accuracy.png",
+        "loss.png",
+        "mismatch.png",
+        "step_time.png",
+    }
     assert list(run_dir.glob("wandb/offline-run-*")), "wandb offline run missing"
     assert "held-out greedy accuracy (soft, 32 problems): " in out
 
 
 def test_two_steps_real_stack_kpass(tmp_path):
     run_dir = tmp_path / "kpass"
-    fbrl_train("configs/tiny_kpass.yaml", f"model.path={CKPT}", *SMALL, f"train.run_dir={run_dir}",
-               "logging.wandb_mode=disabled")
+    fbrl_train(
+        "configs/tiny_kpass.yaml",
+        f"model.path={CKPT}",
+        *SMALL,
+        f"train.run_dir={run_dir}",
+        "logging.wandb_mode=disabled",
+    )
     trained = check_train_rows(metrics_of(run_dir))
     # K=3 reconstructs the first 3 response positions exactly and the rest approximately. Measured with this
     # test's arguments: K=3 9.0e-4 / 1.55e-3 per token at steps 1 / 2, K=1 (likelihood.passes=1, no
     # reconstruction) 1.9e-2 / 8.7e-3. Bound 4e-3: 2.6x the largest K=3 figure, 2.2x below the smallest K=1
     # one, so a run that silently falls back to one pass fails on every step.
     print("kpass K=3 mismatch per step:", [r["logprob_mismatch_abs_mean"] for r in trained])
-    assert all(r["logprob_mismatch_abs_mean"] < 4e-3 for r in trained), [r["logprob_mismatch_abs_mean"]
-                                                                          for r in trained]
+    assert all(r["logprob_mismatch_abs_mean"] < 4e-3 for r in trained), [
+        r["logprob_mismatch_abs_mean"] for r in trained
+    ]
     assert all(r["logprob_mismatch_abs_mean"] > 1e-6 for r in trained)  # not the replay estimator
 
 
@@ -157,9 +206,16 @@ def test_default_job_learns_to_work_the_steps(tmp_path):
     greedy accuracy. Its checkpoint answers bare in greedy decoding (0.342 on 500 problems) and RL moves it to
     the worked steps: +37 points by step 10 in `make demo` (docs/BENCHMARKS.md); the bar here is +10 on 200."""
     run_dir = tmp_path / "demo"
-    out = fbrl_train("configs/tiny.yaml", "train.steps=10", "train.eval_every=10", "train.eval_n=200",
-                     "train.checkpoint_every=0", "logging.progress=false", "logging.wandb_mode=disabled",
-                     f"train.run_dir={run_dir}")
+    out = fbrl_train(
+        "configs/tiny.yaml",
+        "train.steps=10",
+        "train.eval_every=10",
+        "train.eval_n=200",
+        "train.checkpoint_every=0",
+        "logging.progress=false",
+        "logging.wandb_mode=disabled",
+        f"train.run_dir={run_dir}",
+    )
     check_console(out, 10)
     check_readme_output(out)
     rows = metrics_of(run_dir)
@@ -167,14 +223,24 @@ def test_default_job_learns_to_work_the_steps(tmp_path):
     assert set(evals) == {0, 10}
     assert evals[10] >= evals[0] + 0.10, evals
     lengths = [r["response_len_mean"] for r in rows if r["step"] > 0]
-    assert sum(lengths[-3:]) / 3 > lengths[0] + 2, lengths   # worked steps are longer than bare answers
+    assert sum(lengths[-3:]) / 3 > lengths[0] + 2, lengths  # worked steps are longer than bare answers
 
 
 def test_resume_continues_with_same_prompts_and_rewards(tmp_path):
-    common = ["configs/tiny.yaml", "--no-ray", f"model.path={CKPT}", "rollout.engine=torch",
-              "learner.num_workers=1", "train.prompts_per_step=4", "rollout.n_samples_per_prompt=4",
-              "train.eval_every=0", "train.checkpoint_every=2", "logging.progress=false",
-              "logging.wandb_mode=disabled", "learner.micro_batch_size=16"]
+    common = [
+        "configs/tiny.yaml",
+        "--no-ray",
+        f"model.path={CKPT}",
+        "rollout.engine=torch",
+        "learner.num_workers=1",
+        "train.prompts_per_step=4",
+        "rollout.n_samples_per_prompt=4",
+        "train.eval_every=0",
+        "train.checkpoint_every=2",
+        "logging.progress=false",
+        "logging.wandb_mode=disabled",
+        "learner.micro_batch_size=16",
+    ]
     full, part = tmp_path / "full", tmp_path / "part"
     fbrl_train(*common, "train.steps=4", f"train.run_dir={full}")
     fbrl_train(*common, "train.steps=2", f"train.run_dir={part}")
@@ -202,8 +268,15 @@ def test_real_stack_fused_zero3_resume(tmp_path):
     run_dir = tmp_path / "fused_zero3"
     # the fused checkpoint (tiny-arith never saw fused prompts: accuracy 0, every step skipped); its held-out
     # greedy / sampled fused accuracy is 0.90 / 0.84 on 20 problems, so groups of 4 carry signal
-    args = ["configs/tiny.yaml", f"model.path={FUSED_CKPT}", *SMALL, "rollout.decode_mode=fused",
-            "train.eval_decode_modes=[fused]", "learner.zero_stage=3", "logging.wandb_mode=disabled"]
+    args = [
+        "configs/tiny.yaml",
+        f"model.path={FUSED_CKPT}",
+        *SMALL,
+        "rollout.decode_mode=fused",
+        "train.eval_decode_modes=[fused]",
+        "learner.zero_stage=3",
+        "logging.wandb_mode=disabled",
+    ]
     fbrl_train(*args, f"train.run_dir={run_dir}")
     rows = metrics_of(run_dir)
     trained = check_train_rows(rows)
@@ -218,12 +291,12 @@ def test_real_stack_fused_zero3_resume(tmp_path):
     third = steps[2]
     # the data order: the prompts the sampler gives at its third draw
     cfg = load_config("configs/tiny.yaml", [f"model.path={FUSED_CKPT}", *SMALL])
-    sampler = PromptSampler(load_task_split(cfg.data, "train", tokenizer=load_tokenizer(cfg.model.path)),
-                            seed=cfg.train.seed)
+    sampler = PromptSampler(
+        load_task_split(cfg.data, "train", tokenizer=load_tokenizer(cfg.model.path)), seed=cfg.train.seed
+    )
     for _ in range(3):
         drawn = sampler.next(cfg.train.prompts_per_step)
-    assert third["prompts_digest"] == hashlib.sha256("\x00".join(r["prompt"] for r in drawn).encode()
-                                                     ).hexdigest()[:16]
+    assert third["prompts_digest"] == hashlib.sha256("\x00".join(r["prompt"] for r in drawn).encode()).hexdigest()[:16]
     # versions continue from the checkpoint: the engines were loaded with the step-2 weights as version v + 1
     assert third["rollout_policy_version"] == steps[1]["policy_version"] + 1, third
     assert third["policy_version"] == third["rollout_policy_version"] + (1 - third["skipped"])

@@ -1,5 +1,6 @@
 """Evaluation (rl/train/evaluate.py, `fbrl eval`): estimators by hand, the logic on a scripted engine, the CLI on the
 committed checkpoint."""
+
 import json
 import math
 from pathlib import Path
@@ -22,7 +23,7 @@ def test_mcnemar_exact_by_hand():
     assert mcnemar_exact(0, 5) == pytest.approx(2 / 32)
     assert mcnemar_exact(3, 3) == 1.0 and mcnemar_exact(0, 0) == 1.0
     # 10 vs 20: the two-sided binomial tail, written out
-    tail = sum(math.comb(30, i) for i in range(11)) / 2 ** 30
+    tail = sum(math.comb(30, i) for i in range(11)) / 2**30
     assert mcnemar_exact(10, 20) == pytest.approx(2 * tail)
 
 
@@ -35,8 +36,12 @@ def test_pass_at_k_unbiased_estimator_by_hand():
 
 
 def test_plain_numeric_score():
-    s = plain_numeric_score(["p"] * 5, [" 3+4=7. \\boxed{7}", "\\boxed{6}", "7", "\\boxed{1} then \\boxed{ 7 }",
-                                        "\\boxed{7}"], ["7"] * 5, finish_reasons=["stop"] * 4 + ["length"])
+    s = plain_numeric_score(
+        ["p"] * 5,
+        [" 3+4=7. \\boxed{7}", "\\boxed{6}", "7", "\\boxed{1} then \\boxed{ 7 }", "\\boxed{7}"],
+        ["7"] * 5,
+        finish_reasons=["stop"] * 4 + ["length"],
+    )
     assert s == [1.0, 0.0, 0.0, 1.0, 0.0]
 
 
@@ -54,8 +59,10 @@ class ScriptedEngine:
             right = params.decode_mode == "soft" or i % 2 == 0
             text = f" \\boxed{{{self.rows[i]['answer'] if right else 'x'}}}"
             ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
-            out += [Sample(p, ids, [0.0] * len(ids), "stop", 0, group_id=i, sample_index=k,
-                           decode_mode=params.decode_mode) for k in range(params.n)]
+            out += [
+                Sample(p, ids, [0.0] * len(ids), "stop", 0, group_id=i, sample_index=k, decode_mode=params.decode_mode)
+                for k in range(params.n)
+            ]
         return out
 
 
@@ -81,17 +88,41 @@ def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys, monkeypatch):
     import rl.data.loaders as loaders
     from actors.cli import main
     from rl.data.arith import split_of
+
     real_load, loaded = loaders.load_task_split, []
 
     def recording_load(data, split, *a, **kw):
         rows = real_load(data, split, *a, **kw)
         loaded.append((split, rows))
         return rows
+
     monkeypatch.setattr(loaders, "load_task_split", recording_load)
     out_json = tmp_path / "eval.json"
-    rc = main(["eval", "--checkpoint", str(CKPT), "--task", "arith", "--split", "test", "--n", "20",
-               "--decode-mode", "standard", "soft", "fused", "--samples", "2", "--scorer", "plain",
-               "--threads", "1", "--json", str(out_json)])
+    rc = main(
+        [
+            "eval",
+            "--checkpoint",
+            str(CKPT),
+            "--task",
+            "arith",
+            "--split",
+            "test",
+            "--n",
+            "20",
+            "--decode-mode",
+            "standard",
+            "soft",
+            "fused",
+            "--samples",
+            "2",
+            "--scorer",
+            "plain",
+            "--threads",
+            "1",
+            "--json",
+            str(out_json),
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     for mode in ("standard", "soft", "fused"):
@@ -104,13 +135,15 @@ def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys, monkeypatch):
         assert 0 <= m["accuracy"]["greedy"] <= 1 and set(m["pass_at_k"]) == {"1", "2"}
     # 3 pairs x (greedy, sampled) x (the anchored read, the lenient one)
     assert sorted((p["a"], p["b"], p["which"]) for p in res["paired"]) == sorted(
-        (a, b, which) for a, b in [("standard", "soft"), ("standard", "fused"), ("soft", "fused")]
-        for which in ("greedy", "sampled", "greedy_lenient", "sampled_lenient"))
+        (a, b, which)
+        for a, b in [("standard", "soft"), ("standard", "fused"), ("soft", "fused")]
+        for which in ("greedy", "sampled", "greedy_lenient", "sampled_lenient")
+    )
     # tiny-arith was trained with feedback on the response only (standard, soft): fused is warned about, twice
     warning = f"warning: {CKPT} was trained for decode modes standard, soft, not fused (--decode-mode)"
     assert out.count(warning) == 2 and res["meta"]["warning"].startswith(warning)
     # the held-out split, not the train one: the rows are the test split's (by the task's hash) ...
-    (split, rows), = loaded
+    ((split, rows),) = loaded
     assert split == "test" and len(rows) == 20 and {split_of(r["question"]) for r in rows} == {"test"}
     # ... and the greedy accuracies are this checkpoint's on those 20 problems (measured: fp32 greedy decoding is
     # deterministic on one torch build; the train split's first 20 give 0.90 / 0.85). The checkpoint never saw
@@ -122,6 +155,7 @@ def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys, monkeypatch):
 
 def test_paired_tests_across_checkpoints_and_level_table():
     from rl.train.evaluate import format_levels, paired_tests
+
     a = {"greedy": [1, 1, 1, 1, 1, 1, 0, 0], "sampled": [1, 0, 1, 0, 1, 0, 1, 0]}
     b = {"greedy": [0, 0, 0, 0, 0, 1, 0, 1], "sampled": [1, 0, 1, 0, 1, 0, 1, 0]}
     greedy, sampled = paired_tests(a, b, "soft", "baseline:standard")
@@ -130,9 +164,11 @@ def test_paired_tests_across_checkpoints_and_level_table():
     assert (sampled["a_only"], sampled["b_only"], sampled["p_value"]) == (0, 0, 1.0)
     with pytest.raises(ValueError, match="same problems"):
         paired_tests(a, {"greedy": [1], "sampled": [1]}, "soft", "other")
-    res = {"meta": {"n": 8}, "modes": {"soft": {"accuracy": {"greedy": 0.75}},
-                                        "baseline:standard": {"accuracy": {"greedy": 0.25}}},
-           "paired": [greedy, sampled]}
+    res = {
+        "meta": {"n": 8},
+        "modes": {"soft": {"accuracy": {"greedy": 0.75}}, "baseline:standard": {"accuracy": {"greedy": 0.25}}},
+        "paired": [greedy, sampled],
+    }
     table = format_levels({"8": res})
     assert "| 8 | 8 | 0.750 | 0.250 | +50.0, p=0.22 |" in table, table
 
@@ -145,21 +181,56 @@ def test_fbrl_eval_baseline_by_difficulty_on_a_state_tracking_task(tmp_path, cap
     from rl.config import load_config
 
     for name, seed in (("fbt", 0), ("std", 1)):
-        cfg = load_config(None, ["model.path=null", f"pretrain.seed={seed}", "model.init={backbone: llama, "
-                                 "hidden_size: 64, num_layers: 1, num_heads: 1, num_kv_heads: 1, intermediate_size: 64}"])
+        cfg = load_config(
+            None,
+            [
+                "model.path=null",
+                f"pretrain.seed={seed}",
+                "model.init={backbone: llama, "
+                "hidden_size: 64, num_layers: 1, num_heads: 1, num_kv_heads: 1, intermediate_size: 64}",
+            ],
+        )
         model, tok = P.load_model_and_tokenizer(cfg)
         P.save_checkpoint(model, tok, tmp_path / name)
     out_json = tmp_path / "eval.json"
-    assert main(["eval", "--checkpoint", str(tmp_path / "fbt"), "--baseline", str(tmp_path / "std"),
-                 "--task", "cups", "--difficulty", "6", "7", "--by-difficulty", "--n", "6", "--decode-mode", "soft",
-                 "standard", "--samples", "1", "--max-tokens", "12", "--threads", "1", "--json", str(out_json)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--checkpoint",
+                str(tmp_path / "fbt"),
+                "--baseline",
+                str(tmp_path / "std"),
+                "--task",
+                "cups",
+                "--difficulty",
+                "6",
+                "7",
+                "--by-difficulty",
+                "--n",
+                "6",
+                "--decode-mode",
+                "soft",
+                "standard",
+                "--samples",
+                "1",
+                "--max-tokens",
+                "12",
+                "--threads",
+                "1",
+                "--json",
+                str(out_json),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "greedy accuracy by level" in out and "| 6 | 6 |" in out and "| 7 | 6 |" in out, out
     res = json.loads(out_json.read_text())
     assert set(res["levels"]) == {"6", "7"} and res["meta"]["baseline"] == str(tmp_path / "std")
     level = res["levels"]["7"]
     assert set(level["modes"]) == {"soft", "standard", "baseline:standard"}
-    assert level["meta"]["difficulty"] == [7] and level["meta"]["scorer"] == "score"   # the task's own scorer
+    assert level["meta"]["difficulty"] == [7] and level["meta"]["scorer"] == "score"  # the task's own scorer
     pairs = {(p["a"], p["b"]) for p in level["paired"]}
     assert pairs == {("soft", "standard"), ("soft", "baseline:standard"), ("standard", "baseline:standard")}
     assert len(level["per_problem"]["baseline:standard"]["greedy"]) == 6
@@ -167,6 +238,7 @@ def test_fbrl_eval_baseline_by_difficulty_on_a_state_tracking_task(tmp_path, cap
 
 def test_lenient_read_takes_the_last_number_anywhere():
     from rl.train.evaluate import last_number, last_number_score
+
     assert last_number("3 * 4 = 12\n12 - 2 = 10\nSo Ana has 10 pens.") == 10
     assert last_number("It costs $1,250.") == 1250 and last_number("10-3") == 3 and last_number("-7") == -7
     assert last_number("no digits here") is None and last_number("\\boxed{2.50}") == 2.5
@@ -184,11 +256,14 @@ def test_heldout_eval_reads_strict_and_lenient_apart_and_records_each_problem(tm
     from rl.train.heldout import heldout_accuracy
     from rl.train.run_dir import RunDir
     from rl.train.workers import Scores
+
     tok = build_tokenizer()
     rows = [{"prompt": f"Q: {i}+1=?", "answer": str(i + 1)} for i in range(7)]
     # problem i answers: boxed and right (i % 3 == 0), right but unboxed (1), boxed and wrong (2)
-    texts = [f"so \\boxed{{{i + 1}}}" if i % 3 == 0 else f"it is {i + 1}" if i % 3 == 1 else f"\\boxed{{{i}}}"
-             for i in range(7)]
+    texts = [
+        f"so \\boxed{{{i + 1}}}" if i % 3 == 0 else f"it is {i + 1}" if i % 3 == 1 else f"\\boxed{{{i}}}"
+        for i in range(7)
+    ]
 
     class Rollout:
         calls = []
@@ -199,7 +274,9 @@ def test_heldout_eval_reads_strict_and_lenient_apart_and_records_each_problem(tm
             for p in prompts:
                 i = next(j for j, r in enumerate(rows) if tok(r["prompt"])["input_ids"] == p)
                 ids = tok(texts[i], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-                out.append(Sample(p, ids, [0.0] * len(ids), "stop", version, group_id=i, decode_mode=params.decode_mode))
+                out.append(
+                    Sample(p, ids, [0.0] * len(ids), "stop", version, group_id=i, decode_mode=params.decode_mode)
+                )
             return out
 
     class Rewards:
@@ -207,12 +284,24 @@ def test_heldout_eval_reads_strict_and_lenient_apart_and_records_each_problem(tm
             correct = [f"\\boxed{{{a}}}" in c for c, a in zip(completions, answers)]
             return Scores(rewards=[float(c) for c in correct], correct=correct, metrics={}, failures=[])
 
-    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), ["train.eval_decode_modes=[standard]",
-                                                             "rollout.vllm.max_num_seqs=2", "rollout.num_engines=1"])
+    cfg = load_config(
+        str(ROOT / "configs" / "tiny.yaml"),
+        ["train.eval_decode_modes=[standard]", "rollout.vllm.max_num_seqs=2", "rollout.num_engines=1"],
+    )
     run, lines = RunDir(str(tmp_path)), []
     rollout = Rollout()
-    strict, lenient = heldout_accuracy(cfg, rows, tok, rollout, Rewards(), 5,
-                                       encode=lambda r: tok(r["prompt"])["input_ids"], run=run, step=3, log=lines.append)
+    strict, lenient = heldout_accuracy(
+        cfg,
+        rows,
+        tok,
+        rollout,
+        Rewards(),
+        5,
+        encode=lambda r: tok(r["prompt"])["input_ids"],
+        run=run,
+        step=3,
+        log=lines.append,
+    )
     assert strict == {"standard": pytest.approx(3 / 7)} and lenient == {"standard": pytest.approx(5 / 7)}
     assert [c[0] for c in rollout.calls] == [4, 3] and {c[1:] for c in rollout.calls} == {(0.0, "standard", 5)}
     assert lines == ["  eval standard: 4/7 problems (0s)", "  eval standard: 7/7 problems (0s)"]

@@ -15,6 +15,7 @@ Each test ends by recording what it measured (`fault_record`): the fault, the ou
 measured values, steps lost and data lost. With FBRL_FAULT_TABLE=PATH set, one JSON line per passed test goes to
 PATH; tools/reliability_table.py runs this file that way and writes docs/RELIABILITY.md's fault table.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,12 +64,12 @@ def test_rollout_actor_killed_mid_generate(job, tmp_path, fault_record):
     j.kill_during(j.rollout, "generate", 2, lambda: j.rollout.pids()[0], delay_s=0.1)
     j.train()
     steps = [m["step"] for m in j.seen]
-    assert steps == [1, 2, 3, 4]                                           # every step completed, none lost
-    assert [m["prompts_digest"] for m in j.seen] == expected_digests(j.cfg, 4)   # none repeated or skipped
-    assert all(m["samples"] == 32 for m in j.seen)                          # the re-issued chunk came back whole
+    assert steps == [1, 2, 3, 4]  # every step completed, none lost
+    assert [m["prompts_digest"] for m in j.seen] == expected_digests(j.cfg, 4)  # none repeated or skipped
+    assert all(m["samples"] == 32 for m in j.seen)  # the re-issued chunk came back whole
     last = j.seen[-1]
     assert last["faults/rollout_restarts"] == 1 and "faults/learner_rebuilds" not in last
-    assert last["faults/prompts_dropped"] == 1                              # the over-long prompt, at load
+    assert last["faults/prompts_dropped"] == 1  # the over-long prompt, at load
     (line,) = j.fault_lines()
     assert "rollout actor 0" in line and "during generate" in line, line
     killed = j.kills[0][2]
@@ -85,13 +86,15 @@ def test_rollout_actor_killed_mid_generate(job, tmp_path, fault_record):
     fault_record(
         fault=f"rollout actor SIGKILLed mid-`{method}`, step {step} of {j.cfg.train.steps}",
         outcome=f"a new actor process took over (the killed one gone); {len(set(steps))}/{j.cfg.train.steps} steps "
-                f"completed, each with {min(m['samples'] for m in j.seen)} of {per_step} samples; replay gap after "
-                f"the replacement ≤ {max(m['logprob_mismatch_abs_mean'] for m in trained):.1e}; engine weights "
-                f"{same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]}); "
-                f"{len(j.fault_lines())} fault line, `faults/rollout_restarts` = "
-                f"{last['faults/rollout_restarts']:.0f}; the over-long prompt dropped at load "
-                f"(`faults/prompts_dropped` = {last['faults/prompts_dropped']:.0f})",
-        steps_lost=steps_lost(steps), data_lost=data_lost(metrics_of(j.run_dir), expected_digests(j.cfg, 4)))
+        f"completed, each with {min(m['samples'] for m in j.seen)} of {per_step} samples; replay gap after "
+        f"the replacement ≤ {max(m['logprob_mismatch_abs_mean'] for m in trained):.1e}; engine weights "
+        f"{same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]}); "
+        f"{len(j.fault_lines())} fault line, `faults/rollout_restarts` = "
+        f"{last['faults/rollout_restarts']:.0f}; the over-long prompt dropped at load "
+        f"(`faults/prompts_dropped` = {last['faults/prompts_dropped']:.0f})",
+        steps_lost=steps_lost(steps),
+        data_lost=data_lost(metrics_of(j.run_dir), expected_digests(j.cfg, 4)),
+    )
 
 
 # s = 1 is slow-marked to keep the CI suite under ~15 min: in CI the async rebuild is covered in-process
@@ -108,7 +111,7 @@ def test_learner_rank_killed_mid_update(job, staleness, fault_record):
     old_pids = j.learner.pids()
     j.kill_during(j.learner, "update", 4, lambda: j.learner.pids()[1])
     j.train()
-    assert [m["step"] for m in j.seen] == [1, 2, 3, 3, 4, 5]               # step 3 ran twice, then 4 and 5
+    assert [m["step"] for m in j.seen] == [1, 2, 3, 3, 4, 5]  # step 3 ran twice, then 4 and 5
     want = expected_digests(j.cfg, 5)
     assert [m["prompts_digest"] for m in j.seen] == [want[s - 1] for s in (1, 2, 3, 3, 4, 5)]
     first, again = j.seen[2], j.seen[3]
@@ -122,23 +125,24 @@ def test_learner_rank_killed_mid_update(job, staleness, fault_record):
     rows = metrics_of(j.run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     versions = [r["policy_version"] for r in rows]
-    assert versions == sorted(versions) and len(set(versions)) == len(versions)   # versions only increase
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)  # versions only increase
     check_checkpoints(j.run_dir, 5, [2, 4, 5])
     assert j.rollout.weight_checksums() == pytest.approx(j.learner.weight_checksums(), rel=1e-12)
     method, step, _ = j.kills[0]
     seen = [m["step"] for m in j.seen]
-    restored = next(b for a, b in zip(seen, seen[1:]) if b <= a) - 1   # where the steps went back
+    restored = next(b for a, b in zip(seen, seen[1:]) if b <= a) - 1  # where the steps went back
     fault_record(
         fault=f"learner rank 1 SIGKILLed mid-`{method}`, step {step} of {j.cfg.train.steps}, checkpoints every "
-              f"{j.cfg.train.checkpoint_every}, `train.max_staleness={staleness}`",
+        f"{j.cfg.train.checkpoint_every}, `train.max_staleness={staleness}`",
         outcome=f"all {len(old_pids)} ranks replaced, the checkpoint of step {restored} restored inside the job; "
-                f"steps completed in order: {', '.join(map(str, seen))}; step {first['step']} run again with the "
-                f"same prompts and the same rewards (reward mean {first['reward_mean']:.3f} both times); policy "
-                f"versions only increase ({versions[0]}→{versions[-1]}); `faults/learner_rebuilds` = "
-                f"{last['faults/learner_rebuilds']:.0f}, `faults/steps_lost` = {last['faults/steps_lost']:.0f}; "
-                f"checkpoints 2, 4, 5 intact; engine weights {same_weights(j.rollout, j.learner)} the learner's",
+        f"steps completed in order: {', '.join(map(str, seen))}; step {first['step']} run again with the "
+        f"same prompts and the same rewards (reward mean {first['reward_mean']:.3f} both times); policy "
+        f"versions only increase ({versions[0]}→{versions[-1]}); `faults/learner_rebuilds` = "
+        f"{last['faults/learner_rebuilds']:.0f}, `faults/steps_lost` = {last['faults/steps_lost']:.0f}; "
+        f"checkpoints 2, 4, 5 intact; engine weights {same_weights(j.rollout, j.learner)} the learner's",
         steps_lost=steps_lost(seen, in_flight=step),
-        data_lost=data_lost(rows, want))
+        data_lost=data_lost(rows, want),
+    )
 
 
 @pytest.mark.slow  # (~3 min; the rebuild itself is in CI through test_learner_rank_killed_mid_update)
@@ -167,14 +171,15 @@ def test_lora_learner_rank_killed_is_rebuilt_with_its_adapters(job, fault_record
     rows = metrics_of(j.run_dir)
     fault_record(
         fault="learner rank 1 SIGKILLed mid-`update` of a LoRA learner (`learner.lora={}`), step 4 of 5, "
-              "checkpoints every 2",
+        "checkpoints every 2",
         outcome=f"ranks rebuilt with the same adapters, restored from the step-2 checkpoint; steps completed in "
-                f"order: {', '.join(map(str, seen))}; step 3 run again with the same rewards "
-                f"({first['reward_mean']:.3f}), loss and gradient norm ({first['learner/grad_norm']:.4g} / "
-                f"{again['learner/grad_norm']:.4g}); checkpoints 4 and 5 hold adapter/; engine weights "
-                f"{same_weights(j.rollout, j.learner)} the learner's merged weights",
+        f"order: {', '.join(map(str, seen))}; step 3 run again with the same rewards "
+        f"({first['reward_mean']:.3f}), loss and gradient norm ({first['learner/grad_norm']:.4g} / "
+        f"{again['learner/grad_norm']:.4g}); checkpoints 4 and 5 hold adapter/; engine weights "
+        f"{same_weights(j.rollout, j.learner)} the learner's merged weights",
         steps_lost=steps_lost(seen, in_flight=4),
-        data_lost=data_lost(rows, expected_digests(j.cfg, 5)))
+        data_lost=data_lost(rows, expected_digests(j.cfg, 5)),
+    )
 
 
 # ---- slow: the other faults ----------------------------------------------------------------------------------------
@@ -203,13 +208,14 @@ def test_reward_actor_killed_mid_score(job, fault_record):
     method, step, _ = j.kills[0]
     fault_record(
         fault=f"reward actor (and its math-verify pool of {len(pool)} processes) SIGKILLed mid-`{method}`, step "
-              f"{step} of {j.cfg.train.steps}",
+        f"{step} of {j.cfg.train.steps}",
         outcome=f"a new actor scored the batch again (step {step}: {j.seen[1]['samples']} samples, "
-                f"{j.seen[1]['reward/rewards/math/errors']} reward errors, accuracy {j.seen[1]['accuracy']:.2f}); "
-                f"the dead actor's pool exited with it; {len(j.seen)}/{j.cfg.train.steps} steps completed; "
-                f"`faults/reward_restarts` = {j.seen[-1]['faults/reward_restarts']:.0f}",
+        f"{j.seen[1]['reward/rewards/math/errors']} reward errors, accuracy {j.seen[1]['accuracy']:.2f}); "
+        f"the dead actor's pool exited with it; {len(j.seen)}/{j.cfg.train.steps} steps completed; "
+        f"`faults/reward_restarts` = {j.seen[-1]['faults/reward_restarts']:.0f}",
         steps_lost=steps_lost([m["step"] for m in j.seen]),
-        data_lost=data_lost(metrics_of(j.run_dir), expected_digests(j.cfg, 3)))
+        data_lost=data_lost(metrics_of(j.run_dir), expected_digests(j.cfg, 3)),
+    )
 
 
 @pytest.mark.slow
@@ -217,12 +223,14 @@ def test_learner_bound_stops_clearly_and_resume_continues(job, fault_record):
     """Past `faults.max_learner_rebuilds` the job stops with a message that says how to continue, and `--resume`
     (here: train.resume) continues from the last checkpoint with the sampler's own prompts."""
     from rl.train.faults import RunStopped
+
     j = job("train.steps=4", "train.checkpoint_every=2", "faults.max_learner_rebuilds=0")
     j.kill_during(j.learner, "update", 3, lambda: j.learner.pids()[0])
     with pytest.raises(RunStopped, match=r"faults.max_learner_rebuilds=0 .*--resume") as stop:
         j.train()
     assert [m["step"] for m in j.seen] == [1, 2]
     import ray
+
     ray.shutdown()
     again = job("train.steps=4", "train.checkpoint_every=2", f"train.resume={j.run_dir}", name="run")
     again.train()
@@ -234,12 +242,13 @@ def test_learner_bound_stops_clearly_and_resume_continues(job, fault_record):
     method, step, _ = j.kills[0]
     fault_record(
         fault=f"learner rank 0 SIGKILLed mid-`{method}`, step {step} of {j.cfg.train.steps}, with "
-              f"`faults.max_learner_rebuilds=0`",
+        f"`faults.max_learner_rebuilds=0`",
         outcome=f"clear stop after step {j.seen[-1]['step']} ({quoted(str(stop.value))}); "
-                f"`--resume` continued at step {again.seen[0]['step']} and completed steps "
-                f"{', '.join(str(m['step']) for m in again.seen)}; checkpoints 2, 4 intact",
+        f"`--resume` continued at step {again.seen[0]['step']} and completed steps "
+        f"{', '.join(str(m['step']) for m in again.seen)}; checkpoints 2, 4 intact",
         steps_lost=steps_lost([m["step"] for m in j.seen + again.seen], in_flight=step),
-        data_lost=data_lost(metrics_of(j.run_dir), want))
+        data_lost=data_lost(metrics_of(j.run_dir), want),
+    )
 
 
 @pytest.mark.slow
@@ -248,6 +257,7 @@ def test_nonfinite_loss_is_skipped_then_stops(job, monkeypatch, fault_record):
     weights and policy version unchanged, the job goes on; three in a row stop it, naming the steps, with the last
     step checkpointed and the engine still holding finite weights equal to the learner's."""
     from rl.train.faults import RunStopped
+
     monkeypatch.setenv("FBRL_INJECT_NONFINITE_UPDATES", "2,4,5,6")
     j = job("train.steps=10", "faults.max_nonfinite_steps=3", "train.checkpoint_every=0")
     with pytest.raises(RunStopped, match=r"not finite in 3 steps in a row") as stop:
@@ -256,7 +266,7 @@ def test_nonfinite_loss_is_skipped_then_stops(job, monkeypatch, fault_record):
     trained = [r for r in rows if not r["skipped"]]
     bad = [r for r in rows if r["skipped_nonfinite"]]
     assert len(bad) == 4 and len(trained) == len(rows) - 4 and bad[-1]["step"] == rows[-1]["step"]
-    assert [r["step"] for r in trained if r["step"] > bad[1]["step"]] == []   # updates 4-6 in a row: the stop
+    assert [r["step"] for r in trained if r["step"] > bad[1]["step"]] == []  # updates 4-6 in a row: the stop
     for r in bad:  # the skipped step did not move the policy
         before = [x for x in rows if x["step"] < r["step"]]
         assert r["policy_version"] == (before[-1]["policy_version"] if before else 1)
@@ -268,12 +278,13 @@ def test_nonfinite_loss_is_skipped_then_stops(job, monkeypatch, fault_record):
     fault_record(
         fault="NaN loss on the learner's updates 2, 4, 5, 6 (`FBRL_INJECT_NONFINITE_UPDATES`)",
         outcome=f"steps {', '.join(str(r['step']) for r in bad)} skipped (weights and policy version unchanged), "
-                f"`faults/nonfinite_steps` = {rows[-1]['faults/nonfinite_steps']:.0f}; {len(trained)} steps trained; "
-                f"stopped after step {rows[-1]['step']} ({quoted(str(stop.value))}), that step "
-                f"checkpointed; engine weights finite and {same_weights(j.rollout, j.learner)} the learner's",
+        f"`faults/nonfinite_steps` = {rows[-1]['faults/nonfinite_steps']:.0f}; {len(trained)} steps trained; "
+        f"stopped after step {rows[-1]['step']} ({quoted(str(stop.value))}), that step "
+        f"checkpointed; engine weights finite and {same_weights(j.rollout, j.learner)} the learner's",
         steps_lost=steps_lost([r["step"] for r in rows]) + " (a skipped step is not run again)",
         data_lost=f"{len(bad)} batches not trained on (steps {', '.join(str(r['step']) for r in bad)}: skipped by "
-                  f"design, counted); otherwise " + data_lost(rows, expected_digests(j.cfg, rows[-1]["step"])))
+        f"design, counted); otherwise " + data_lost(rows, expected_digests(j.cfg, rows[-1]["step"])),
+    )
 
 
 # ---- slow: the driver itself, as `fbrl train` in a subprocess ----------------------------------------------------
@@ -283,6 +294,7 @@ def test_driver_killed_then_resumed_with_identical_data_order(tmp_path, fault_re
     and `fbrl train --resume RUN_DIR` (no config argument: the run's own config.yaml) continues after the last
     checkpoint with the prompts an uninterrupted run draws."""
     from rl.config import load_config
+
     run_dir, mark = tmp_path / "run", uuid.uuid4().hex
     args = [*SMALL, "train.steps=5", "train.checkpoint_every=2", f"train.run_dir={run_dir}"]
     p = start_train(args, tmp_path, mark, "first")
@@ -309,12 +321,15 @@ def test_driver_killed_then_resumed_with_identical_data_order(tmp_path, fault_re
     fault_record(
         fault=f"driver (`fbrl train`) SIGKILLed after step {killed_after} of 5 was logged, checkpoints every 2",
         outcome=f"the engine, the learner ranks and the reward actor gone {ours_gone:.0f} s after the kill, every "
-                f"process of the job {all_gone:.0f} s after (Ray's agents first try to report to the dead GCS); "
-                f"`fbrl train --resume RUN_DIR` (the run's own config.yaml) continued from the step-{latest} "
-                f"checkpoint and completed step 5, exit code 0; checkpoints 2, 4, 5 intact",
-        steps_lost=steps_lost(list(range(1, killed_after + 1)) + [r["step"] for r in rows if r["step"] > latest],
-                              in_flight=killed_after + 1 if killed_after < 5 else None),
-        data_lost=data_lost(rows, expected_digests(cfg, 5)))
+        f"process of the job {all_gone:.0f} s after (Ray's agents first try to report to the dead GCS); "
+        f"`fbrl train --resume RUN_DIR` (the run's own config.yaml) continued from the step-{latest} "
+        f"checkpoint and completed step 5, exit code 0; checkpoints 2, 4, 5 intact",
+        steps_lost=steps_lost(
+            list(range(1, killed_after + 1)) + [r["step"] for r in rows if r["step"] > latest],
+            in_flight=killed_after + 1 if killed_after < 5 else None,
+        ),
+        data_lost=data_lost(rows, expected_digests(cfg, 5)),
+    )
 
 
 @pytest.mark.slow
@@ -323,9 +338,15 @@ def test_sigterm_checkpoints_the_last_step_and_leaves_nothing(tmp_path, fault_re
     checkpointed, one clear message, exit code 143, and no process of the job is left (Ray, the engine, the
     learner ranks, the reward pool). A wandb key in the environment is written nowhere. `--resume` continues."""
     from rl.config import load_config
+
     run_dir, mark, secret = tmp_path / "run", uuid.uuid4().hex, "wandb-" + uuid.uuid4().hex
-    args = [*SMALL, "train.steps=50", "train.checkpoint_every=0", f"train.run_dir={run_dir}",
-            "logging.wandb_mode=offline"]
+    args = [
+        *SMALL,
+        "train.steps=50",
+        "train.checkpoint_every=0",
+        f"train.run_dir={run_dir}",
+        "logging.wandb_mode=offline",
+    ]
     p = start_train(args, tmp_path, mark, "first", WANDB_API_KEY=secret)
     wait_for(lambda: p.poll() is not None or steps_logged(run_dir) >= 2, 900, "step 2")
     signalled_at = steps_logged(run_dir)
@@ -350,11 +371,12 @@ def test_sigterm_checkpoints_the_last_step_and_leaves_nothing(tmp_path, fault_re
     fault_record(
         fault="SIGTERM to the driver, as `timeout` / a scheduler sends it",
         outcome=f"signalled when step {signalled_at} was logged: step {last} finished and was checkpointed "
-                f"({quoted(line_with(out, 'stopped after step', tmp_path))}), exit code {code}, "
-                f"every process of the job gone {gone:.1f} s after the driver's exit; "
-                f"the `WANDB_API_KEY` written nowhere; `--resume` continued at step {last + 1}",
+        f"({quoted(line_with(out, 'stopped after step', tmp_path))}), exit code {code}, "
+        f"every process of the job gone {gone:.1f} s after the driver's exit; "
+        f"the `WANDB_API_KEY` written nowhere; `--resume` continued at step {last + 1}",
         steps_lost=steps_lost([r["step"] for r in rows]),
-        data_lost=data_lost(rows, expected_digests(load_config(CONFIG, SMALL), last + 2)))
+        data_lost=data_lost(rows, expected_digests(load_config(CONFIG, SMALL), last + 2)),
+    )
 
 
 @pytest.mark.slow
@@ -394,23 +416,27 @@ def test_killed_while_writing_a_checkpoint_previous_one_loads(tmp_path, fault_re
     assert [r["step"] for r in rows] == list(range(1, step + 2))
     check_checkpoints(run_dir, step + 1, [step, step + 1])
     from rl.config import load_config
+
     fault_record(
         fault=f"driver SIGKILLed while the checkpoint of step {step + 1} was being written, checkpoints every step",
         outcome=f"`checkpoints/latest` still named step {step}, complete; `--resume` loaded it, swept the "
-                f"half-written `{half[0]}` and completed step {step + 1}; checkpoints {step}, {step + 1} intact",
-        steps_lost=steps_lost(list(range(1, logged_at_kill + 1)) + [r["step"] for r in rows if r["step"] > step],
-                              in_flight=step + 1 if logged_at_kill == step else None),
-        data_lost=data_lost(rows, expected_digests(load_config(CONFIG, SMALL), step + 1)))
+        f"half-written `{half[0]}` and completed step {step + 1}; checkpoints {step}, {step + 1} intact",
+        steps_lost=steps_lost(
+            list(range(1, logged_at_kill + 1)) + [r["step"] for r in rows if r["step"] > step],
+            in_flight=step + 1 if logged_at_kill == step else None,
+        ),
+        data_lost=data_lost(rows, expected_digests(load_config(CONFIG, SMALL), step + 1)),
+    )
 
 
-BROKEN_REWARD = '''
+BROKEN_REWARD = """
 def broken(prompts, completions, answers, **fields):
     raise RuntimeError("the reward service is down")
 
 
 def zero(prompts, completions, answers, **fields):
     return [0.0] * len(completions)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -419,8 +445,13 @@ def test_reward_failing_on_every_row_stops_the_job(tmp_path, fault_record):
     steps it stops, naming the reward, with a summary of the failed rows, exit code 3."""
     (tmp_path / "my_rewards.py").write_text(BROKEN_REWARD)
     run_dir, mark = tmp_path / "run", uuid.uuid4().hex
-    args = [*SMALL, "train.steps=20", f"train.run_dir={run_dir}", "reward.timeout_s=2",
-            f"reward.fns=[{{fn: {tmp_path / 'my_rewards.py'}:broken}}]"]
+    args = [
+        *SMALL,
+        "train.steps=20",
+        f"train.run_dir={run_dir}",
+        "reward.timeout_s=2",
+        f"reward.fns=[{{fn: {tmp_path / 'my_rewards.py'}:broken}}]",
+    ]
     p = start_train(args, tmp_path, mark, "first")
     code = p.wait(900)
     assert code == 3, output(tmp_path, "first")[-3000:]
@@ -433,10 +464,11 @@ def test_reward_failing_on_every_row_stops_the_job(tmp_path, fault_record):
     fault_record(
         fault="a reward function that raises on every row",
         outcome=f"stopped after step {rows[-1]['step']}: {quoted(stop)}; "
-                f"summary {quoted(line_with(out, 'broken: 96 errors', tmp_path))}; exit code {code}",
+        f"summary {quoted(line_with(out, 'broken: 96 errors', tmp_path))}; exit code {code}",
         steps_lost=steps_lost([r["step"] for r in rows]),
         data_lost=f"{sum(r['skipped'] for r in rows)} of {len(rows)} batches not trained on (no reward to train "
-                  f"on); the job stops instead of running on")
+        f"on); the job stops instead of running on",
+    )
 
 
 @pytest.mark.slow
@@ -445,8 +477,12 @@ def test_a_run_that_trains_nothing_exits_nonzero(tmp_path, fault_record):
     and the exit code is 3, not 0."""
     (tmp_path / "my_rewards.py").write_text(BROKEN_REWARD)
     run_dir, mark = tmp_path / "run", uuid.uuid4().hex
-    args = [*SMALL, "train.steps=2", f"train.run_dir={run_dir}",
-            f"reward.fns=[{{fn: {tmp_path / 'my_rewards.py'}:zero}}]"]
+    args = [
+        *SMALL,
+        "train.steps=2",
+        f"train.run_dir={run_dir}",
+        f"reward.fns=[{{fn: {tmp_path / 'my_rewards.py'}:zero}}]",
+    ]
     p = start_train(args, tmp_path, mark, "first")
     code = p.wait(900)
     assert code == 3, output(tmp_path, "first")[-3000:]
@@ -457,6 +493,7 @@ def test_a_run_that_trains_nothing_exits_nonzero(tmp_path, fault_record):
     fault_record(
         fault="a reward that is always 0: no signal in any step",
         outcome=f"{sum(r['skipped'] for r in rows)} of {len(rows)} steps skipped; "
-                f"{quoted(line_with(out, 'the run trained nothing', tmp_path))}; exit code {code} (was 0)",
+        f"{quoted(line_with(out, 'the run trained nothing', tmp_path))}; exit code {code} (was 0)",
         steps_lost=steps_lost([r["step"] for r in rows]),
-        data_lost=f"{sum(r['skipped'] for r in rows)} of {len(rows)} batches not trained on (no signal)")
+        data_lost=f"{sum(r['skipped'] for r in rows)} of {len(rows)} batches not trained on (no signal)",
+    )

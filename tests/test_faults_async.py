@@ -7,6 +7,7 @@ s = 1 and 2, with replay (whose recorded states the dead actor put) and kpass; a
 producer thread, through `fbrl train` itself (exit code, summary, checkpoint); a non-finite optimizer step after
 another optimizer step of the same update was applied (`algo.mini_batches=2`).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,29 +32,39 @@ CKPT = str(ROOT / "checkpoints" / "tiny-arith-mixed")
 
 
 # ---- real stack -------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("staleness,estimator", [
-    (1, "replay"), pytest.param(1, "kpass", marks=pytest.mark.slow),
-    pytest.param(2, "replay", marks=pytest.mark.slow), pytest.param(2, "kpass", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "staleness,estimator",
+    [
+        (1, "replay"),
+        pytest.param(1, "kpass", marks=pytest.mark.slow),
+        pytest.param(2, "replay", marks=pytest.mark.slow),
+        pytest.param(2, "kpass", marks=pytest.mark.slow),
+    ],
+)
 def test_rollout_actor_killed_with_batches_queued(job, staleness, estimator, fault_record):
     """The rollout actor is SIGKILLed once step 2 is logged: batch 3 (and at s = 2 batch 4) is already made by the
     producer and queued, its recorded states made by the killed actor, and the next batch may be mid-generate. The
     states are the actor call's return value, owned by the driver, not the actor, so the queued batches are trained
     as they are; the generation in flight runs again on a replacement. No step lost, no sample trained twice, no
     checkpoint needed (train.checkpoint_every=0: a restore would go back to step 0)."""
-    j = job("train.steps=5", f"train.max_staleness={staleness}", "train.checkpoint_every=0",
-            f"likelihood.estimator={estimator}")
+    j = job(
+        "train.steps=5",
+        f"train.max_staleness={staleness}",
+        "train.checkpoint_every=0",
+        f"likelihood.estimator={estimator}",
+    )
     j.kill_after(2, lambda: j.rollout.pids()[0])
     j.train()
     steps = [m["step"] for m in j.seen]
-    assert steps == [1, 2, 3, 4, 5]                                        # none lost, none run again
+    assert steps == [1, 2, 3, 4, 5]  # none lost, none run again
     want = expected_digests(j.cfg, 5)
-    assert [m["prompts_digest"] for m in j.seen] == want                   # none repeated or skipped
+    assert [m["prompts_digest"] for m in j.seen] == want  # none repeated or skipped
     per_step = j.cfg.train.prompts_per_step * j.cfg.rollout.n_samples_per_prompt
     assert all(m["samples"] == per_step for m in j.seen)
     last = j.seen[-1]
     assert last["faults/rollout_restarts"] == 1
     assert "faults/learner_rebuilds" not in last and "faults/steps_lost" not in last
-    assert max(m["staleness_max"] for m in j.seen) >= 1                    # the producer did run ahead
+    assert max(m["staleness_max"] for m in j.seen) >= 1  # the producer did run ahead
     killed = j.kills[0][2]
     assert not alive(killed) and j.rollout.pids()[0] != killed
     assert j.rollout.versions() == [last["policy_version"]]
@@ -61,14 +72,16 @@ def test_rollout_actor_killed_with_batches_queued(job, staleness, estimator, fau
     rows = metrics_of(j.run_dir)
     fault_record(
         fault=f"rollout actor SIGKILLed after step 2 of {j.cfg.train.steps} with the next batch queued, "
-              f"`train.max_staleness={staleness}`, `likelihood.estimator={estimator}`, no checkpoints",
+        f"`train.max_staleness={staleness}`, `likelihood.estimator={estimator}`, no checkpoints",
         outcome=f"a new actor took over ({len(j.fault_lines())} fault line: "
-                f"{quoted(j.fault_lines()[0].removeprefix('fault: '), 120)}); the queued batches trained as made "
-                f"(staleness up to {max(m['staleness_max'] for m in j.seen)}), their states owned by the driver, "
-                f"not the killed actor; {len(set(steps))}/{j.cfg.train.steps} steps completed, each with "
-                f"{min(m['samples'] for m in j.seen)} of {per_step} samples; no learner rebuild; engine weights "
-                f"{same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]})",
-        steps_lost=steps_lost(steps), data_lost=data_lost(rows, want))
+        f"{quoted(j.fault_lines()[0].removeprefix('fault: '), 120)}); the queued batches trained as made "
+        f"(staleness up to {max(m['staleness_max'] for m in j.seen)}), their states owned by the driver, "
+        f"not the killed actor; {len(set(steps))}/{j.cfg.train.steps} steps completed, each with "
+        f"{min(m['samples'] for m in j.seen)} of {per_step} samples; no learner rebuild; engine weights "
+        f"{same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]})",
+        steps_lost=steps_lost(steps),
+        data_lost=data_lost(rows, want),
+    )
 
 
 @pytest.mark.slow  # (~2-3 min: the CI suite keeps the s = 1 rollout kill; the rebuild at s = 0 is in CI under file)
@@ -94,20 +107,34 @@ def test_learner_rank_killed_under_native_ray(job, fault_record):
     check_checkpoints(j.run_dir, 5, [2, 4, 5])
     fault_record(
         fault=f"learner rank 1 SIGKILLed mid-`update`, step 4 of {j.cfg.train.steps}, checkpoints every 2, "
-              f"`rollout.weight_sync=native_ray`",
+        f"`rollout.weight_sync=native_ray`",
         outcome=f"all ranks replaced, the step-2 checkpoint restored; the native transfer set up again with the new "
-                f"ranks ({quoted(again[0], 120)}); steps completed in order: {', '.join(map(str, seen))}; engine "
-                f"weights {same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]})",
+        f"ranks ({quoted(again[0], 120)}); steps completed in order: {', '.join(map(str, seen))}; engine "
+        f"weights {same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]})",
         steps_lost=steps_lost(seen, in_flight=4),
-        data_lost=data_lost(rows, expected_digests(j.cfg, 5)))
+        data_lost=data_lost(rows, expected_digests(j.cfg, 5)),
+    )
 
 
 # ---- in-process workers ---------------------------------------------------------------------------------------
 def local_args(tmp_path, *overrides):
-    return ["train", "--no-ray", str(ROOT / "configs" / "tiny.yaml"), f"model.path={CKPT}", "rollout.engine=torch",
-            "learner.num_workers=1", "train.prompts_per_step=4", "rollout.n_samples_per_prompt=4",
-            "train.eval_every=0", "train.checkpoint_every=0", "train.mismatch_parts_frac=0",
-            "logging.wandb_mode=disabled", "logging.progress=false", f"train.run_dir={tmp_path / 'run'}", *overrides]
+    return [
+        "train",
+        "--no-ray",
+        str(ROOT / "configs" / "tiny.yaml"),
+        f"model.path={CKPT}",
+        "rollout.engine=torch",
+        "learner.num_workers=1",
+        "train.prompts_per_step=4",
+        "rollout.n_samples_per_prompt=4",
+        "train.eval_every=0",
+        "train.checkpoint_every=0",
+        "train.mismatch_parts_frac=0",
+        "logging.wandb_mode=disabled",
+        "logging.progress=false",
+        f"train.run_dir={tmp_path / 'run'}",
+        *overrides,
+    ]
 
 
 class StopsAt:
@@ -121,12 +148,15 @@ class StopsAt:
         import threading
 
         from rl.train.faults import RunStopped
+
         if params.temperature > 0:
             self.requests += 1
             if self.requests == self.n:
                 self.thread = threading.current_thread().name
-                raise RunStopped("rollout actor 0 died during generate (injected), and faults.max_rollout_restarts=0 "
-                                 "replacements are used up: stopping")
+                raise RunStopped(
+                    "rollout actor 0 died during generate (injected), and faults.max_rollout_restarts=0 "
+                    "replacements are used up: stopping"
+                )
         return self.inner.generate(prompts, params, min_version)
 
     def __getattr__(self, name):
@@ -139,6 +169,7 @@ def test_a_stop_in_the_producer_thread_ends_the_job_as_a_stop(tmp_path, monkeypa
     checkpointed (no checkpoint was scheduled), and `--resume` continues from it."""
     import actors.placement
     from actors.cli import main
+
     real = actors.placement.build_workers
     made = {}
 
@@ -168,15 +199,18 @@ def test_a_stop_in_the_producer_thread_ends_the_job_as_a_stop(tmp_path, monkeypa
     stop_line = next(x for x in err.splitlines() if "stopped:" in x)
     fault_record(
         fault="a stop (`RunStopped`, e.g. a restart bound) raised in the rollout producer thread, "
-              "`train.max_staleness=1`, in-process workers (torch engine)",
+        "`train.max_staleness=1`, in-process workers (torch engine)",
         outcome=f"exit code {code}, the summary printed ({quoted(summary[0], 80)}); "
-                f"{quoted(stop_line.replace(str(tmp_path), '…'), 200)}; step {last} checkpointed; "
-                f"`--resume` completed steps {last + 1}-6",
-        steps_lost="0", data_lost=data_lost(resumed, expected_digests_local(run_dir, 6)))
+        f"{quoted(stop_line.replace(str(tmp_path), '…'), 200)}; step {last} checkpointed; "
+        f"`--resume` completed steps {last + 1}-6",
+        steps_lost="0",
+        data_lost=data_lost(resumed, expected_digests_local(run_dir, 6)),
+    )
 
 
 def expected_digests_local(run_dir: Path, steps: int) -> list[str]:
     from rl.config import load_config
+
     cfg = load_config(str(run_dir / "config.yaml"), [])
     return expected_digests(cfg, steps)
 
@@ -209,8 +243,10 @@ def test_a_partly_applied_nonfinite_step_is_a_new_version(tmp_path, fault_record
     from rl.data.tokenizer import load_tokenizer
     from rl.loop import train
     from rl.train.run_dir import RunDir
-    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), local_args(tmp_path, "train.steps=3",
-                                                                      "algo.mini_batches=2")[3:])
+
+    cfg = load_config(
+        str(ROOT / "configs" / "tiny.yaml"), local_args(tmp_path, "train.steps=3", "algo.mini_batches=2")[3:]
+    )
     rollout, rewards = LocalRollout(cfg), LocalRewards(cfg)
     learner = NaNSecondHalf(LocalLearner(cfg, "torch"), at=2)
     checks = []
@@ -221,8 +257,16 @@ def test_a_partly_applied_nonfinite_step_is_a_new_version(tmp_path, fault_record
 
     lines = []
     try:
-        history = train(cfg, load_tokenizer(cfg.model.path), rollout, learner, rewards, RunDir(cfg.train.run_dir),
-                        log=lines.append, progress=check)
+        history = train(
+            cfg,
+            load_tokenizer(cfg.model.path),
+            rollout,
+            learner,
+            rewards,
+            RunDir(cfg.train.run_dir),
+            log=lines.append,
+            progress=check,
+        )
     finally:
         rewards.close()
     partial = [m for m in history if m.get("learner/nonfinite_steps")]
@@ -232,12 +276,13 @@ def test_a_partly_applied_nonfinite_step_is_a_new_version(tmp_path, fault_record
     assert all(same and versions == [v] * len(versions) for _, v, versions, same in checks), checks
     versions = [m["policy_version"] for m in history]
     before = history[history.index(partial[0]) - 1]["policy_version"] if history.index(partial[0]) else 1
-    assert partial[0]["policy_version"] == before + 1                 # the partly-applied step: a new version
+    assert partial[0]["policy_version"] == before + 1  # the partly-applied step: a new version
     fault_record(
         fault="a non-finite optimizer step after another of the same update was applied (`algo.mini_batches=2`, "
-              "NaN advantages on update 2's second half), in-process workers (torch engine)",
+        "NaN advantages on update 2's second half), in-process workers (torch engine)",
         outcome=f"step {partial[0]['step']} counted as a new version (policy versions {versions}), synced and tagged; "
-                f"after each of the {len(checks)} steps the engine's weights equal the learner's under the version "
-                f"recorded (checksums); `faults/partly_nonfinite_steps` = 1",
-        steps_lost="0", data_lost="none: the step's first half trained, its second skipped (counted)")
-
+        f"after each of the {len(checks)} steps the engine's weights equal the learner's under the version "
+        f"recorded (checksums); `faults/partly_nonfinite_steps` = 1",
+        steps_lost="0",
+        data_lost="none: the step's first half trained, its second skipped (counted)",
+    )

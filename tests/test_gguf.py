@@ -5,6 +5,7 @@ converter lays them out (its q/k row permutation included). `--to hf` must give 
 for bit, the same logits, no `quantization_config`, and the tokenizer; the default `--to fbt` must write an FBT
 checkpoint; a missing file must be a clean error naming it. Needs the `gguf` extra; nothing is downloaded.
 """
+
 import json
 
 import pytest
@@ -51,9 +52,17 @@ def write_gguf(model: LlamaForCausalLM, path) -> None:
     w.add_token_merges(MERGES)
     w.add_eos_token_id(len(vocab) - 1)
     names = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-    per_layer = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                 "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    per_layer = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
     for i in range(c.num_hidden_layers):
         names.update({f"model.layers.{i}.{hf}": f"blk.{i}.{g}" for hf, g in per_layer.items()})
     for key, t in model.state_dict().items():
@@ -71,9 +80,17 @@ def write_gguf(model: LlamaForCausalLM, path) -> None:
 @pytest.fixture
 def gguf_file(tmp_path):
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokens()), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         rms_norm_eps=2.0 ** -20, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tokens()),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=2.0**-20,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config).eval()
     path = tmp_path / "tiny.gguf"
     write_gguf(model, path)

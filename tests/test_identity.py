@@ -10,6 +10,7 @@ RMS scalings are ~1 ± 1e-7 each), so the log-probs agree with the backbone's to
 (the exact recurrence reorders attention into L single-token steps: 1e-6-level differences on its own, as in
 tests/test_model.py). TOL = 1e-5 keeps margin; the uncompensated epsilon (1e-6) gives ~5e-4 here, 50x over it.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -31,9 +32,19 @@ MODES = ("standard", "soft", "fused")
 
 def stock_llama(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=32, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0,
-                      initializer_range=0.02)
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        initializer_range=0.02,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -41,8 +52,9 @@ def rollout_batch(model, n_prompts=3, new_tokens=10, seed=0):
     """Samples drawn from `model` by the torch engine in soft mode (states recorded), collated for the learner."""
     g = torch.Generator().manual_seed(seed)
     prompts = [[BOS] + torch.randint(3, V, (int(k),), generator=g).tolist() for k in (4, 7, 11)[:n_prompts]]
-    params = SamplingParams(n=2, temperature=1.0, max_tokens=new_tokens, seed=seed, decode_mode="soft",
-                            record_states=True)
+    params = SamplingParams(
+        n=2, temperature=1.0, max_tokens=new_tokens, seed=seed, decode_mode="soft", record_states=True
+    )
     samples = TorchEngine(model, eos_token_ids=()).generate(prompts, params)
     return samples, collate(samples, 0, with_states=True)
 
@@ -85,6 +97,7 @@ def test_identity_conversion_decodes_like_the_backbone_in_the_engine(stock, mode
     ours = TorchEngine(fbt, eos_token_ids=()).generate(prompts, params)
     params_std = SamplingParams(n=3, temperature=1.0, max_tokens=12, seed=3, decode_mode="standard")
     from rl.model import as_standard_lm
+
     theirs = TorchEngine(as_standard_lm(stock_llama()), eos_token_ids=()).generate(prompts, params_std)
     for a, b in zip(ours, theirs):
         assert a.response_ids == b.response_ids
@@ -125,7 +138,7 @@ def test_one_sft_step_grows_the_latent_channel(stock):
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, V), ids[:, 1:].reshape(-1))
     loss.backward()
     grad = fbt.fusion.w_u.weight.grad
-    assert grad is not None and float(grad.norm()) > 1e-6   # W_U = 0, but its gradient is not
+    assert grad is not None and float(grad.norm()) > 1e-6  # W_U = 0, but its gradient is not
     torch.optim.SGD(fbt.parameters(), lr=1.0).step()
     assert float(fbt.fusion.w_u.weight.norm()) > 0
     with torch.no_grad():  # feedback now changes the forward pass
@@ -136,6 +149,7 @@ def test_one_sft_step_grows_the_latent_channel(stock):
 def test_one_rl_step_grows_the_latent_channel_and_the_metrics_see_it(stock):
     from rl.config import Config
     from rl.train.policy_update import PolicyUpdater, TorchBackend
+
     fbt = convert_to_fbt(stock, "linear_addition", init="identity")
     samples, batch = rollout_batch(fbt.eval())
     before = latent_metrics(fbt, batch, "soft")
@@ -161,22 +175,72 @@ def test_fbrl_convert_identity_and_eval_before_and_after(tmp_path):
 
     from actors.cli import main as fbrl
     from rl.data.tokenizer import build_tokenizer
+
     tok = build_tokenizer()
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, bos_token_id=tok.bos_token_id,
-                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     stock_dir, fbt_dir = tmp_path / "stock", tmp_path / "fbt"
     LlamaForCausalLM(cfg).save_pretrained(stock_dir)
     tok.save_pretrained(stock_dir)
     assert fbrl(["convert", str(stock_dir), str(fbt_dir), "--init", "identity"]) == 0
     assert json.loads((fbt_dir / "config.json").read_text())["fbt_fusion_mode"] == "linear_addition"
-    common = ["--task", "word_problems", "--n", "6", "--max-tokens", "6", "--samples", "0", "--scorer", "plain",
-              "--threads", "1"]
-    assert fbrl(["eval", "--checkpoint", str(stock_dir), "--decode-mode", "standard", *common,
-                 "--json", str(tmp_path / "stock.json")]) == 0
-    assert fbrl(["eval", "--checkpoint", str(fbt_dir), "--decode-mode", "standard", "soft", "fused", *common,
-                 "--json", str(tmp_path / "fbt.json")]) == 0
+    common = [
+        "--task",
+        "word_problems",
+        "--n",
+        "6",
+        "--max-tokens",
+        "6",
+        "--samples",
+        "0",
+        "--scorer",
+        "plain",
+        "--threads",
+        "1",
+    ]
+    assert (
+        fbrl(
+            [
+                "eval",
+                "--checkpoint",
+                str(stock_dir),
+                "--decode-mode",
+                "standard",
+                *common,
+                "--json",
+                str(tmp_path / "stock.json"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        fbrl(
+            [
+                "eval",
+                "--checkpoint",
+                str(fbt_dir),
+                "--decode-mode",
+                "standard",
+                "soft",
+                "fused",
+                *common,
+                "--json",
+                str(tmp_path / "fbt.json"),
+            ]
+        )
+        == 0
+    )
     before = json.loads((tmp_path / "stock.json").read_text())["modes"]["standard"]
     after = json.loads((tmp_path / "fbt.json").read_text())
     for mode in MODES:
@@ -196,6 +260,7 @@ def test_run_dir_policy_is_a_loadable_save_pretrained_dir(stock, tmp_path):
     from actors.learner import write_safetensors_atomic
     from rl.data.tokenizer import build_tokenizer
     from rl.train.run_dir import RunDir
+
     start = tmp_path / "start"
     fbt = convert_to_fbt(stock, "linear_addition", init="identity")
     fbt.save_pretrained(start)
@@ -204,8 +269,9 @@ def test_run_dir_policy_is_a_loadable_save_pretrained_dir(stock, tmp_path):
     for scale in (0.5, 0.25):  # the second export replaces the first
         with torch.no_grad():
             fbt.fusion.w_u.weight.fill_(scale)
-        weights = write_safetensors_atomic({k: v.detach() for k, v in fbt.named_parameters()},
-                                           str(run.path / "weights" / "policy.safetensors"))
+        weights = write_safetensors_atomic(
+            {k: v.detach() for k, v in fbt.named_parameters()}, str(run.path / "weights" / "policy.safetensors")
+        )
         policy = run.export_policy(weights, start)
     loaded = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32).eval()
     assert torch.equal(loaded.fusion.w_u.weight, torch.full_like(loaded.fusion.w_u.weight, 0.25))
@@ -217,8 +283,11 @@ def test_run_dir_policy_is_a_loadable_save_pretrained_dir(stock, tmp_path):
 
 def test_latent_plot_has_a_panel_per_logged_metric(tmp_path):
     from rl.report.latent_metrics import plot_latent
-    rows = [{"step": s, "learner/latent/w_state_norm": 0.01 * s, "learner/latent/policy_shift": 1e-3 * s}
-            for s in range(1, 5)]
+
+    rows = [
+        {"step": s, "learner/latent/w_state_norm": 0.01 * s, "learner/latent/policy_shift": 1e-3 * s}
+        for s in range(1, 5)
+    ]
     assert plot_latent(rows, tmp_path / "latent.png") and (tmp_path / "latent.png").stat().st_size > 1000
     assert not plot_latent([{"step": 1, "reward_mean": 0.5}], tmp_path / "none.png")
 
@@ -230,17 +299,29 @@ def test_identity_conversion_in_vllm_equals_the_backbone(tmp_path):
     pytest.importorskip("vllm")
     from rl.model import as_standard_lm
     from rollout.vllm_engine import VLLMEngine
+
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=V, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=2, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=0,
-                      max_position_embeddings=128, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     stock = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         stock.lm_head.weight.mul_(5)  # wider logits: no near-ties for greedy decoding to flip on
     convert_to_fbt(stock, "linear_addition", init="identity").save_pretrained(tmp_path)
     prompts = [[BOS, 5, 9, 40], [BOS, 7, 3, 3, 60, 12, 90], [BOS] + list(range(10, 30))]
     ref = TorchEngine(as_standard_lm(stock), eos_token_ids=()).generate(
-        prompts, SamplingParams(temperature=0.0, max_tokens=16, decode_mode="standard"))
+        prompts, SamplingParams(temperature=0.0, max_tokens=16, decode_mode="standard")
+    )
     engine = VLLMEngine(str(tmp_path), max_model_len=64, max_num_seqs=8, dtype="float32", seed=0, eos_token_ids=())
     try:
         for mode in ("soft", "fused"):

@@ -1,5 +1,6 @@
 """`fbrl train` prints fbrl's own input errors as one line (exit code 2) and lets every other exception — a bug —
 through with its traceback."""
+
 import argparse
 
 import pytest
@@ -18,13 +19,21 @@ def _args():
     return argparse.Namespace(print_config=False)
 
 
-@pytest.mark.parametrize("error", [ConfigError("train.steps: must be >= 1, got -1"), DataError("a.jsonl:2: bad"),
-                                   RunDirError("runs/x: not empty"), RewardLoadError("no function 'f'"),
-                                   BadInput("model.path: checkpoint not found"),
-                                   FileNotFoundError("configs/none.yaml")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        ConfigError("train.steps: must be >= 1, got -1"),
+        DataError("a.jsonl:2: bad"),
+        RunDirError("runs/x: not empty"),
+        RewardLoadError("no function 'f'"),
+        BadInput("model.path: checkpoint not found"),
+        FileNotFoundError("configs/none.yaml"),
+    ],
+)
 def test_input_errors_are_one_line(monkeypatch, capsys, error):
     def prepare(args):
         raise error
+
     monkeypatch.setattr(launch, "prepare", prepare)
     assert launch.run(_args()) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
@@ -35,6 +44,7 @@ def test_input_errors_are_one_line(monkeypatch, capsys, error):
 def test_other_errors_keep_their_traceback(monkeypatch, capsys, bug):
     def prepare(args):
         raise bug
+
     monkeypatch.setattr(launch, "prepare", prepare)
     with pytest.raises(type(bug)) as info:
         launch.run(_args())

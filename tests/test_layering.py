@@ -4,6 +4,7 @@ Every import in rl/, rollout/, rewards/ and actors/ counts — module level and 
 resolved against the importing module — so a lazy import cannot hide a dependency. rl/ stays free of Ray, vLLM
 and DeepSpeed: the learning side is plain torch + transformers and runs (and is tested) without a cluster.
 """
+
 import ast
 import pathlib
 
@@ -42,9 +43,13 @@ def imports_of(source: str, name: str, is_package: bool) -> list[tuple[int, str]
                 found.append((node.lineno, ".".join(base + ([node.module] if node.module else []))))
             else:
                 found.append((node.lineno, node.module or ""))
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str)
-              and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
+        ):
             found.append((node.lineno, node.args[0].value))
     return found
 
@@ -59,8 +64,11 @@ def sources():
 
 def violations(path: pathlib.Path) -> list[str]:
     pkg = path.relative_to(ROOT).parts[0]
-    return [f"{path.relative_to(ROOT)}:{line} imports {target}"
-            for line, target in imported_modules(path) if target.split(".")[0] in FORBIDDEN[pkg]]
+    return [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for line, target in imported_modules(path)
+        if target.split(".")[0] in FORBIDDEN[pkg]
+    ]
 
 
 def test_every_package_has_sources():
@@ -77,12 +85,22 @@ def test_arrows(pkg):
 
 def test_every_import_form_is_seen():
     """Relative, function-level and import_module imports all count, so none can slip past the rule."""
-    src = ("from . import losses\nfrom ..config import schema\nfrom .. import model\n"
-           "def f():\n    import ray.util\n    from vllm import LLM\n"
-           "    return importlib.import_module('deepspeed')\n")
+    src = (
+        "from . import losses\nfrom ..config import schema\nfrom .. import model\n"
+        "def f():\n    import ray.util\n    from vllm import LLM\n"
+        "    return importlib.import_module('deepspeed')\n"
+    )
     assert [t for _, t in imports_of(src, "rl.algos.advantages", False)] == [
-        "rl.algos", "rl.config", "rl", "ray.util", "vllm", "deepspeed"]
+        "rl.algos",
+        "rl.config",
+        "rl",
+        "ray.util",
+        "vllm",
+        "deepspeed",
+    ]
     assert [t for _, t in imports_of("from . import x\nfrom .sub import y\n", "rl.algos", True)] == [
-        "rl.algos", "rl.algos.sub"]
+        "rl.algos",
+        "rl.algos.sub",
+    ]
     assert module_name(ROOT / "rl" / "algos" / "losses.py") == "rl.algos.losses"
     assert module_name(ROOT / "rl" / "algos" / "__init__.py") == "rl.algos"

@@ -1,5 +1,6 @@
 """One rank's policy update on real rollouts: the step moves probability toward positive-advantage samples,
 the same way for every estimator, and a batch with no signal leaves the weights untouched (loop's skip)."""
+
 import copy
 
 import pytest
@@ -26,11 +27,13 @@ def tiny_arith_rollouts():
     """(model, 24 sampled rollouts with recorded states, GRPO advantages) of the committed tiny checkpoint; also
     the starting point of tests/test_updater_terms.py."""
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(CKPT).eval()
     torch.manual_seed(0)
     prompts = [[1] + torch.randint(4, 90, (6,)).tolist() for _ in range(6)]
     samples = TorchEngine(copy.deepcopy(model)).generate(
-        prompts, SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=3, record_states=True))
+        prompts, SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=3, record_states=True)
+    )
     # a reward the policy can learn: responses whose first token id is even
     reward = torch.tensor([float(s.response_ids[0] % 2 == 0) for s in samples])
     adv = algos.compute_advantages(reward, torch.tensor([s.group_id for s in samples]), "grpo")

@@ -3,6 +3,7 @@ bf16 learner on the real stack (Ray actors, DeepSpeed, a rollout engine, weight 
 
 Model: the tiny random FBT Llama of tests/test_actors.py (d=128, 2 layers), fp32 engine on CPU.
 """
+
 import os
 
 import pytest
@@ -39,6 +40,7 @@ def test_num_threads_must_be_positive():
 
 def test_in_process_rank_sets_its_threads(tiny_ckpt):
     from actors.learner import LearnerRank
+
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -53,8 +55,9 @@ def test_a_rank_builds_again_after_the_world_group_was_destroyed(tiny_ckpt):
     """An in-process vLLM engine destroys torch's world group when it shuts down; a learner rank built after it
     gets a new world, and DeepSpeed must not hand it the groups it cached from the old one."""
     from actors.learner import LearnerRank
+
     LearnerRank(make_cfg(tiny_ckpt)).close()
-    torch.distributed.destroy_process_group()   # what vLLM's cleanup does
+    torch.distributed.destroy_process_group()  # what vLLM's cleanup does
     rank = LearnerRank(make_cfg(tiny_ckpt))
     samples, adv = synthetic_batch(6)
     assert rank.update(samples, adv)["nonfinite_steps"] == 0.0
@@ -68,6 +71,7 @@ def test_zero_stage_0_rank_equals_torch_backend(tiny_ckpt, world_reduce):
     weights as plain torch AdamW, over two steps (the second one moves Adam's moments). `world_reduce`: with
     DeepSpeed's own all-reduce left on (what several ranks use) instead of skipped for one rank."""
     from actors.local import LocalLearner
+
     cfg = make_cfg(tiny_ckpt, "learner.zero_stage=0")
     samples, adv = synthetic_batch()
     ref, ds = LocalLearner(cfg, "torch"), LocalLearner(cfg, "deepspeed")
@@ -82,6 +86,7 @@ def test_zero_stage_0_rank_equals_torch_backend(tiny_ckpt, world_reduce):
 
 def test_zero_stage_0_skips_a_nonfinite_step(tiny_ckpt):
     from actors.learner import LearnerRank
+
     rank = LearnerRank(make_cfg(tiny_ckpt, "learner.zero_stage=0"))
     samples, adv = synthetic_batch(6)
     before = rank.full_state()
@@ -97,6 +102,7 @@ def test_zero_stage_0_skips_a_nonfinite_step(tiny_ckpt):
 @pytest.fixture(scope="module")
 def ray_local():
     import ray
+
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     yield
     ray.shutdown()
@@ -107,7 +113,9 @@ def ray_rank_threads(group) -> list[int]:
 
     def threads(_self):
         import torch
+
         return torch.get_num_threads()
+
     return ray.get([a.__ray_call__.remote(threads) for a in group.actors])
 
 
@@ -115,6 +123,7 @@ def ray_rank_threads(group) -> list[int]:
 def test_ray_rank_runs_on_every_core_of_a_synchronous_local_job(tiny_ckpt, ray_local):
     """Ray starts a 1-CPU actor with OMP_NUM_THREADS=1; a synchronous job's only rank takes every core."""
     from actors.placement import create_placement, init_ray, start_learner_group
+
     cfg = make_cfg(tiny_ckpt, "learner.num_workers=1", "learner.zero_stage=0", "ray.num_cpus=4")
     init_ray(cfg)
     placement = create_placement(cfg)
@@ -124,6 +133,7 @@ def test_ray_rank_runs_on_every_core_of_a_synchronous_local_job(tiny_ckpt, ray_l
     finally:
         group.close()
         import ray
+
         ray.util.remove_placement_group(placement.group)
 
 
@@ -135,6 +145,7 @@ def test_bf16_learner_on_the_real_stack(tiny_ckpt, ray_local, tmp_path):
     from safetensors.torch import load_file
 
     from actors.placement import create_placement, init_ray, start_learner_group, start_rollout_fleet
+
     cfg = make_cfg(tiny_ckpt, "learner.num_workers=1", "learner.bf16=true", "ray.num_cpus=4")
     init_ray(cfg)
     placement = create_placement(cfg)
@@ -161,4 +172,5 @@ def test_bf16_learner_on_the_real_stack(tiny_ckpt, ray_local, tmp_path):
         learner.close()
         rollout.close()
         import ray
+
         ray.util.remove_placement_group(placement.group)

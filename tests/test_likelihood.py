@@ -3,6 +3,7 @@
 Model: a tiny random FBT Llama in fp32 whose fusion value weights are scaled up, so that feedback changes the
 log-probs by ~0.1 nats (with the paper's init the estimators would agree trivially and prove nothing).
 """
+
 import json
 import pathlib
 
@@ -27,9 +28,19 @@ TOL = 1e-5
 
 def tiny_model(seed=0, layers=2, dtype=torch.float32, vocab=101):
     torch.manual_seed(seed)
-    cfg = FBTLlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = FBTLlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=128,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     model = FBTLlamaForCausalLM(cfg).to(dtype).eval()
     with torch.no_grad():
         model.fusion.w_u.weight.mul_(4.0)  # strong feedback: estimators must actually differ
@@ -38,8 +49,10 @@ def tiny_model(seed=0, layers=2, dtype=torch.float32, vocab=101):
 
 def random_prompts(n, seed=0, vocab=101):
     g = torch.Generator().manual_seed(seed)
-    return [[1] + torch.randint(3, vocab, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        [1] + torch.randint(3, vocab, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +65,9 @@ def rollouts(request, model):
     """(mode, LearnerBatch) of 5 engine samples (ragged prompts and responses, sampled at T=1, no EOS stop)."""
     mode = request.param
     engine = TorchEngine(model, eos_token_ids=())
-    samples = engine.generate(random_prompts(5), SamplingParams(temperature=1.0, max_tokens=10, seed=3,
-                                                                decode_mode=mode, record_states=True))
+    samples = engine.generate(
+        random_prompts(5), SamplingParams(temperature=1.0, max_tokens=10, seed=3, decode_mode=mode, record_states=True)
+    )
     # ragged responses: cut two samples short (a prefix of a rollout is a rollout)
     for s, R in zip(samples[:2], (4, 7)):
         s.response_ids, s.logprobs, s.states = s.response_ids[:R], s.logprobs[:R], s.states[:R]
@@ -130,11 +144,15 @@ def test_temperature_contract(model, rollouts):
     a = run(model, batch, mode, "replay", temperature=0.7).logprobs
     h = response_hidden(model, batch, mode, "replay").detach()
     logits = model.logits_from_hidden(h) / 0.7
-    ref = torch.log_softmax(logits, -1)[torch.arange(len(batch))[:, None], batch.response_positions(),
-                                        batch.response_ids] * batch.response_mask
+    ref = (
+        torch.log_softmax(logits, -1)[torch.arange(len(batch))[:, None], batch.response_positions(), batch.response_ids]
+        * batch.response_mask
+    )
     assert (a - ref).abs().max() <= TOL
-    assert torch.equal(run(model, batch, mode, "replay", temperature=0.0).logprobs,
-                       run(model, batch, mode, "replay", temperature=1.0).logprobs)  # T=0: greedy contract
+    assert torch.equal(
+        run(model, batch, mode, "replay", temperature=0.0).logprobs,
+        run(model, batch, mode, "replay", temperature=1.0).logprobs,
+    )  # T=0: greedy contract
 
 
 def test_replay_needs_states(model, rollouts):
@@ -170,8 +188,9 @@ def test_gradient_only_through_last_pass(model, rollouts, monkeypatch, name, pas
     monkeypatch.setattr(model, "run_stack", orig)
     # same gradient as ONE pass fed the detached carried states as fixed inputs
     carried, mask = last_pass_inputs(model, batch, mode, name, passes)
-    g_ref = _grads(model, lambda: (token_logprobs(model, run_pass(model, batch, carried, mask)[0], batch).logprobs
-                                   * w).sum())
+    g_ref = _grads(
+        model, lambda: (token_logprobs(model, run_pass(model, batch, carried, mask)[0], batch).logprobs * w).sum()
+    )
     assert g_est.keys() == g_ref.keys() and "fusion.w_u.weight" in g_est
     for n in g_est:
         torch.testing.assert_close(g_est[n], g_ref[n], rtol=1e-5, atol=1e-6, msg=n)
@@ -200,15 +219,18 @@ def test_exact_gradient_finite_differences(mode, true_float64):
     random direction in parameter space (scaled to each tensor's magnitude), float64, 2 layers."""
     model = tiny_model(seed=1, layers=2, dtype=torch.float64)
     g = torch.Generator().manual_seed(2)
-    samples = [Sample(p, torch.randint(3, 101, (R,), generator=g).tolist(), [0.0] * R, "length", 0)
-               for p, R in zip(random_prompts(3, seed=5), (6, 4, 5))]
+    samples = [
+        Sample(p, torch.randint(3, 101, (R,), generator=g).tolist(), [0.0] * R, "length", 0)
+        for p, R in zip(random_prompts(3, seed=5), (6, 4, 5))
+    ]
     batch = collate(samples)
     w = torch.randn(batch.response_mask.shape, generator=g, dtype=torch.float64)
     loss = lambda: (get_estimator("exact")(model, batch, mode).logprobs.double() * w).sum()
     grads = _grads(model, loss)
     params = dict(model.named_parameters())
-    direction = {n: torch.randn(p.shape, generator=g, dtype=torch.float64) * p.detach().abs().mean()
-                 for n, p in params.items()}
+    direction = {
+        n: torch.randn(p.shape, generator=g, dtype=torch.float64) * p.detach().abs().mean() for n, p in params.items()
+    }
     analytic = sum(float((grads[n] * direction[n]).sum()) for n in grads)
     eps = 1e-5
 
@@ -247,8 +269,7 @@ def check_report(rep):
     assert {"passes", "replay", "standard", "exact", "engine"} <= rep.keys()
     assert [r["k"] for r in rep["passes"]] == [1, 2, 3]
     for r in rep["passes"] + [rep["replay"], rep["standard"]]:
-        assert {"mean_abs_logp_diff", "kl", "top1_agreement", "k_rel_l2", "v_rel_l2",
-                "time_per_token_ms"} <= r.keys()
+        assert {"mean_abs_logp_diff", "kl", "top1_agreement", "k_rel_l2", "v_rel_l2", "time_per_token_ms"} <= r.keys()
         assert len(r["k_rel_l2"]) == len(r["v_rel_l2"]) == rep["n_layers"]
     k1, k2, k3 = rep["passes"]
     for key in ("mean_abs_logp_diff", "kl", "k_rel_l2_mean", "v_rel_l2_mean"):
@@ -290,9 +311,30 @@ def test_compare_likelihood_cli(tmp_path, source, mode):
         tiny_model().save_pretrained(ckpt)
         save_tokenizer(ckpt)
     out, png = tmp_path / "cmp.json", tmp_path / "cmp.png"
-    assert main(["compare-likelihood", "--checkpoint", str(ckpt), "--task", "arith", "--n-samples", "4",
-                 "--max-passes", "3", "--decode-mode", mode, "--max-tokens", "12", "--json", str(out),
-                 "--plot", str(png)]) == 0
+    assert (
+        main(
+            [
+                "compare-likelihood",
+                "--checkpoint",
+                str(ckpt),
+                "--task",
+                "arith",
+                "--n-samples",
+                "4",
+                "--max-passes",
+                "3",
+                "--decode-mode",
+                mode,
+                "--max-tokens",
+                "12",
+                "--json",
+                str(out),
+                "--plot",
+                str(png),
+            ]
+        )
+        == 0
+    )
     rep = json.loads(out.read_text())
     assert rep["n_samples"] == 4 and rep["task"] == "arith" and rep["decode_mode"] == mode
     check_report(rep)
@@ -303,8 +345,10 @@ def test_fused_prompt_prefill_runs_once_per_distinct_prompt(model, monkeypatch):
     """A GRPO batch repeats each prompt G times: the learner's fused-prompt prefill runs once per distinct prompt
     and gives every row the states it would get alone, so replay still equals exact."""
     engine = TorchEngine(model, eos_token_ids=())
-    samples = engine.generate(random_prompts(3, seed=5), SamplingParams(
-        n=4, temperature=1.0, max_tokens=8, seed=1, decode_mode="fused", record_states=True))
+    samples = engine.generate(
+        random_prompts(3, seed=5),
+        SamplingParams(n=4, temperature=1.0, max_tokens=8, seed=1, decode_mode="fused", record_states=True),
+    )
     batch = collate(samples, with_states=True)
     rows_seen = []
     orig = model.run_stack
@@ -317,12 +361,14 @@ def test_fused_prompt_prefill_runs_once_per_distinct_prompt(model, monkeypatch):
     with torch.no_grad():
         carried, mask = model.prompt_carried(batch.input_ids, batch.prompt_lens, batch.attention_mask)
     monkeypatch.setattr(model, "run_stack", orig)
-    assert rows_seen == [3] * (model.config.fbt_prefill_passes - 1)    # 3 prompts, not 12 rows
+    assert rows_seen == [3] * (model.config.fbt_prefill_passes - 1)  # 3 prompts, not 12 rows
     with torch.no_grad():
-        for b in range(len(samples)):    # each row alone: the same states on its prompt positions
-            c1, m1 = model.prompt_carried(batch.input_ids[b:b + 1], batch.prompt_lens[b:b + 1],
-                                          batch.attention_mask[b:b + 1])
+        for b in range(len(samples)):  # each row alone: the same states on its prompt positions
+            c1, m1 = model.prompt_carried(
+                batch.input_ids[b : b + 1], batch.prompt_lens[b : b + 1], batch.attention_mask[b : b + 1]
+            )
             assert torch.equal(m1[0], mask[b])
             assert (c1[0] - carried[b]).abs().max() <= 1e-6
-    assert (run(model, batch, "fused", "replay").logprobs - run(model, batch, "fused", "exact").logprobs
-            ).abs().max() <= TOL
+    assert (
+        run(model, batch, "fused", "replay").logprobs - run(model, batch, "fused", "exact").logprobs
+    ).abs().max() <= TOL

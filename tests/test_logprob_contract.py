@@ -11,6 +11,7 @@ tests/test_vllm_engine.py). Before this contract vLLM's gap to the learner was 0
 0.052 at top_k 5 (16 such prompts x 2 samples), and the torch engine's log-probs were the full-vocabulary ones
 (below the truncated ones by -log(kept mass)).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,8 +40,10 @@ def model():
 
 def prompts(n=8, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [[1] + torch.randint(3, 60, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        [1] + torch.randint(3, 60, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 def oracle_logprobs(model, s, top_k, top_p, temperature=TEMPERATURE):
@@ -49,7 +52,7 @@ def oracle_logprobs(model, s, top_k, top_p, temperature=TEMPERATURE):
     P, R = len(s.prompt_ids), len(s.response_ids)
     with torch.no_grad():
         h = model.recurrent_forward(torch.tensor([s.prompt_ids + s.response_ids]), torch.tensor([P]))[0]
-        x = model.logits_from_hidden(h[P - 1:P - 1 + R]).float() / temperature
+        x = model.logits_from_hidden(h[P - 1 : P - 1 + R]).float() / temperature
     srt, idx = x.sort(-1)
     if top_k:
         srt = srt.masked_fill(srt < srt[:, -top_k, None], float("-inf"))
@@ -63,13 +66,22 @@ def oracle_logprobs(model, s, top_k, top_p, temperature=TEMPERATURE):
 
 def check_contract(model, samples, top_k, top_p, tol, temperature=TEMPERATURE):
     # 1. the engine reports π_b of what it sampled (fails on main for the torch engine: full vocabulary)
-    gap = max(float((torch.tensor(s.logprobs) - oracle_logprobs(model, s, top_k, top_p, temperature)).abs().max())
-              for s in samples)
+    gap = max(
+        float((torch.tensor(s.logprobs) - oracle_logprobs(model, s, top_k, top_p, temperature)).abs().max())
+        for s in samples
+    )
     assert gap < tol, f"engine log-probs are not the truncated density (max gap {gap:.3g})"
     # 2. what the loop logs, the mismatch metric of an update on these samples, is numerics only (fails on main
     # for vLLM: the learner's full-vocabulary log-probs were below the engine's truncated ones)
-    cfg = load_config("configs/tiny.yaml", [f"model.path={CKPT}", f"rollout.temperature={temperature}",
-                                            f"rollout.top_k={top_k or -1}", f"rollout.top_p={top_p}"])
+    cfg = load_config(
+        "configs/tiny.yaml",
+        [
+            f"model.path={CKPT}",
+            f"rollout.temperature={temperature}",
+            f"rollout.top_k={top_k or -1}",
+            f"rollout.top_p={top_p}",
+        ],
+    )
 
     class NoStep:
         world_size = 1
@@ -95,8 +107,9 @@ def check_contract(model, samples, top_k, top_p, tol, temperature=TEMPERATURE):
 
 @pytest.mark.parametrize("top_k, top_p", TRUNCATIONS)
 def test_torch_engine_and_learner_share_the_contract(model, top_k, top_p):
-    params = SamplingParams(n=2, temperature=TEMPERATURE, top_k=top_k, top_p=top_p, max_tokens=16, seed=5,
-                            record_states=True)
+    params = SamplingParams(
+        n=2, temperature=TEMPERATURE, top_k=top_k, top_p=top_p, max_tokens=16, seed=5, record_states=True
+    )
     samples = TorchEngine(model, eos_token_ids=()).generate(prompts(), params)
     check_contract(model, samples, top_k, top_p, tol=1e-4)
 
@@ -105,6 +118,7 @@ def test_torch_engine_and_learner_share_the_contract(model, top_k, top_p):
 def vllm_engine():
     pytest.importorskip("vllm")
     from rollout.vllm_engine import VLLMEngine
+
     eng = VLLMEngine(CKPT, max_model_len=64, max_num_seqs=16, dtype="float32", seed=0, eos_token_ids=())
     yield eng
     eng.close()
@@ -112,8 +126,9 @@ def vllm_engine():
 
 @pytest.mark.parametrize("top_k, top_p", TRUNCATIONS)
 def test_vllm_engine_and_learner_share_the_contract(model, vllm_engine, top_k, top_p):
-    params = SamplingParams(n=2, temperature=TEMPERATURE, top_k=top_k, top_p=top_p, max_tokens=16, seed=5,
-                            record_states=True)
+    params = SamplingParams(
+        n=2, temperature=TEMPERATURE, top_k=top_k, top_p=top_p, max_tokens=16, seed=5, record_states=True
+    )
     samples = vllm_engine.generate(prompts(), params)
     check_contract(model, samples, top_k, top_p, tol=1e-4)
 
@@ -122,7 +137,8 @@ def test_learner_truncation_gradients_are_finite(model):
     """-inf outside the kept set must not leak nan into values or gradients (entropy included), and the sampled
     token is always in the learner's kept set, even when its own logits would leave it out."""
     samples = TorchEngine(model, eos_token_ids=()).generate(
-        prompts(4), SamplingParams(temperature=1.0, top_p=0.5, max_tokens=8, seed=1, record_states=True))
+        prompts(4), SamplingParams(temperature=1.0, top_p=0.5, max_tokens=8, seed=1, record_states=True)
+    )
     batch = collate(samples, 0, with_states=True)
     policy = AutoModelForCausalLM.from_pretrained(CKPT, dtype=torch.float32).train()
     out = get_estimator("replay")(policy, batch, "soft", with_entropy=True, top_p=0.5, entropy_grad=True)
@@ -141,6 +157,7 @@ def test_learner_truncation_gradients_are_finite(model):
 def test_top_p_in_row_chunks_equals_all_rows_at_once(monkeypatch):
     """The top-p sort runs over row chunks (memory); chunking must not change the kept set."""
     import rl.estimators.logprob_contract as C
+
     x = torch.randn(2, 37, 300, generator=torch.Generator().manual_seed(0)) * 3
     whole = C.kept_tokens(x, 40, 0.7)
     monkeypatch.setattr(C, "SORT_CHUNK", 300 * 5)  # 5 rows per chunk: 15 chunks, the last one partial

@@ -7,6 +7,7 @@ The rollout returns a scripted batch (response length, preempted flag per sample
 loop that trained on preempted samples, ignored `algo.dynamic_sampling`, flipped the overlong penalty's sign or
 stepped on a batch with no signal passed the whole suite.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -38,8 +39,18 @@ class ScriptedRollout:
             for k in range(params.n):
                 _, length, preempted = self.script.table[i][k]
                 resp = [10 + (k % 5)] * length
-                out.append(Sample(ids, resp, [-1.0] * length, "length" if length >= MAX_TOKENS else "stop",
-                                  min_version, group_id=i, sample_index=k, preempted=preempted))
+                out.append(
+                    Sample(
+                        ids,
+                        resp,
+                        [-1.0] * length,
+                        "length" if length >= MAX_TOKENS else "stop",
+                        min_version,
+                        group_id=i,
+                        sample_index=k,
+                        preempted=preempted,
+                    )
+                )
         self.script.last = out
         return out
 
@@ -70,7 +81,9 @@ class RecordingLearner:
         self.calls.append((list(samples), list(advantages)))
         return {"mismatch/abs_logp_diff": 0.0}
 
-    def mismatch_parts(self, samples, version):  # the diagnostic of rl/estimators/mismatch_parts.py: nothing to take apart
+    def mismatch_parts(
+        self, samples, version
+    ):  # the diagnostic of rl/estimators/mismatch_parts.py: nothing to take apart
         return {}
 
     def export_weights(self, path):
@@ -80,16 +93,27 @@ class RecordingLearner:
 def run_loop(tmp_path, table, steps=1, **algo):
     from rl.loop import train
     from rl.train.run_dir import RunDir
-    cfg = config_from_dict({
-        "data": {"task": "arith", "difficulty": [1], "num_train": 64},
-        "rollout": {"engine": "torch", "n_samples_per_prompt": len(table[0]), "max_tokens": MAX_TOKENS},
-        "algo": algo,
-        "train": {"steps": steps, "prompts_per_step": len(table), "eval_every": 0, "checkpoint_every": 0},
-        "logging": {"wandb_mode": "disabled", "progress": False}})
+
+    cfg = config_from_dict(
+        {
+            "data": {"task": "arith", "difficulty": [1], "num_train": 64},
+            "rollout": {"engine": "torch", "n_samples_per_prompt": len(table[0]), "max_tokens": MAX_TOKENS},
+            "algo": algo,
+            "train": {"steps": steps, "prompts_per_step": len(table), "eval_every": 0, "checkpoint_every": 0},
+            "logging": {"wandb_mode": "disabled", "progress": False},
+        }
+    )
     script = Script(table)
     rollout, learner = ScriptedRollout(script), RecordingLearner()
-    history = train(cfg, build_tokenizer(), rollout, learner, ScriptedRewards(script), RunDir(str(tmp_path / "run")),
-                    log=lambda *_: None)
+    history = train(
+        cfg,
+        build_tokenizer(),
+        rollout,
+        learner,
+        ScriptedRewards(script),
+        RunDir(str(tmp_path / "run")),
+        log=lambda *_: None,
+    )
     return history, rollout, learner
 
 
@@ -112,26 +136,30 @@ def test_a_batch_with_signal_steps_and_bumps_the_version(tmp_path):
 
 def test_preempted_samples_never_reach_the_learner(tmp_path):
     # prompt 0: sample 1 (the only other reward-1 one besides 0) preempted; prompt 1: two preempted
-    table = [[(1.0, 3, False), (1.0, 4, True), (0.0, 3, False), (0.0, 3, False)],
-             [(0.0, 2, True), (1.0, 2, False), (0.0, 2, False), (1.0, 6, True)]]
+    table = [
+        [(1.0, 3, False), (1.0, 4, True), (0.0, 3, False), (0.0, 3, False)],
+        [(0.0, 2, True), (1.0, 2, False), (0.0, 2, False), (1.0, 6, True)],
+    ]
     history, _, learner = run_loop(tmp_path, table)
-    (samples, adv), = learner.calls
+    ((samples, adv),) = learner.calls
     assert not any(s.preempted for s in samples)
     assert sorted((s.group_id, s.sample_index) for s in samples) == [(0, 0), (0, 2), (0, 3), (1, 1), (1, 2)]
     assert history[0]["samples_preempted"] == 3
     # the advantages are those of the kept samples' groups (GRPO over 3 and 2 samples), not of the full groups
     by_id = {(s.group_id, s.sample_index): a for s, a in zip(samples, adv)}
     assert by_id[(0, 0)] == pytest.approx(2 / 3 / (1 / 3) ** 0.5, rel=1e-4)  # rewards 1, 0, 0: mean 1/3, std 1/√3
-    assert by_id[(1, 1)] == pytest.approx(0.5 / 0.5 ** 0.5, rel=1e-4)        # rewards 1, 0: mean 1/2, std 1/√2
+    assert by_id[(1, 1)] == pytest.approx(0.5 / 0.5**0.5, rel=1e-4)  # rewards 1, 0: mean 1/2, std 1/√2
 
 
 @pytest.mark.parametrize("dynamic_sampling", [True, False])
 def test_dynamic_sampling_decides_whether_equal_groups_are_trained(tmp_path, dynamic_sampling):
-    table = [[(1.0, 3, False), (0.0, 3, False), (1.0, 3, False), (0.0, 3, False)],  # signal
-             [(1.0, 3, False)] * 4,                                                    # all right: no signal
-             [(0.0, 3, False)] * 4]                                                    # all wrong: no signal
+    table = [
+        [(1.0, 3, False), (0.0, 3, False), (1.0, 3, False), (0.0, 3, False)],  # signal
+        [(1.0, 3, False)] * 4,  # all right: no signal
+        [(0.0, 3, False)] * 4,
+    ]  # all wrong: no signal
     history, _, learner = run_loop(tmp_path, table, dynamic_sampling=dynamic_sampling)
-    (samples, adv), = learner.calls
+    ((samples, adv),) = learner.calls
     groups = sorted({s.group_id for s in samples})
     if dynamic_sampling:
         assert groups == [0] and len(samples) == 4 and history[0]["groups_dropped"] == 2
@@ -144,7 +172,7 @@ def test_overlong_penalty_lowers_the_reward_of_long_responses(tmp_path):
     # equal task reward; lengths 3 (outside the buffer), 6 and 7 (inside: -(6-4)/4, -(7-4)/4), 8 (at max: -1)
     table = [[(1.0, 3, False), (1.0, 6, False), (1.0, 7, False), (1.0, 8, False)]]
     history, _, learner = run_loop(tmp_path, table, overlong_buffer=4, overlong_factor=1.0)
-    (samples, adv), = learner.calls
+    ((samples, adv),) = learner.calls
     by_len = {s.response_len: a for s, a in zip(samples, adv)}
     assert by_len[3] > by_len[6] > by_len[7] > by_len[8], by_len  # shorter is better
     assert by_len[3] > 0 > by_len[8]

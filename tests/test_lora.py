@@ -14,6 +14,7 @@ Tolerances.
   the same sums in another order, fp32 rounding of O(1e-7) relative per layer: log-probs agree within 1e-5
   (the estimators' TOL in tests/test_likelihood.py), while one step at lr 1e-2 moves them by > 1e-3.
 """
+
 import pytest
 import torch
 
@@ -34,9 +35,20 @@ REF_TOL = 1e-6
 
 def tiny_model(seed=0):
     torch.manual_seed(seed)
-    cfg = FBTLlamaConfig(vocab_size=101, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
+    cfg = FBTLlamaConfig(
+        vocab_size=101,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=128,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+    )
     model = FBTLlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.fusion.w_u.weight.mul_(4.0)  # strong feedback: a broken fusion path shows in the log-probs
@@ -54,10 +66,13 @@ def wrapped(seed=0, *overrides) -> LoraPolicy:
 def rollouts(mode, n=5):
     """Engine samples of the base model in `mode` (ragged prompts; two responses cut short), with states."""
     g = torch.Generator().manual_seed(1)
-    prompts = [[1] + torch.randint(3, 101, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(n)]
+    prompts = [
+        [1] + torch.randint(3, 101, (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
     samples = TorchEngine(tiny_model(), eos_token_ids=()).generate(
-        prompts, SamplingParams(temperature=1.0, max_tokens=8, seed=3, decode_mode=mode, record_states=True))
+        prompts, SamplingParams(temperature=1.0, max_tokens=8, seed=3, decode_mode=mode, record_states=True)
+    )
     for s, R in zip(samples[:2], (3, 6)):
         s.response_ids, s.logprobs, s.states = s.response_ids[:R], s.logprobs[:R], s.states[:R]
     return samples
@@ -74,12 +89,15 @@ def test_config_defaults_and_errors_name_the_key():
     c = lora_cfg()
     assert (c.rank, c.alpha, c.dropout, c.train_fusion) == (16, 32.0, 0.0, True)
     assert c.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    for override, key in (("learner.lora.rank=0", "learner.lora.rank"), ("learner.lora.alpha=0", "learner.lora.alpha"),
-                          ("learner.lora.dropout=1.0", "learner.lora.dropout"),
-                          ("learner.lora.target_modules=[]", "learner.lora.target_modules"),
-                          ("learner.lora.target_modules=[fusion]", "learner.lora.target_modules"),
-                          ("learner.lora.ranks=4", "learner.lora.ranks"),
-                          ("learner.zero_stage=3", "learner.lora")):
+    for override, key in (
+        ("learner.lora.rank=0", "learner.lora.rank"),
+        ("learner.lora.alpha=0", "learner.lora.alpha"),
+        ("learner.lora.dropout=1.0", "learner.lora.dropout"),
+        ("learner.lora.target_modules=[]", "learner.lora.target_modules"),
+        ("learner.lora.target_modules=[fusion]", "learner.lora.target_modules"),
+        ("learner.lora.ranks=4", "learner.lora.ranks"),
+        ("learner.zero_stage=3", "learner.lora"),
+    ):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             lora_cfg(override)
     with pytest.raises(ValueError, match=r"learner\.lora\.target_modules: \['qkv'\]"):
@@ -90,10 +108,13 @@ def test_config_defaults_and_errors_name_the_key():
 def test_adapters_and_fusion_train_everything_else_is_frozen():
     lora = wrapped()
     trainable = {n for n, p in lora.model.named_parameters() if p.requires_grad}
-    assert trainable and all(".lora_A." in n or ".lora_B." in n or n.startswith("fusion.modules_to_save.")
-                             for n in trainable)
-    assert {n for n in trainable if n.startswith("fusion.")} == {"fusion.modules_to_save.default.w_u.weight",
-                                                                 "fusion.modules_to_save.default.w_g.weight"}
+    assert trainable and all(
+        ".lora_A." in n or ".lora_B." in n or n.startswith("fusion.modules_to_save.") for n in trainable
+    )
+    assert {n for n in trainable if n.startswith("fusion.")} == {
+        "fusion.modules_to_save.default.w_u.weight",
+        "fusion.modules_to_save.default.w_g.weight",
+    }
     # every default target of every layer is adapted
     assert sum(n.endswith("lora_A.default.weight") for n in trainable) == 7 * 2
     # A is drawn from the seed, whatever the process's RNG did before (ranks and rebuilt learners agree)
@@ -126,11 +147,13 @@ def test_at_init_every_estimator_equals_the_base_model_bit_for_bit(mode):
 
 # ---- one update ------------------------------------------------------------------------------------------------
 def lora_update(lora, samples, mode, estimator="replay", kl=0.0, lr=1e-2):
-    cfg = load_config(None, [f"rollout.decode_mode={mode}", f"likelihood.estimator={estimator}",
-                             f"algo.kl_coef={kl}", "learner.lora={}"])
+    cfg = load_config(
+        None,
+        [f"rollout.decode_mode={mode}", f"likelihood.estimator={estimator}", f"algo.kl_coef={kl}", "learner.lora={}"],
+    )
     updater = PolicyUpdater(lora.model, cfg, 0, lora.model if kl else None, lora.reference)
     lora.model.train()
-    adv = [1.0, -1.0, 0.5, -0.5, 1.0][:len(samples)]
+    adv = [1.0, -1.0, 0.5, -0.5, 1.0][: len(samples)]
     metrics = updater.update(samples, adv, TorchBackend(lora.model, lr))
     lora.model.eval()
     return metrics
@@ -147,9 +170,18 @@ def test_after_an_update_the_merged_model_is_the_lora_model(estimator):
     plain = dict(base.named_parameters())
     changed = {k for k in plain if not torch.equal(merged[k], plain[k].detach())}
     assert {k for k in changed if not k.startswith("fusion.")} == {
-        f"model.layers.{i}.{m}.weight" for i in range(2) for m in
-        ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
-         "mlp.up_proj", "mlp.down_proj")}
+        f"model.layers.{i}.{m}.weight"
+        for i in range(2)
+        for m in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    }
     assert (mode == "standard") or {"fusion.w_u.weight", "fusion.w_g.weight"} <= changed
     fresh = tiny_model()
     missing, unexpected = fresh.load_state_dict(merged, strict=False)
@@ -178,6 +210,7 @@ def test_reference_is_the_base_model_with_the_adapters_off():
 def test_adapter_directory_loads_with_peft(tmp_path):
     """The adapters in peft's format rebuild the trained model on the base checkpoint (fusion included)."""
     from peft import PeftModel
+
     lora, samples = wrapped(), rollouts("soft")
     lora_update(lora, samples, "soft")
     lora.save_adapter(str(tmp_path / "adapter"))
@@ -203,21 +236,41 @@ def tiny_ckpt(tmp_path_factory):
 
 
 def rank_cfg(ckpt, *overrides):
-    return load_config(None, [f"model.path={ckpt}", "rollout.engine=torch", f"learner.lr={LR}",
-                              "likelihood.estimator=replay", "learner.micro_batch_size=3", "learner.zero_stage=2",
-                              "learner.lora={}", "learner.lora.rank=4", *overrides])
+    return load_config(
+        None,
+        [
+            f"model.path={ckpt}",
+            "rollout.engine=torch",
+            f"learner.lr={LR}",
+            "likelihood.estimator=replay",
+            "learner.micro_batch_size=3",
+            "learner.zero_stage=2",
+            "learner.lora={}",
+            "learner.lora.rank=4",
+            *overrides,
+        ],
+    )
 
 
 def synthetic_batch(n=9, seed=0, d=64):
     from rl.batch import Sample
+
     g = torch.Generator().manual_seed(seed)
     samples = []
     for i in range(n):
         P, R = int(torch.randint(3, 8, (1,), generator=g)), int(torch.randint(1, 10, (1,), generator=g))
-        samples.append(Sample([1] + torch.randint(4, 100, (P - 1,), generator=g).tolist(),
-                              torch.randint(4, 100, (R,), generator=g).tolist(),
-                              (-torch.rand(R, generator=g) * 4).tolist(), "stop", 1,
-                              states=torch.randn(R, d, generator=g), group_id=i // 3, sample_index=i % 3))
+        samples.append(
+            Sample(
+                [1] + torch.randint(4, 100, (P - 1,), generator=g).tolist(),
+                torch.randint(4, 100, (R,), generator=g).tolist(),
+                (-torch.rand(R, generator=g) * 4).tolist(),
+                "stop",
+                1,
+                states=torch.randn(R, d, generator=g),
+                group_id=i // 3,
+                sample_index=i % 3,
+            )
+        )
     return samples, torch.randn(n, generator=g).tolist()
 
 
@@ -227,12 +280,12 @@ def test_deepspeed_lora_rank_equals_torch_adamw_on_the_peft_model(tiny_ckpt, tmp
     from safetensors.torch import load_file
 
     from actors.learner import LearnerRank, load_policy
+
     cfg = rank_cfg(tiny_ckpt, "algo.kl_coef=0.05", "algo.ppo_epochs=2")
     samples, adv = synthetic_batch()
     ref = LoraPolicy.wrap(load_policy(tiny_ckpt), cfg.learner.lora, cfg.train.seed)
     ref.model.train()
-    ref_m = PolicyUpdater(ref.model, cfg, 0, ref.model, ref.reference).update(
-        samples, adv, TorchBackend(ref.model, LR))
+    ref_m = PolicyUpdater(ref.model, cfg, 0, ref.model, ref.reference).update(samples, adv, TorchBackend(ref.model, LR))
     rank = LearnerRank(cfg)
     assert rank.updater.ref_model is rank.policy  # no second model
     m = rank.update(samples, adv)
@@ -258,6 +311,7 @@ def test_deepspeed_lora_checkpoint_resume_is_exact(tiny_ckpt, tmp_path):
 
     from actors.learner import load_policy
     from tests.test_actors import step_save_step_resume
+
     cfg = rank_cfg(tiny_ckpt)
     at_save, want, got = step_save_step_resume(cfg, *synthetic_batch(6, seed=1), tmp_path / "ckpt")
     assert all(torch.equal(want[k], got[k]) for k in want)
@@ -273,6 +327,7 @@ def test_torch_learner_lora_checkpoint_resume_is_exact(tiny_ckpt, tmp_path):
     """The same for the single-process torch learner: the adapters and Adam's state come back, the base is the
     starting checkpoint's."""
     from actors.local import TorchLearner
+
     cfg = rank_cfg(tiny_ckpt)
     samples, adv = synthetic_batch(6, seed=2)
     a = TorchLearner(cfg)
@@ -296,18 +351,35 @@ def test_pretrain_trains_adapters_and_fusion_and_saves_merged_plus_adapter(tmp_p
 
     from actors.cli import main
     from actors.learner import load_policy
+
     rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(200)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     start = tmp_path / "start"
     tiny_model().save_pretrained(str(start))
     from rl.data.tokenizer import build_tokenizer
+
     build_tokenizer().save_pretrained(str(start))
-    rc = main(["pretrain", f"model.path={start}", "data.task=jsonl", f"data.train_path={tmp_path / 'd.jsonl'}",
-               f"data.test_path={tmp_path / 'd.jsonl'}", "pretrain.steps=6", "pretrain.batch_size=8",
-               "pretrain.seq_len=16", "pretrain.lr=1e-2", "pretrain.warmup=0", "pretrain.eval_every=6",
-               "pretrain.val_batches=1", f"pretrain.out_dir={tmp_path / 'ckpt'}", "pretrain.threads=1",
-               "pretrain.pass_schedule=[[0.5,1],[1.0,2]]", "logging.progress=false",
-               "learner.lora={rank: 4, alpha: 8}"])
+    rc = main(
+        [
+            "pretrain",
+            f"model.path={start}",
+            "data.task=jsonl",
+            f"data.train_path={tmp_path / 'd.jsonl'}",
+            f"data.test_path={tmp_path / 'd.jsonl'}",
+            "pretrain.steps=6",
+            "pretrain.batch_size=8",
+            "pretrain.seq_len=16",
+            "pretrain.lr=1e-2",
+            "pretrain.warmup=0",
+            "pretrain.eval_every=6",
+            "pretrain.val_batches=1",
+            f"pretrain.out_dir={tmp_path / 'ckpt'}",
+            "pretrain.threads=1",
+            "pretrain.pass_schedule=[[0.5,1],[1.0,2]]",
+            "logging.progress=false",
+            "learner.lora={rank: 4, alpha: 8}",
+        ]
+    )
     assert rc == 0
     before, after = dict(tiny_model().named_parameters()), dict(load_policy(str(tmp_path / "ckpt")).named_parameters())
     assert set(before) == set(after)
@@ -328,12 +400,23 @@ def engine_ckpt(tmp_path_factory):
 
     from rl.data.tokenizer import build_tokenizer
     from rl.model import fbt_config_from
+
     path = tmp_path_factory.mktemp("tiny_lora_engine")
     tok = build_tokenizer(alphabet=ALPHABET)
-    base = LlamaConfig(vocab_size=64, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=128,
-                       tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                       pad_token_id=tok.pad_token_id)
+    base = LlamaConfig(
+        vocab_size=64,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(0)
     model = FBTLlamaForCausalLM(fbt_config_from(base, "gate_product"))
     with torch.no_grad():
@@ -351,8 +434,8 @@ def test_engines_serve_the_base_model_from_a_lora_learner_at_init(engine_ckpt, t
     within tests/test_vllm_engine.py's 1e-4)."""
     from actors.local import LocalLearner, LocalRollout
     from rl.train.sampling import SamplingParams as Params
-    cfg = rank_cfg(engine_ckpt, f"rollout.engine={engine}", "rollout.vllm.max_num_seqs=8",
-                   "likelihood.estimator=exact")
+
+    cfg = rank_cfg(engine_ckpt, f"rollout.engine={engine}", "rollout.vllm.max_num_seqs=8", "likelihood.estimator=exact")
     rollout, learner = LocalRollout(cfg), LocalLearner(cfg, "deepspeed")
     before = rollout.weight_checksums()
     assert learner.weight_checksums() == pytest.approx(before, rel=1e-12)

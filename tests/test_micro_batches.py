@@ -7,6 +7,7 @@ per-token terms in another order and over differently padded shapes, which in fp
 2e-5 of the largest; in float64 that rounding is ~1e-13, so 1e-9 relative to the largest gradient entry is a
 tight bound, while a row counted twice, lost, or normalised by a local count changes gradients by O(1/rows).
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,9 +33,18 @@ def mixed_samples(n=20, seed=0, d=128):
     for i in range(n):
         P = int(torch.randint(3, 12, (1,), generator=g))
         R = int(torch.randint(1, 40, (1,), generator=g))
-        out.append(Sample([1] + torch.randint(3, 60, (P - 1,), generator=g).tolist(),
-                          torch.randint(3, 60, (R,), generator=g).tolist(), (-torch.rand(R, generator=g)).tolist(),
-                          "stop", 1, states=torch.randn(R, d, generator=g), group_id=i // 4, sample_index=i % 4))
+        out.append(
+            Sample(
+                [1] + torch.randint(3, 60, (P - 1,), generator=g).tolist(),
+                torch.randint(3, 60, (R,), generator=g).tolist(),
+                (-torch.rand(R, generator=g)).tolist(),
+                "stop",
+                1,
+                states=torch.randn(R, d, generator=g),
+                group_id=i // 4,
+                sample_index=i % 4,
+            )
+        )
     return out
 
 
@@ -43,8 +53,9 @@ def test_plan_covers_every_row_once_within_budgets_and_equal_counts():
     responses = [2, 50, 1, 30, 6, 20, 1, 11, 7, 4, 60, 1, 10]
     for world in (1, 2, 3):
         for minis in (1, 2):
-            plan = plan_update(lengths, minis, world, max_rows=4, max_tokens=120, response_lengths=responses,
-                               max_response_tokens=50)
+            plan = plan_update(
+                lengths, minis, world, max_rows=4, max_tokens=120, response_lengths=responses, max_response_tokens=50
+            )
             seen = []
             for m, mini in enumerate(plan.minibatches):
                 counts = {len(plan.rank_micro_batches(m, r)) for r in range(world)}
@@ -85,15 +96,20 @@ class RecordingBackend:
         loss.backward()
 
     def step(self):
-        self.steps.append({k: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-                           for k, p in self.model.named_parameters()})
+        self.steps.append(
+            {
+                k: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+                for k, p in self.model.named_parameters()
+            }
+        )
         self.model.zero_grad(set_to_none=True)
         return 1.0
 
 
 def cfg_for(*overrides):
-    return load_config("configs/tiny.yaml", [f"model.path={CKPT}", "algo.kl_coef=0.05", "algo.mini_batches=2",
-                                             *overrides])
+    return load_config(
+        "configs/tiny.yaml", [f"model.path={CKPT}", "algo.kl_coef=0.05", "algo.mini_batches=2", *overrides]
+    )
 
 
 def test_no_estimator_call_sees_more_than_a_micro_batch(monkeypatch):
@@ -108,9 +124,11 @@ def test_no_estimator_call_sees_more_than_a_micro_batch(monkeypatch):
         est = real(name)
 
         def wrapped(model, batch, *a, **kw):
-            calls.append((name, len(batch), int(batch.attention_mask.sum(-1).max()) * len(batch),
-                          int(batch.response_mask.sum())))
+            calls.append(
+                (name, len(batch), int(batch.attention_mask.sum(-1).max()) * len(batch), int(batch.response_mask.sum()))
+            )
             return est(model, batch, *a, **kw)
+
         return wrapped
 
     monkeypatch.setattr(learner_mod, "get_estimator", recording)
@@ -121,8 +139,11 @@ def test_no_estimator_call_sees_more_than_a_micro_batch(monkeypatch):
     assert {c[0] for c in calls} == {"replay", "exact"}  # policy (old + update) and the exact reference
     calls.clear()
     budget, response_budget = 160, 60
-    cfg = cfg_for("learner.micro_batch_size=64", f"learner.max_tokens_per_micro_batch={budget}",
-                  f"learner.max_response_tokens_per_micro_batch={response_budget}")
+    cfg = cfg_for(
+        "learner.micro_batch_size=64",
+        f"learner.max_tokens_per_micro_batch={budget}",
+        f"learner.max_response_tokens_per_micro_batch={response_budget}",
+    )
     PolicyUpdater(model, cfg, 0, ref_model=copy.deepcopy(model)).update(samples, adv, RecordingBackend(model))
     assert all(c[2] <= budget or c[1] == 1 for c in calls), calls
     assert all(c[3] <= response_budget or c[1] == 1 for c in calls), calls
@@ -150,13 +171,27 @@ def test_ranks_and_micro_batches_sum_to_the_whole(tmp_path):
         assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-9)
         return backend
 
-    plan = plan_update([s.prompt_len + s.response_len for s in samples], 2, 2, 3, 100,
-                       [s.response_len for s in samples], 60)
+    plan = plan_update(
+        [s.prompt_len + s.response_len for s in samples], 2, 2, 3, 100, [s.response_len for s in samples], 60
+    )
     assert any(not rows for m in range(2) for r in range(2) for rows in plan.rank_micro_batches(m, r))
-    whole = run(1, 0, "learner.micro_batch_size=64", "learner.max_tokens_per_micro_batch=null",
-                "learner.max_response_tokens_per_micro_batch=null")
-    parts = [run(2, r, "learner.micro_batch_size=3", "learner.max_tokens_per_micro_batch=100",
-                 "learner.max_response_tokens_per_micro_batch=60") for r in (0, 1)]
+    whole = run(
+        1,
+        0,
+        "learner.micro_batch_size=64",
+        "learner.max_tokens_per_micro_batch=null",
+        "learner.max_response_tokens_per_micro_batch=null",
+    )
+    parts = [
+        run(
+            2,
+            r,
+            "learner.micro_batch_size=3",
+            "learner.max_tokens_per_micro_batch=100",
+            "learner.max_response_tokens_per_micro_batch=60",
+        )
+        for r in (0, 1)
+    ]
     assert parts[0].backwards == parts[1].backwards and len(parts[0].steps) == len(parts[1].steps) == 2
     assert parts[0].backwards > 2  # really split
     for step in range(2):

@@ -4,6 +4,7 @@ Tolerances: fp32 on CPU. A K-pass forward and the token-by-token recurrence comp
 different kernel shapes (one [L]-long attention vs L cached single-token steps), so they agree to float
 rounding, ~1e-6 here; 1e-5 leaves margin without hiding a wrong position (those differ by O(1)).
 """
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -17,8 +18,16 @@ BOS = 1
 
 def tiny_backbone(kind="llama", seed=0):
     torch.manual_seed(seed)
-    common = dict(vocab_size=61, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=2, num_key_value_heads=1, bos_token_id=BOS, eos_token_id=2)
+    common = dict(
+        vocab_size=61,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        bos_token_id=BOS,
+        eos_token_id=2,
+    )
     if kind == "llama":
         return LlamaForCausalLM(LlamaConfig(head_dim=32, **common)).eval()
     return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
@@ -57,7 +66,7 @@ def test_fusion_matches_equation(mode):
     h, e = torch.randn(4, d), torch.randn(4, d) * 3
 
     def rms(x):  # parameter-free RMSNorm, written out
-        return x / torch.sqrt((x ** 2).mean(-1, keepdim=True) + 1e-6)
+        return x / torch.sqrt((x**2).mean(-1, keepdim=True) + 1e-6)
 
     if mode == "gate_product":
         want = rms((h @ fusion.w_u.weight.T) * torch.sigmoid(rms(e) @ fusion.w_g.weight.T))
@@ -109,7 +118,7 @@ def test_kpass_converges_to_recurrence(pair, mode):
         h = fbt.multipass_forward(ids, k, **kw).last_hidden
         for b, p in enumerate(P.tolist()):
             # states at p-1 .. p-2+k predict response tokens 0..k-1: exact after k passes
-            assert (h[b, p - 1:p - 1 + k] - exact[b, p - 1:p - 1 + k]).abs().max() < TOL
+            assert (h[b, p - 1 : p - 1 + k] - exact[b, p - 1 : p - 1 + k]).abs().max() < TOL
             # the next one is not (this is what makes the check able to fail)
             assert (h[b, p - 1 + k] - exact[b, p - 1 + k]).abs().max() > 1e-3
 
@@ -124,9 +133,9 @@ def test_recurrent_step_with_cache_equals_recurrence_without_cache(pair):
     # no cache: rebuild every fused input from earlier outputs and rerun the whole prefix each time
     states = list(fbt.run_stack(fbt.embed(ids[:, :p]))[0][0])
     for t in range(p, ids.shape[1]):
-        e = fbt.embed(ids[:, :t + 1])
+        e = fbt.embed(ids[:, : t + 1])
         carried = torch.zeros_like(e)
-        carried[0, p:t + 1] = torch.stack(states[p - 1:t])
+        carried[0, p : t + 1] = torch.stack(states[p - 1 : t])
         mask = torch.zeros(1, t + 1, dtype=torch.bool)
         mask[0, p:] = True
         x = torch.where(mask[..., None], fbt.fuse(carried, e), e)
@@ -141,8 +150,9 @@ def test_soft_first_token_equals_standard_and_fused_cache_is_prompt_length(pair)
     ids = batch_ids(B=2, L=7)
     h_std, _ = fbt.prefill(ids, mode="standard")
     h_soft, _ = fbt.prefill(ids, mode="soft")
-    assert torch.equal(fbt.logits_from_hidden(h_soft[:, -1]).argmax(-1),
-                       fbt.logits_from_hidden(h_std[:, -1]).argmax(-1))
+    assert torch.equal(
+        fbt.logits_from_hidden(h_soft[:, -1]).argmax(-1), fbt.logits_from_hidden(h_std[:, -1]).argmax(-1)
+    )
     h_fused, cache = fbt.prefill(ids, mode="fused")
     assert cache.get_seq_length() == ids.shape[1]
     assert (h_fused - h_soft).abs().max() > 1e-3  # the fused prompt really differs
@@ -156,7 +166,7 @@ def test_left_padded_batched_prefill_and_step_match_single_rows(pair):
     ids = torch.zeros(len(rows), L, dtype=torch.long)
     am = torch.zeros(len(rows), L, dtype=torch.long)
     for b, r in enumerate(rows):
-        ids[b, L - len(r):], am[b, L - len(r):] = r, 1
+        ids[b, L - len(r) :], am[b, L - len(r) :] = r, 1
     nxt = torch.randint(3, 61, (len(rows), 3))
     for mode in ("soft", "fused"):
         h, cache = fbt.prefill(ids, am, mode=mode)
@@ -179,8 +189,9 @@ def test_save_load_roundtrip_through_automodel(pair, tmp_path):
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, fbt(ids).logits)
         kw = kpass_inputs(fbt, ids, P, "soft")
-        assert torch.equal(loaded.multipass_forward(ids, 3, **kw).last_hidden,
-                           fbt.multipass_forward(ids, 3, **kw).last_hidden)
+        assert torch.equal(
+            loaded.multipass_forward(ids, 3, **kw).last_hidden, fbt.multipass_forward(ids, 3, **kw).last_hidden
+        )
     assert loaded.config.fbt_fusion_mode == "gate_product"
     assert loaded.config.architectures[0].startswith("FBT")
 

@@ -4,6 +4,7 @@ transports never go through the fleet's `load_weights`), so the job stops with a
 replacing the engine (which would come back at version 0, the initial checkpoint's weights) or rebuilding a
 healthy learner group (rank 0's call on the dead engine reaches the driver as RayTaskError(ActorDiedError), an
 actor death of rank 0 itself). Fakes stand in for the actors: no Ray cluster is started."""
+
 import pytest
 from ray.exceptions import ActorDiedError
 
@@ -44,8 +45,12 @@ class FakeFleet:
 def _fleet(transport):
     cfg = load_config(None)
     made = []
-    fleet = RolloutFleet(["engine-0", "engine-1"], make_actor=lambda k: made.append(k) or f"new-{k}",
-                         supervisor=Supervisor(cfg.faults, FaultLog(log=lambda *_: None)), transport=transport)
+    fleet = RolloutFleet(
+        ["engine-0", "engine-1"],
+        make_actor=lambda k: made.append(k) or f"new-{k}",
+        supervisor=Supervisor(cfg.faults, FaultLog(log=lambda *_: None)),
+        transport=transport,
+    )
     return fleet, made
 
 
@@ -64,7 +69,7 @@ def test_a_lost_engine_stops_the_job_once_the_transfer_group_exists(backend):
 
 
 def test_a_push_checks_the_engines_before_rank_0_sends():
-    transport, learner = NativeSync("nccl", 2 ** 20), FakeLearner()
+    transport, learner = NativeSync("nccl", 2**20), FakeLearner()
     transport.push(learner, FakeFleet(), 1, "unused")
     with pytest.raises(RunStopped, match=r"rollout engine died before the weight sync to version 2.*--resume"):
         transport.push(learner, FakeFleet(dead=True), 2, "unused")
@@ -76,6 +81,7 @@ def test_file_ray_and_unstarted_native_transports_still_replace(monkeypatch):
     import ray
 
     import actors.rollout as rollout_mod
+
     monkeypatch.setattr(rollout_mod, "kill", lambda actor: None)
     monkeypatch.setattr(ray, "get", lambda ref: ref)
 
@@ -84,6 +90,7 @@ def test_file_ray_and_unstarted_native_transports_still_replace(monkeypatch):
             @staticmethod
             def remote():
                 return 0
+
         version = _Version()
 
     cfg = load_config(None)
@@ -108,10 +115,12 @@ def test_an_engine_dying_during_the_transfer_is_not_a_learner_death(monkeypatch)
             @staticmethod
             def remote(*args):
                 return "ref"
+
         start_weight_update = init_weight_transfer_engine = _Method()
 
     def get(refs):
         raise ActorDiedError()
+
     monkeypatch.setattr(ray, "get", get)
     client = EngineFleetClient([Dead(), Dead()])
     for call in (client.start_weight_update, lambda: client.init_weight_transfer_engine({})):
@@ -123,7 +132,7 @@ def test_an_engine_dying_during_the_transfer_is_not_a_learner_death(monkeypatch)
         def native_send(self):
             raise EngineLost("a rollout engine died during the native weight transfer (start_weight_update: x)")
 
-    transport = NativeSync("native_ray", 2 ** 20)
+    transport = NativeSync("native_ray", 2**20)
     transport.started = True
     with pytest.raises(RunStopped, match=r"died during the native weight transfer .*version 3.*--resume"):
         transport.push(LosingLearner(), FakeFleet(), 3, "unused")

@@ -6,6 +6,7 @@ The policy is written the way a run writes it: the learner's weights file (`writ
 `RunDir.export_policy` beside the starting checkpoint's config and tokenizer (the committed tiny checkpoint, given
 a ChatML template as SmolLM2's). The real model's command is in the README ("Take the policy away").
 """
+
 from __future__ import annotations
 
 import shutil
@@ -17,8 +18,10 @@ import torch
 import rl.model  # noqa: F401  (registers fbt_llama with the Auto classes)
 
 TINY_ARITH = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith"
-CHATML = ("{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"
-          "{% if add_generation_prompt %}<bos>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"
+    "{% if add_generation_prompt %}<bos>assistant\n{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +32,7 @@ def policy(tmp_path_factory) -> tuple[Path, Path]:
     from actors.learner import write_safetensors_atomic
     from rl.decode_modes import rl_modes
     from rl.train.run_dir import RunDir
+
     tmp = tmp_path_factory.mktemp("policy")
     start = tmp / "start"
     shutil.copytree(TINY_ARITH, start)
@@ -41,8 +45,10 @@ def policy(tmp_path_factory) -> tuple[Path, Path]:
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))  # the trained weights: every greedy continuation changes
     # named_parameters: a tied head is one tensor, as the learner exports it
-    weights = write_safetensors_atomic({k: v.detach().contiguous() for k, v in model.named_parameters()},
-                                       str(tmp / "run" / "weights" / "policy.safetensors"))
+    weights = write_safetensors_atomic(
+        {k: v.detach().contiguous() for k, v in model.named_parameters()},
+        str(tmp / "run" / "weights" / "policy.safetensors"),
+    )
     run = RunDir(str(tmp / "run"))
     return start, run.export_policy(weights, start, None, rl_modes(str(start), "soft"))
 
@@ -54,13 +60,15 @@ def test_policy_loads_and_decodes_with_vllm_as_the_readme_shows(policy):
     from rollout.base import SamplingParams
     from rollout.torch_engine import TorchEngine
     from rollout.vllm_engine import VLLMEngine
+
     start, path = policy
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path)
     assert type(model).__name__ == "FBTLlamaForCausalLM" and tok.chat_template == CHATML
 
-    prompt = tok.apply_chat_template([{"role": "user", "content": "12+34="}], tokenize=False,
-                                     add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "12+34="}], tokenize=False, add_generation_prompt=True
+    )
     ids = tok.encode(prompt, add_special_tokens=False)
     params = SamplingParams(temperature=0, max_tokens=16, decode_mode="soft")
     engine = VLLMEngine(str(path), decode_mode="soft", max_model_len=128, max_num_seqs=4, dtype="float32")

@@ -6,6 +6,7 @@ transformer cannot do in one pass but can with feedback, because pass 2's input 
 state of position t-1, i.e. the previous letter. So pass-2 < pass-1 shows up clearly
 after ~150 steps (a few seconds on an idle core).
 """
+
 import json
 import random
 
@@ -19,9 +20,15 @@ from rl.data.tokenizer import build_tokenizer
 
 
 def tiny_model(layers=2, seed=0):
-    cfg = load_config(None, ["model.path=null", f"pretrain.seed={seed}",
-                             f"model.init={{backbone: llama, hidden_size: 64, num_layers: {layers}, num_heads: 1, "
-                             "num_kv_heads: 1, intermediate_size: 128}"])
+    cfg = load_config(
+        None,
+        [
+            "model.path=null",
+            f"pretrain.seed={seed}",
+            f"model.init={{backbone: llama, hidden_size: 64, num_layers: {layers}, num_heads: 1, "
+            "num_kv_heads: 1, intermediate_size: 128}",
+        ],
+    )
     return P.load_model_and_tokenizer(cfg)
 
 
@@ -40,10 +47,10 @@ def hand_ce(model, hidden, ids, mask):
 
 def test_encode_masks_only_the_response():
     tok = build_tokenizer()
-    (ids, mask), = P.encode_rows([{"prompt": "Q: 1+2=?", "solution": " 3"}], tok, 64, "response")
+    ((ids, mask),) = P.encode_rows([{"prompt": "Q: 1+2=?", "solution": " 3"}], tok, 64, "response")
     assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id
     assert tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=True) == " 3"
-    (_, mask_all), = P.encode_rows([{"prompt": "Q: 1+2=?", "solution": " 3"}], tok, 64, "all")
+    ((_, mask_all),) = P.encode_rows([{"prompt": "Q: 1+2=?", "solution": " 3"}], tok, 64, "all")
     assert all(mask_all)
 
 
@@ -66,19 +73,19 @@ def test_exact_loss_is_the_limit_of_enough_passes():
     differ only in summation order (token-by-token KV cache vs one parallel pass): 1e-5 absolute on losses of
     order 1 and on gradients of order 1e-1 leaves two orders of magnitude over the ~1e-7 seen."""
     model, tok = tiny_model()
-    ids, am, lm = toy_batch(tok, n=8)   # prompts and answers of different lengths: right padding matters
+    ids, am, lm = toy_batch(tok, n=8)  # prompts and answers of different lengths: right padding matters
     assert len(set(am.sum(1).tolist())) > 1
     R = int(lm.sum(1).max())
     lex, parts = P.exact_loss(model, ids, am, lm, "response")
     _, losses = P.multipass_loss(model, ids, am, lm, R + 1, feedback_on="response")
     assert parts == [lex]
     assert torch.allclose(lex, losses[-1], atol=1e-5), (lex, losses[-1])
-    assert (lex - losses[1]).abs() > 1e-4   # two passes are not the recurrence: the comparison can fail
+    assert (lex - losses[1]).abs() > 1e-4  # two passes are not the recurrence: the comparison can fail
     params = [p for n, p in model.named_parameters() if "layers.0.self_attn.q_proj" in n or "fusion.w_u" in n]
     g_exact = torch.autograd.grad(lex, params)
     g_pass = torch.autograd.grad(losses[-1], params)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g_exact, g_pass))
-    assert all(a.abs().sum() > 0 for a in g_exact)   # the fusion weights learn through time
+    assert all(a.abs().sum() > 0 for a in g_exact)  # the fusion weights learn through time
 
 
 def test_exact_steps_are_drawn_per_step_with_a_seed():
@@ -86,7 +93,7 @@ def test_exact_steps_are_drawn_per_step_with_a_seed():
     draws = [P.exact_step(s, p) for s in range(2000)]
     assert 0.26 < sum(draws) / len(draws) < 0.34
     assert draws[:300] == [P.exact_step(s, p) for s in range(300)]
-    assert not any(P.exact_step(s, load_config(None, []).pretrain) for s in range(300))   # default: never
+    assert not any(P.exact_step(s, load_config(None, []).pretrain) for s in range(300))  # default: never
     with pytest.raises(Exception, match="exact_prob"):
         load_config(None, ["pretrain.exact_prob=1.5"])
 
@@ -124,8 +131,9 @@ def test_mixture_schedule_respects_probabilities_and_is_seeded():
     for k, prob in zip((1, 2, 3), (0.5, 0.3, 0.2)):
         assert abs(ks.count(k) / n - prob) < 0.015, (k, ks.count(k) / n)
     assert ks[:200] == [P.passes_for_step(s, n, p) for s in range(200)]  # same seed, same draws
-    other = load_config(None, ["pretrain.schedule=mixture", "pretrain.mixture_probs=[0.5, 0.3, 0.2]",
-                               "pretrain.seed=1"]).pretrain
+    other = load_config(
+        None, ["pretrain.schedule=mixture", "pretrain.mixture_probs=[0.5, 0.3, 0.2]", "pretrain.seed=1"]
+    ).pretrain
     assert ks[:200] != [P.passes_for_step(s, n, other) for s in range(200)]
 
 
@@ -149,15 +157,30 @@ def run_copy_task(tmp_path, steps, capsys):
     copy_corpus(tmp_path / "train.jsonl", 4000, 0)
     copy_corpus(tmp_path / "val.jsonl", 128, 1)
     from actors.cli import main
-    rc = main(["pretrain",
-               "model.path=null", "model.init={backbone: llama, hidden_size: 64, num_layers: 1, num_heads: 1, "
-               "num_kv_heads: 1, intermediate_size: 128}",
-               "data.task=jsonl", f"data.train_path={tmp_path / 'train.jsonl'}",
-               f"data.test_path={tmp_path / 'val.jsonl'}",
-               f"pretrain.steps={steps}", "pretrain.batch_size=32", "pretrain.seq_len=32", "pretrain.lr=3e-3",
-               "pretrain.warmup=20", "pretrain.loss_on=response", "pretrain.pass_schedule=[[0.2,1],[0.9,2],[1.0,3]]",
-               f"pretrain.eval_every={steps}", "pretrain.val_batches=4", f"pretrain.out_dir={tmp_path / 'ckpt'}",
-               "pretrain.threads=1", "logging.progress=false"])
+
+    rc = main(
+        [
+            "pretrain",
+            "model.path=null",
+            "model.init={backbone: llama, hidden_size: 64, num_layers: 1, num_heads: 1, "
+            "num_kv_heads: 1, intermediate_size: 128}",
+            "data.task=jsonl",
+            f"data.train_path={tmp_path / 'train.jsonl'}",
+            f"data.test_path={tmp_path / 'val.jsonl'}",
+            f"pretrain.steps={steps}",
+            "pretrain.batch_size=32",
+            "pretrain.seq_len=32",
+            "pretrain.lr=3e-3",
+            "pretrain.warmup=20",
+            "pretrain.loss_on=response",
+            "pretrain.pass_schedule=[[0.2,1],[0.9,2],[1.0,3]]",
+            f"pretrain.eval_every={steps}",
+            "pretrain.val_batches=4",
+            f"pretrain.out_dir={tmp_path / 'ckpt'}",
+            "pretrain.threads=1",
+            "logging.progress=false",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out
     summary = json.loads((tmp_path / "ckpt" / "training_summary.json").read_text())
@@ -184,14 +207,21 @@ def test_identity_fusion_starts_as_the_standard_model(fusion):
     """After identity_fusion_, soft decoding's exact recurrence gives the standard forward's log-probs up to the
     RMS epsilons (embedding RMS ~0.02 at init, so eps=1e-6 against a mean square of ~4e-4: 9e-4 measured on
     this batch; tolerance 1e-2, ten times that), and the gradient reaches W_U (training can grow the channel)."""
-    cfg = load_config(None, ["model.path=null", f"model.fusion_mode={fusion}", "model.init={backbone: llama, "
-                             "hidden_size: 64, num_layers: 2, num_heads: 1, num_kv_heads: 1, intermediate_size: 128}"])
+    cfg = load_config(
+        None,
+        [
+            "model.path=null",
+            f"model.fusion_mode={fusion}",
+            "model.init={backbone: llama, "
+            "hidden_size: 64, num_layers: 2, num_heads: 1, num_kv_heads: 1, intermediate_size: 128}",
+        ],
+    )
     model, tok = P.load_model_and_tokenizer(cfg)
     ids, am, lm = toy_batch(tok, n=6)
     fb = model.feedback_mask(ids, am) & lm.bool()
     before = model.recurrent_forward(ids, feedback_mask=fb)
     plain = model.multipass_forward(ids, 1, attention_mask=am).last_hidden
-    assert (before - plain).abs().max() > 1e-2   # random fusion: feedback changes the states
+    assert (before - plain).abs().max() > 1e-2  # random fusion: feedback changes the states
     P.identity_fusion_(model)
     lp = lambda h: torch.log_softmax(model.logits_from_hidden(h), -1)
     soft = model.recurrent_forward(ids, feedback_mask=fb)

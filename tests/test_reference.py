@@ -5,6 +5,7 @@ learner fed the policy's recorded states to the reference model, and k3 came out
 true 0.349 at 5 % weight noise). Here the policy is the committed checkpoints/tiny-arith with 5 % multiplicative
 weight noise, the reference the checkpoint itself; "true" is k3 of the two models' exact recurrences.
 """
+
 from __future__ import annotations
 
 import copy
@@ -27,6 +28,7 @@ CKPT = str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith")
 
 class NoStep:
     """A backend that accumulates gradients and drops them: the update's metrics without moving the policy."""
+
     world_size = 1
 
     def __init__(self, model):
@@ -49,22 +51,27 @@ def setup():
         for p in policy.parameters():
             p.mul_(1 + 0.05 * torch.randn_like(p))
     g = torch.Generator().manual_seed(1)
-    prompts = [[1] + torch.randint(3, 60, (int(torch.randint(4, 10, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(6)]
+    prompts = [
+        [1] + torch.randint(3, 60, (int(torch.randint(4, 10, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(6)
+    ]
     samples = TorchEngine(policy, eos_token_ids=()).generate(
-        prompts, SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=3, record_states=True))
+        prompts, SamplingParams(n=2, temperature=1.0, max_tokens=12, seed=3, record_states=True)
+    )
     batch = collate(samples, 0, with_states=True)
     exact = get_estimator("exact")
     with torch.no_grad():
         pol, refp = exact(policy, batch, "soft").logprobs, exact(ref, batch, "soft").logprobs
-    d = (refp - pol)
+    d = refp - pol
     true_k3 = float(((d.exp() - d - 1) * batch.response_mask).sum() / batch.response_mask.sum())
     return policy, ref, samples, true_k3
 
 
 def kl_metric(policy, ref, samples, *overrides):
-    cfg = load_config("configs/tiny.yaml", [f"model.path={CKPT}", "algo.kl_coef=0.1", "algo.kl_estimator=k3",
-                                            "learner.micro_batch_size=4", *overrides])
+    cfg = load_config(
+        "configs/tiny.yaml",
+        [f"model.path={CKPT}", "algo.kl_coef=0.1", "algo.kl_estimator=k3", "learner.micro_batch_size=4", *overrides],
+    )
     adv = [0.0] * len(samples)
     return PolicyUpdater(policy, cfg, pad_id=0, ref_model=ref).update(samples, adv, NoStep(policy))
 

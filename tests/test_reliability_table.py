@@ -1,4 +1,5 @@
 """tools/reliability_table.py: records of what the fault tests measured become docs/RELIABILITY.md's fault table."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,13 +21,24 @@ def load_table_module():
 table = load_table_module()
 
 RECORDS = [
-    {"test": "test_rollout_actor_killed_mid_generate", "kind": "CI", "wall_s": 108.4,
-     "fault": "rollout actor SIGKILLed mid-`generate`, step 2 of 4",
-     "outcome": "4/4 steps completed | each with 32 samples\n`faults/rollout_restarts` = 1",
-     "steps_lost": "0", "data_lost": "none: steps 1-4 in metrics.jsonl once each"},
-    {"test": "test_reward_failing_on_every_row_stops_the_job", "kind": "slow", "wall_s": 61.5,
-     "fault": "a reward function that raises on every row", "outcome": "stopped after step 3; exit code 3",
-     "steps_lost": "0", "data_lost": "3 of 3 batches not trained on"},
+    {
+        "test": "test_rollout_actor_killed_mid_generate",
+        "kind": "CI",
+        "wall_s": 108.4,
+        "fault": "rollout actor SIGKILLed mid-`generate`, step 2 of 4",
+        "outcome": "4/4 steps completed | each with 32 samples\n`faults/rollout_restarts` = 1",
+        "steps_lost": "0",
+        "data_lost": "none: steps 1-4 in metrics.jsonl once each",
+    },
+    {
+        "test": "test_reward_failing_on_every_row_stops_the_job",
+        "kind": "slow",
+        "wall_s": 61.5,
+        "fault": "a reward function that raises on every row",
+        "outcome": "stopped after step 3; exit code 3",
+        "steps_lost": "0",
+        "data_lost": "3 of 3 batches not trained on",
+    },
 ]
 
 
@@ -47,7 +59,7 @@ def test_a_record_missing_a_field_is_refused(field):
     broken = [RECORDS[0], {k: v for k, v in RECORDS[1].items() if k != field}]
     with pytest.raises(ValueError, match=f"fault record 1 .*lacks {field}"):
         table.render(broken)
-    with pytest.raises(ValueError, match=f"lacks {field}"):   # an empty value is no value
+    with pytest.raises(ValueError, match=f"lacks {field}"):  # an empty value is no value
         table.render([{**RECORDS[0], field: ""}])
 
 
@@ -75,8 +87,9 @@ def test_the_page_holds_a_generated_row_for_each_fault_test():
     generated = page.split(table.BEGIN)[1].split(table.END)[0]
     rows = re.findall(r"^\| .*?\(`(test_\w+)(?:\[[^\]`]*\])?`; (?:\*\*CI\*\*|slow); \d+ s\)", generated, re.M)
     in_page = [name for i, name in enumerate(rows) if name not in rows[:i]]
-    in_tests = [name for path in table.TESTS
-                for name in re.findall(r"^def (test_\w+)\(", (ROOT / path).read_text(), re.M)]
+    in_tests = [
+        name for path in table.TESTS for name in re.findall(r"^def (test_\w+)\(", (ROOT / path).read_text(), re.M)
+    ]
     assert in_page == in_tests and len(in_tests) >= 8
 
 
@@ -85,11 +98,15 @@ def test_an_update_replaces_its_rows_and_keeps_the_others():
     a, b = table.render(RECORDS)[2:]
     page = f"{table.BEGIN}\n" + "\n".join(table.HEADER + [a, b]) + f"\n\nnote\n{table.END}\n"
     new_b = b.replace("62 s", "70 s")
-    ids = ["tests/test_faults.py::test_rollout_actor_killed_mid_generate",
-           "tests/test_faults_async.py::test_reward_failing_on_every_row_stops_the_job"]
+    ids = [
+        "tests/test_faults.py::test_rollout_actor_killed_mid_generate",
+        "tests/test_faults_async.py::test_reward_failing_on_every_row_stops_the_job",
+    ]
     assert table.merged(page, [new_b], ids) == (table.HEADER + [a, new_b], [])
-    case = ids[0] + "[2]"   # a case of a test that has a row: listed as not run yet, not refused
-    assert table.merged(page, [new_b], ids + [case]) == (table.HEADER + [a, new_b],
-                                                          ["test_rollout_actor_killed_mid_generate[2]"])
+    case = ids[0] + "[2]"  # a case of a test that has a row: listed as not run yet, not refused
+    assert table.merged(page, [new_b], ids + [case]) == (
+        table.HEADER + [a, new_b],
+        ["test_rollout_actor_killed_mid_generate[2]"],
+    )
     with pytest.raises(ValueError, match="no row for test_new"):
         table.merged(page, [new_b], ids + ["tests/test_faults_async.py::test_new"])

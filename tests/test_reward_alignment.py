@@ -6,6 +6,7 @@ The reward is a function of the completion's own text, so a score that moved to 
 (a shifted index after a filter, a chunk merged in the wrong order, a pool answer put back at the wrong row) gives
 the learner advantages that differ from those recomputed from what each sample says.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -16,14 +17,14 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 CKPT = str(ROOT / "checkpoints" / "tiny-arith-mixed")
 
-REWARD = '''
+REWARD = """
 import zlib
 
 
 def fingerprint(prompts, completions, answers, **kwargs):
     # a score in (0, 1) that the completion's text determines
     return [(zlib.crc32(c.encode()) % 997 + 1) / 999 for c in completions]
-'''
+"""
 
 
 class Recording:
@@ -33,8 +34,9 @@ class Recording:
         self.inner, self.updates = inner, []
 
     def update(self, samples, advantages):
-        self.updates.append(([(list(s.prompt_ids), list(s.response_ids), s.group_id) for s in samples],
-                             list(advantages)))
+        self.updates.append(
+            ([(list(s.prompt_ids), list(s.response_ids), s.group_id) for s in samples], list(advantages))
+        )
         return self.inner.update(samples, advantages)
 
     def __getattr__(self, name):
@@ -68,22 +70,40 @@ def test_each_score_reaches_the_learner_with_its_own_sample(tmp_path):
     from rl.data.tokenizer import load_tokenizer
     from rl.loop import train
     from rl.train.run_dir import RunDir
+
     (tmp_path / "fp.py").write_text(REWARD)
-    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [
-        f"model.path={CKPT}", "rollout.engine=torch", "rollout.num_engines=2", "learner.num_workers=1",
-        "train.prompts_per_step=5", "rollout.n_samples_per_prompt=3", "train.eval_every=0", "train.steps=3",
-        "train.checkpoint_every=0", "train.mismatch_parts_frac=0", "algo.dynamic_sampling=true",
-        f"reward.fns=[{{fn: {tmp_path / 'fp.py'}:fingerprint}}]", "reward.num_workers=2", "reward.accuracy=none",
-        "logging.wandb_mode=disabled", "logging.progress=false", f"train.run_dir={tmp_path / 'run'}"])
+    cfg = load_config(
+        str(ROOT / "configs" / "tiny.yaml"),
+        [
+            f"model.path={CKPT}",
+            "rollout.engine=torch",
+            "rollout.num_engines=2",
+            "learner.num_workers=1",
+            "train.prompts_per_step=5",
+            "rollout.n_samples_per_prompt=3",
+            "train.eval_every=0",
+            "train.steps=3",
+            "train.checkpoint_every=0",
+            "train.mismatch_parts_frac=0",
+            "algo.dynamic_sampling=true",
+            f"reward.fns=[{{fn: {tmp_path / 'fp.py'}:fingerprint}}]",
+            "reward.num_workers=2",
+            "reward.accuracy=none",
+            "logging.wandb_mode=disabled",
+            "logging.progress=false",
+            f"train.run_dir={tmp_path / 'run'}",
+        ],
+    )
     tokenizer = load_tokenizer(cfg.model.path)
     rewards = LocalRewards(cfg)
     learner = Recording(LocalLearner(cfg, "torch"))
     try:
-        history = train(cfg, tokenizer, Lagging(LocalRollout(cfg)), learner, rewards, RunDir(cfg.train.run_dir),
-                        log=lambda *_: None)
+        history = train(
+            cfg, tokenizer, Lagging(LocalRollout(cfg)), learner, rewards, RunDir(cfg.train.run_dir), log=lambda *_: None
+        )
     finally:
         rewards.close()
-    assert history[1]["samples_stale_dropped"] == 5                      # the filter did select rows
+    assert history[1]["samples_stale_dropped"] == 5  # the filter did select rows
     assert len(learner.updates) >= 2
     for rows, advantages in learner.updates:
         # the score each sample's own text gets, then the advantages the loop must have computed from them

@@ -6,6 +6,7 @@ anchored answer "right"; a penalty-only reward made nothing right), and a reward
 (`difficulty`) failed with a TypeError on every batch. Reward hosts run in-process; the loop test drives
 `rl.loop.train` with a scripted rollout and a no-op learner, so only rewards and accuracy are real.
 """
+
 import re
 import textwrap
 
@@ -49,15 +50,15 @@ def score(h, completions=COMPLETIONS, **columns):
 def test_accuracy_is_the_math_check_not_reward_above_zero(tmp_path):
     out = score(host(tmp_path, ["math", {"fn": "format", "weight": 0.1}]))
     assert out.rewards == pytest.approx([1.1, 0.1, 0.1, 0.0])
-    assert out.correct == [True, False, False, False]          # "reward > 0" said 3 of 4
+    assert out.correct == [True, False, False, False]  # "reward > 0" said 3 of 4
     assert out.metrics["rewards/math/mean"] == 0.25 and out.metrics["rewards/format_reward/mean"] == 0.75
-    assert out.metrics["rewards/math/not_literal"] == 1.0       # the hack, counted
+    assert out.metrics["rewards/math/not_literal"] == 1.0  # the hack, counted
 
 
 def test_a_penalty_only_reward_keeps_its_accuracy(tmp_path):
     out = score(host(tmp_path, ["my_rewards.py:penalty"]))
-    assert out.rewards == [-1.0, 0.0, -1.0, 0.0]                # the check at weight 0 adds nothing to the reward
-    assert out.correct == [True, False, False, False]          # "reward > 0" said 0 of 4
+    assert out.rewards == [-1.0, 0.0, -1.0, 0.0]  # the check at weight 0 adds nothing to the reward
+    assert out.correct == [True, False, False, False]  # "reward > 0" said 0 of 4
     assert out.metrics[f"rewards/{ACCURACY_ENTRY}/mean"] == 0.25 and out.metrics["rewards/penalty/mean"] == -0.5
 
 
@@ -65,7 +66,7 @@ def test_accuracy_named_in_config(tmp_path):
     fns = ["math", {"fn": "format", "weight": 0.1}]
     assert score(host(tmp_path, fns, accuracy="format")).correct == [True, True, True, False]
     assert score(host(tmp_path, fns, accuracy="none")).correct is None
-    out = score(host(tmp_path, ["format"], accuracy="my_rewards.py:penalty"))   # a spec, run at weight 0
+    out = score(host(tmp_path, ["format"], accuracy="my_rewards.py:penalty"))  # a spec, run at weight 0
     assert out.rewards == [1.0, 1.0, 1.0, 0.0] and out.correct == [False] * 4
     named = score(host(tmp_path, [{"fn": "format", "name": "accuracy"}]))  # the check never takes a user's name
     assert named.correct == [True, False, False, False] and "rewards/accuracy_2/mean" in named.metrics
@@ -82,8 +83,12 @@ def test_the_arithmetic_task_scores_strictly_by_default(tmp_path):
 
 
 def test_dataset_columns_reach_rewards_as_keyword_lists(tmp_path):
-    out = score(host(tmp_path, ["my_rewards.py:by_difficulty", "my_rewards.py:needs_units"]),
-                difficulty=[1, 2, 3, 4], units=["cm", "m", "cm", None], source=["a"] * 4)
+    out = score(
+        host(tmp_path, ["my_rewards.py:by_difficulty", "my_rewards.py:needs_units"]),
+        difficulty=[1, 2, 3, 4],
+        units=["cm", "m", "cm", None],
+        source=["a"] * 4,
+    )
     assert out.rewards == pytest.approx([1.25, 0.5, 1.75, 1.0])
     assert out.metrics["rewards/by_difficulty/errors"] == 0 and out.metrics["rewards/needs_units/errors"] == 0
     # a reward whose column is missing: a counted, named error, the batch still scored
@@ -100,6 +105,7 @@ def test_reward_columns():
 
 # --- the loop: accuracy / eval_accuracy from the check, terms logged, columns passed --------------------------------
 
+
 class ScriptedRollout:
     """Greedy: right on even problems, the question copied into the box on odd ones. Sampled: the four
     COMPLETIONS shapes in turn, for each prompt's own answer."""
@@ -109,6 +115,7 @@ class ScriptedRollout:
 
     def generate(self, prompts, params, min_version):
         from rl.batch import Sample
+
         out = []
         for i, ids in enumerate(prompts):
             question = re.search(r"Q: ([0-9+*-]+)=", self.tok.decode(ids, skip_special_tokens=True)).group(1)
@@ -144,24 +151,34 @@ def test_loop_accuracy_and_eval_accuracy_use_the_check(tmp_path):
     from rl.train.run_dir import RunDir
 
     (tmp_path / "my_rewards.py").write_text(textwrap.dedent(REWARDS_PY))
-    cfg = config_from_dict({
-        "data": {"task": "arith", "difficulty": [1], "num_train": 64},
-        "rollout": {"engine": "torch", "n_samples_per_prompt": 4},
-        "reward": {"fns": [{"fn": "math"}, {"fn": "format", "weight": 0.1},
-                           {"fn": "my_rewards.py:by_difficulty", "weight": 0.0}], "num_workers": 1},
-        "train": {"steps": 1, "prompts_per_step": 4, "eval_every": 1, "eval_n": 8, "checkpoint_every": 0},
-        "logging": {"wandb_mode": "disabled", "progress": False}})
+    cfg = config_from_dict(
+        {
+            "data": {"task": "arith", "difficulty": [1], "num_train": 64},
+            "rollout": {"engine": "torch", "n_samples_per_prompt": 4},
+            "reward": {
+                "fns": [
+                    {"fn": "math"},
+                    {"fn": "format", "weight": 0.1},
+                    {"fn": "my_rewards.py:by_difficulty", "weight": 0.0},
+                ],
+                "num_workers": 1,
+            },
+            "train": {"steps": 1, "prompts_per_step": 4, "eval_every": 1, "eval_n": 8, "checkpoint_every": 0},
+            "logging": {"wandb_mode": "disabled", "progress": False},
+        }
+    )
     rewards = RewardHost(cfg.reward, str(tmp_path), cfg.data.task)
     run = RunDir(str(tmp_path / "run"))
     try:
-        history = train(cfg, build_tokenizer(), ScriptedRollout(build_tokenizer()), NoLearner(), rewards, run,
-                        log=lambda *_: None)
+        history = train(
+            cfg, build_tokenizer(), ScriptedRollout(build_tokenizer()), NoLearner(), rewards, run, log=lambda *_: None
+        )
     finally:
         rewards.close()
     step = history[-1]
-    assert step["accuracy"] == 0.25                       # "reward > 0" said 0.75
+    assert step["accuracy"] == 0.25  # "reward > 0" said 0.75
     assert step["reward_mean"] == pytest.approx((1.1 + 0.1 + 0.1 + 0.0) / 4)
-    assert step["eval_accuracy"] == 0.5                   # "reward > 0" said 1.0: the copied question gets 0.1
+    assert step["eval_accuracy"] == 0.5  # "reward > 0" said 1.0: the copied question gets 0.1
     assert step["reward/rewards/math/mean"] == 0.25 and step["reward/rewards/format_reward/mean"] == 0.75
     assert step["reward/rewards/by_difficulty/errors"] == 0 and step["reward/rewards/by_difficulty/mean"] == 0.25
     assert run.read_metrics()[0]["eval_accuracy"] == 0.5  # the baseline eval at step 0 too

@@ -129,8 +129,14 @@ def test_last_box_policy_and_final_answer_precedence():
 def test_arithmetic_task_integers(pooled):
     # The embedded default's arithmetic task: integer answers (str or int), completions ending in \boxed{N}.
     golds = ["42", "-7", 13, -250, "0", "1000000"]
-    good = ["12 + 30 = 42\n\\boxed{42}", "\\boxed{-7}", "\\boxed{13}", "\\boxed{-250}", "\\boxed{0}",
-            "\\boxed{1000000}"]
+    good = [
+        "12 + 30 = 42\n\\boxed{42}",
+        "\\boxed{-7}",
+        "\\boxed{13}",
+        "\\boxed{-250}",
+        "\\boxed{0}",
+        "\\boxed{1000000}",
+    ]
     bad = ["\\boxed{24}", "\\boxed{7}", "\\boxed{-13}", "\\boxed{250}", "\\boxed{1}", "\\boxed{100000}"]
     assert list(pooled(["q"] * 6, good, golds)) == [1.0] * 6
     assert list(pooled(["q"] * 6, bad, golds)) == [0.0] * 6

@@ -57,7 +57,7 @@ def raise_value_error(msg):
 
 
 def busy_c_loop():
-    return 9 ** (9 ** 9)  # seconds of C bignum work: no signal gets in, only a kill stops it
+    return 9 ** (9**9)  # seconds of C bignum work: no signal gets in, only a kill stops it
 
 
 def unpicklable():
@@ -159,10 +159,20 @@ def test_bad_start_is_loud():
 
 def adversarial_completions() -> list[str]:
     huge_exponents = [
-        "\\boxed{9^{9^{9^{9}}}}", "\\boxed{9^9^9^9}", "The final answer is 9^9^9^9", "\\boxed{10^{10^{10}}}",
-        "\\boxed{2^{2^{2^{2^{2^{2}}}}}}", "\\boxed{(10^{100})!}", "\\boxed{100000!}", "\\boxed{10^{-10^{10}}}",
-        "\\boxed{e^{e^{e^{e^{100}}}}}", "\\boxed{\\sqrt{2}^{10^{10}}}", "\\boxed{9^{9^{9^{9}}} - 9^{9^{9^{9}}}}",
-        "\\boxed{\\sum_{n=1}^{10^{10}} n}", "\\boxed{\\binom{10^{9}}{5 \\cdot 10^{8}}}", "\\boxed{42^{42^{42}}}",
+        "\\boxed{9^{9^{9^{9}}}}",
+        "\\boxed{9^9^9^9}",
+        "The final answer is 9^9^9^9",
+        "\\boxed{10^{10^{10}}}",
+        "\\boxed{2^{2^{2^{2^{2^{2}}}}}}",
+        "\\boxed{(10^{100})!}",
+        "\\boxed{100000!}",
+        "\\boxed{10^{-10^{10}}}",
+        "\\boxed{e^{e^{e^{e^{100}}}}}",
+        "\\boxed{\\sqrt{2}^{10^{10}}}",
+        "\\boxed{9^{9^{9^{9}}} - 9^{9^{9^{9}}}}",
+        "\\boxed{\\sum_{n=1}^{10^{10}} n}",
+        "\\boxed{\\binom{10^{9}}{5 \\cdot 10^{8}}}",
+        "\\boxed{42^{42^{42}}}",
     ]
     nested = ["\\boxed{" + "{" * k + "42" + "}" * k + "}" for k in (10, 100, 250, 5000)] + [
         "\\boxed{" + "\\frac{1}{" * 200 + "2" + "}" * 200 + "}",
@@ -170,18 +180,51 @@ def adversarial_completions() -> list[str]:
         "\\boxed{" + "\\sqrt{" * 100 + "2" + "}" * 100 + "}",
     ]
     malformed = [
-        "\\boxed{\\frac{1}{}", "\\boxed{\\frac}", "\\boxed{\\left( 1 }", "\\boxed{\\begin{matrix} 1 & 2 \\\\ }",
-        "\\boxed{\\sqrt[}{2}}", "\\boxed{^^^}", "\\boxed{\\\\\\\\}", "\\boxed{$$}", "\\boxed{\\end{array}}",
-        "\\boxed{1 = = = 2}", "\\boxed{\\text{}}", "\\boxed{}", "\\boxed{{}}", "\\boxed{\\}", "\\boxed{\\frac{1}{0}}",
-        "\\boxed{0/0}", "\\boxed{\\log(0)}", "\\boxed{\\infty - \\infty}", "Final answer: $$$$",
+        "\\boxed{\\frac{1}{}",
+        "\\boxed{\\frac}",
+        "\\boxed{\\left( 1 }",
+        "\\boxed{\\begin{matrix} 1 & 2 \\\\ }",
+        "\\boxed{\\sqrt[}{2}}",
+        "\\boxed{^^^}",
+        "\\boxed{\\\\\\\\}",
+        "\\boxed{$$}",
+        "\\boxed{\\end{array}}",
+        "\\boxed{1 = = = 2}",
+        "\\boxed{\\text{}}",
+        "\\boxed{}",
+        "\\boxed{{}}",
+        "\\boxed{\\}",
+        "\\boxed{\\frac{1}{0}}",
+        "\\boxed{0/0}",
+        "\\boxed{\\log(0)}",
+        "\\boxed{\\infty - \\infty}",
+        "Final answer: $$$$",
     ]
     unicode = [
-        "\\boxed{４２}", "\\boxed{٤٢}", "\\boxed{42\u200b}", "\\boxed{½}", "\\boxed{√2}", "\\boxed{π}",
-        "\\boxed{\ud800}", "\\boxed{😀}", "\\boxed{4\u03002}", "\\boxed{\u202e42}", "\\boxed{4\x002}",
+        "\\boxed{４２}",
+        "\\boxed{٤٢}",
+        "\\boxed{42\u200b}",
+        "\\boxed{½}",
+        "\\boxed{√2}",
+        "\\boxed{π}",
+        "\\boxed{\ud800}",
+        "\\boxed{😀}",
+        "\\boxed{4\u03002}",
+        "\\boxed{\u202e42}",
+        "\\boxed{4\x002}",
     ]
     one_mb = [
-        "x" * MB, "x" * MB + "\\boxed{42}", "\\boxed{" + "1" * MB + "}", "$" * MB, "{" * MB, "}" * MB, "\\" * MB,
-        "\\boxed{" * (MB // 7), "final answer is " + "9" * MB, "Final answer: " + "(" * MB, "😀" * (MB // 4),
+        "x" * MB,
+        "x" * MB + "\\boxed{42}",
+        "\\boxed{" + "1" * MB + "}",
+        "$" * MB,
+        "{" * MB,
+        "}" * MB,
+        "\\" * MB,
+        "\\boxed{" * (MB // 7),
+        "final answer is " + "9" * MB,
+        "Final answer: " + "(" * MB,
+        "😀" * (MB // 4),
         "\\boxed{42}" + " " * MB,
     ]
     return huge_exponents + nested + malformed + unicode + one_mb
@@ -203,8 +246,10 @@ def test_adversarial_completions(pool):
     # Load slows the items and the batch alike; a dispatcher that served one worker at a time would take the sum
     # of the items' times (measured at load 21: wall 6-13 s, items' sum 17-28 s, bound 12-18 s).
     busy = sum(r.seconds for r in out)
-    assert pool.num_workers >= 3 and wall < busy / (pool.num_workers - 1) + max(r.seconds for r in out) + 1.0, \
-        (wall, busy)
+    assert pool.num_workers >= 3 and wall < busy / (pool.num_workers - 1) + max(r.seconds for r in out) + 1.0, (
+        wall,
+        busy,
+    )
     scores = [r.value[0] if r.status == "ok" else 0.0 for r in out]
     assert set(scores) <= {0.0, 1.0}
     # The answer after a megabyte of junk, and before a megabyte of spaces, is still found.

@@ -78,8 +78,17 @@ def test_weights_row_fields_and_metrics():
 
 
 def test_failing_user_functions_are_counted_named_and_zeroed(caplog):
-    rs = RewardSet([raises, wrong_length, wrong_type, bad_items, length_reward,
-                    RewardEntry(hangs, 1.0, timeout_s=0.5), RewardEntry(async_hangs, 1.0, timeout_s=0.5)])
+    rs = RewardSet(
+        [
+            raises,
+            wrong_length,
+            wrong_type,
+            bad_items,
+            length_reward,
+            RewardEntry(hangs, 1.0, timeout_s=0.5),
+            RewardEntry(async_hangs, 1.0, timeout_s=0.5),
+        ]
+    )
     t0 = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="rewards.base"):
         out = rs(P, C, A)
@@ -93,9 +102,14 @@ def test_failing_user_functions_are_counted_named_and_zeroed(caplog):
     assert out.per_reward["length_reward"] == [0.9, 0.9, 0.7]  # the healthy reward is untouched
     assert out.rewards == pytest.approx([1.9, 0.9, 0.7])
     text = "\n".join(out.errors)
-    for frag in ("'raises' raised ZeroDivisionError: user bug", "'wrong_length' returned 1 scores for a batch of 3",
-                 "'wrong_type' returned str", "'bad_items' returned a non-finite", "'hangs' timed out after 0.5 s",
-                 "'async_hangs' timed out"):
+    for frag in (
+        "'raises' raised ZeroDivisionError: user bug",
+        "'wrong_length' returned 1 scores for a batch of 3",
+        "'wrong_type' returned str",
+        "'bad_items' returned a non-finite",
+        "'hangs' timed out after 0.5 s",
+        "'async_hangs' timed out",
+    ):
         assert frag in text
     assert "'raises' raised ZeroDivisionError" in caplog.text
 
@@ -147,7 +161,8 @@ def test_acall_from_a_running_event_loop():
 @pytest.fixture
 def user_file(tmp_path):
     f = tmp_path / "my_rewards.py"
-    f.write_text(textwrap.dedent("""
+    f.write_text(
+        textwrap.dedent("""
         def correct_len(prompts, completions, answers, **row_fields):
             return [float(len(c) == len(a)) for c, a in zip(completions, answers)]
 
@@ -162,7 +177,8 @@ def user_file(tmp_path):
                 return [float(self.calls)] * len(completions)
 
         NOT_A_FUNCTION = 3
-    """))
+    """)
+    )
     (tmp_path / "broken.py").write_text("import no_such_module_abc\n")
     return f
 
@@ -177,13 +193,16 @@ def test_load_from_file_and_module(user_file, tmp_path):
     assert load_reward_fn("rewards.math:format_reward")(["p"], ["\\boxed{1}"], ["1"]) == [1.0]
 
 
-@pytest.mark.parametrize("spec,fragment", [
-    ("missing_dir/nope.py:fn", "reward file not found"),
-    ("no_such_pkg_xyz.mod:fn", "reward module 'no_such_pkg_xyz.mod' not found"),
-    ("rewards.math:no_such_fn", "has no function 'no_such_fn'"),
-    ("rewards.math", "must look like"),
-    ("rewards.math:", "must look like"),
-])
+@pytest.mark.parametrize(
+    "spec,fragment",
+    [
+        ("missing_dir/nope.py:fn", "reward file not found"),
+        ("no_such_pkg_xyz.mod:fn", "reward module 'no_such_pkg_xyz.mod' not found"),
+        ("rewards.math:no_such_fn", "has no function 'no_such_fn'"),
+        ("rewards.math", "must look like"),
+        ("rewards.math:", "must look like"),
+    ],
+)
 def test_load_errors_name_what_is_missing(spec, fragment):
     with pytest.raises(RewardLoadError, match=fragment):
         load_reward_fn(spec)
@@ -201,9 +220,13 @@ def test_load_errors_in_user_files(user_file, tmp_path):
 
 
 def test_build_reward_set_with_builtins(user_file):
-    rs = build_reward_set([{"fn": "math", "weight": 1.0, "options": {"in_process": True}},
-                           {"fn": "format", "weight": 0.1},
-                           {"fn": f"{user_file}:correct_len", "weight": 0.5, "timeout_s": 5}])
+    rs = build_reward_set(
+        [
+            {"fn": "math", "weight": 1.0, "options": {"in_process": True}},
+            {"fn": "format", "weight": 0.1},
+            {"fn": f"{user_file}:correct_len", "weight": 0.5, "timeout_s": 5},
+        ]
+    )
     assert isinstance(rs.entries[0].fn, MathReward) and rs.entries[0].timeout_s is None
     assert rs.entries[1].timeout_s == 60.0 and rs.entries[2].timeout_s == 5
     pooled = build_reward_set([{"fn": "math", "timeout_s": 3.0}], num_workers=3).entries[0]

@@ -4,6 +4,7 @@ The goals of the table `bench/rewards.py --suite` prints: no wrong answer scored
 outside the by-design classes (bench/rewards_suite.py says what each class is and decides it by a rule on the
 case). Default and strict scoring both. The suite's ~290 pairs take ~10 s in-process.
 """
+
 import importlib.util
 import json
 from pathlib import Path
@@ -45,10 +46,14 @@ def test_the_classes_are_decided_by_rules(suite):
     """A right answer is excused only by a class; a wrong answer scored 1 never is."""
     case = {"id": 0, "source": "t", "expected": 1, "gold": "5", "pred": "\\boxed{6}", "settings": suite.OUR_SETTINGS}
     assert suite.by_design(case, "6", False, 1, 1, "wrong") is None
-    assert suite.by_design({**case, "settings": {**suite.OUR_SETTINGS, "precision": 2}}, "6", False, 1, 0,
-                           "wrong") == "test_setting"
+    assert (
+        suite.by_design({**case, "settings": {**suite.OUR_SETTINGS, "precision": 2}}, "6", False, 1, 0, "wrong")
+        == "test_setting"
+    )
     assert suite.by_design(case, "1000,99", False, 1, 1, "wrong") == "decimal_comma"
     assert suite.by_design(case, "1,000", False, 1, 1, "wrong") is None
-    assert suite.by_design({**case, "pred": "\\boxed{1} and then \\boxed{6}"}, "6", False, 1, 1, "wrong") == \
-        "several_boxes"
+    assert (
+        suite.by_design({**case, "pred": "\\boxed{1} and then \\boxed{6}"}, "6", False, 1, 1, "wrong")
+        == "several_boxes"
+    )
     assert suite.by_design(case, "the answer is six apples", False, 1, 1, "wrong") == "prose"

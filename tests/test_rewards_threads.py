@@ -14,10 +14,18 @@ import pytest
 
 from rewards.math import MathReward
 
-CASES = [("42", "\\boxed{42}"), ("-7", "\\boxed{-7}"), ("\\frac{1}{2}", "The final answer is 0.5"),
-         ("[0,1)", "\\boxed{[0, 1)}"), ("x^2+2x+1", "\\boxed{(x+1)^2}"),
-         ("5", "\\boxed{3}, no: \\boxed{5}"),
-         ("3", "\\boxed{4}"), ("42", "the answer is 42"), ("\\{1,2\\}", "\\boxed{\\{2,1\\}}"), ("2\\pi", "\\boxed{2\\pi}")]
+CASES = [
+    ("42", "\\boxed{42}"),
+    ("-7", "\\boxed{-7}"),
+    ("\\frac{1}{2}", "The final answer is 0.5"),
+    ("[0,1)", "\\boxed{[0, 1)}"),
+    ("x^2+2x+1", "\\boxed{(x+1)^2}"),
+    ("5", "\\boxed{3}, no: \\boxed{5}"),
+    ("3", "\\boxed{4}"),
+    ("42", "the answer is 42"),
+    ("\\{1,2\\}", "\\boxed{\\{2,1\\}}"),
+    ("2\\pi", "\\boxed{2\\pi}"),
+]
 GOLDS = [g for g, _ in CASES]
 COMPS = [c for _, c in CASES]
 EXPECTED = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0]

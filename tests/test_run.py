@@ -1,5 +1,6 @@
 """Run directory: checkpoints are atomic (a crash mid-write leaves the last good one), resume restores RNGs and
 refuses a changed experiment, naming the field."""
+
 import json
 import random
 from pathlib import Path
@@ -19,6 +20,7 @@ class FileLearner:
 
     def save_checkpoint(self, directory):
         import os
+
         os.makedirs(directory)
         with open(f"{directory}/weights.txt", "w") as f:
             f.write(str(self.value))
@@ -77,6 +79,7 @@ def test_a_submitted_job_puts_its_run_where_it_lasts(tmp_path):
     to $FBRL_RUNS_DIR/<time>, a relative one is refused naming the key, an absolute one stays; elsewhere nothing
     changes."""
     from rl.train.run_dir import RunDirError, durable_run_dir
+
     copy = tmp_path / "session_x" / "runtime_resources" / "working_dir_files" / "_ray_pkg_abc"
     copy.mkdir(parents=True)
     env = {"FBRL_RUNS_DIR": str(tmp_path / "runs")}

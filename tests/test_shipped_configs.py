@@ -3,6 +3,7 @@ configs/*.yaml recipes, each committed checkpoint's pretrain_config.yaml (the co
 "Config used" YAML block of its README. A schema change that retires or retypes a key these files use fails here,
 not in the hands of a user reproducing a checkpoint (the committed checkpoints once carried the retired
 `likelihood.micro_batch_size`, which load_config refuses)."""
+
 import re
 
 import pytest

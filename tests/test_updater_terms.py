@@ -6,6 +6,7 @@ these tests the learner passed the suite with old log-probs never computed for p
 replaced by the current policy, the entropy bonus's sign flipped or TIS switched off. Gradients are read from a
 backend that records the summed micro-batch gradients before its step (no clipping in between).
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,8 +46,11 @@ class RecordingBackend(TorchBackend):
         self.grads, self.apply = [], apply
 
     def step(self):
-        self.grads.append(torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel())
-                                     for p in self.model.parameters()]).clone())
+        self.grads.append(
+            torch.cat(
+                [p.grad.flatten() if p.grad is not None else torch.zeros(p.numel()) for p in self.model.parameters()]
+            ).clone()
+        )
         if self.apply:
             return super().step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -60,7 +64,8 @@ def update(rollouts, overrides, samples=None, advantages=None, lr=1e-3, apply=Tr
     backend = RecordingBackend(policy, lr, apply)
     a = adv.tolist() if advantages is None else advantages
     metrics = PolicyUpdater(policy, cfg, pad_id=0, ref_model=ref if cfg.algo.kl_coef > 0 else None).update(
-        samples or base_samples, a, backend)
+        samples or base_samples, a, backend
+    )
     return metrics, backend.grads, policy
 
 
@@ -84,8 +89,15 @@ def cosine(a, b):
 
 def test_ppo_epochs_mini_batches_kl_tis_entropy_together(rollouts):
     model, samples, adv, ref = rollouts
-    overrides = ["algo.ppo_epochs=2", "algo.mini_batches=2", "algo.kl_coef=0.05", "algo.tis_cap=2.0",
-                 "algo.entropy_coef=0.01", "algo.eps_low=0.05", "algo.eps_high=0.05"]
+    overrides = [
+        "algo.ppo_epochs=2",
+        "algo.mini_batches=2",
+        "algo.kl_coef=0.05",
+        "algo.tis_cap=2.0",
+        "algo.entropy_coef=0.01",
+        "algo.eps_low=0.05",
+        "algo.eps_high=0.05",
+    ]
     # engine log-probs log 2 above the behaviour ones: every TIS weight is exactly exp(-log 2) = 0.5.
     # lr 1e-5 (Adam's first steps move every weight ~lr): measured approx_kl 0.003, clipped 0.037 + 0.013,
     # kl_loss 0.062 against the starting k3 0.074
@@ -131,8 +143,9 @@ def test_entropy_bonus_gradient_raises_entropy(rollouts):
     batch = collate(samples, 0, with_states=True)
     out = get_estimator("replay")(policy, batch, "soft", with_entropy=True, entropy_grad=True)
     token_mean(out.entropy, batch.response_mask).backward()
-    grad_entropy = torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel())
-                              for p in policy.parameters()])
+    grad_entropy = torch.cat(
+        [p.grad.flatten() if p.grad is not None else torch.zeros(p.numel()) for p in policy.parameters()]
+    )
     # loss = -0.1 * mean entropy: its gradient is -0.1 x the entropy's (descending it raises the entropy)
     assert cosine(g, grad_entropy) < -0.999
     assert float(g.norm() / grad_entropy.norm()) == pytest.approx(0.1, rel=1e-3)
@@ -148,8 +161,9 @@ def test_kl_gradient_pulls_toward_the_reference(rollouts):
         lpr = get_estimator("exact")(ref, batch, "soft").logprobs
     lp = get_estimator("replay")(policy, batch, "soft").logprobs
     token_mean(algos.kl_k3(lp, lpr), batch.response_mask).backward()
-    grad_kl = torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel())
-                         for p in policy.parameters()])
+    grad_kl = torch.cat(
+        [p.grad.flatten() if p.grad is not None else torch.zeros(p.numel()) for p in policy.parameters()]
+    )
     # loss = 0.1 * k3(policy, ref): its gradient is +0.1 x the KL's (descending it lowers the KL)
     assert cosine(g, grad_kl) > 0.999
     assert float(g.norm() / grad_kl.norm()) == pytest.approx(0.1, rel=1e-3)

@@ -11,6 +11,7 @@ margin while a wrong position or a missing fusion differs by O(0.1). On a GPU (t
 holds: an fp32 engine runs its Triton attention in true fp32, not TF32 (docs/GPU.md), and each engine takes a
 small share of GPU memory (`ON_GPU`) so the module's engine and the per-test ones coexist.
 """
+
 from __future__ import annotations
 
 import copy
@@ -41,9 +42,20 @@ MAX_LEN = 128
 
 def random_tiny_fbt(path: Path, backbone: str = "llama", fusion_mode: str = "gate_product") -> None:
     cfg_cls, model_cls = FBT_CLASSES[backbone]
-    cfg = cfg_cls(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=2, vocab_size=64, max_position_embeddings=256, bos_token_id=1,
-                  eos_token_id=2, pad_token_id=0, tie_word_embeddings=False, fbt_fusion_mode=fusion_mode)
+    cfg = cfg_cls(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+        fbt_fusion_mode=fusion_mode,
+    )
     cfg.architectures = [model_cls.__name__]
     torch.manual_seed(0)
     model = model_cls(cfg)
@@ -158,6 +170,7 @@ def test_token_ranks_run_eagerly_on_cpu(engine):
     import vllm.v1.sample.sampler as sampler
 
     from rollout.vllm_env import count_at_least
+
     if engine.on_cpu:
         assert sampler.batched_count_greater_than is count_at_least
     x = torch.tensor([[0.5, -1.0, 0.5, 2.0], [-3.0, -2.0, -1.0, 0.0]])
@@ -167,6 +180,7 @@ def test_token_ranks_run_eagerly_on_cpu(engine):
 
 def scratch_files(engine) -> list[str]:
     from rollout.vllm_env import scratch_dir
+
     return sorted(glob.glob(os.path.join(scratch_dir(), f"fbrl_states_*_{engine._uid}_*")))
 
 
@@ -175,6 +189,7 @@ def test_states_handed_over_in_process_or_through_a_file_that_never_stays(engine
     worker in another process writes a scratch file instead, which the engine deletes as soon as it has read it,
     also when reading fails. Both ways give the same states, bit for bit, in every storage format."""
     import rollout.vllm_engine as ve
+
     assert engine.inline_states  # VLLM_ENABLE_V1_MULTIPROCESSING=0 + "uni": the worker runs in this process
     prompts = make_prompts(engine.vocab_size, n=4, seed=5)
     read, real_load = [], ve.load_file
@@ -190,13 +205,17 @@ def test_states_handed_over_in_process_or_through_a_file_that_never_stays(engine
         assert len(read) == n_read + 1 and read[-1] is True  # a real file was read ...
         assert scratch_files(engine) == []  # ... and is gone
         for a, b in zip(inline, via_file):
-            assert a.states.dtype == b.states.dtype == {"float32": torch.float32, "bfloat16": torch.bfloat16,
-                                                        "float8_rowscale": torch.uint8}[dtype]
+            assert (
+                a.states.dtype
+                == b.states.dtype
+                == {"float32": torch.float32, "bfloat16": torch.bfloat16, "float8_rowscale": torch.uint8}[dtype]
+            )
             assert torch.equal(a.states.view(torch.uint8), b.states.view(torch.uint8))
     assert len(read) == len(STATE_DTYPES)  # the in-process calls read no file
 
     def unreadable(path):
         raise OSError(f"{path}: cannot read")
+
     monkeypatch.setattr(ve, "load_file", unreadable)
     with pytest.raises(OSError, match="cannot read"):
         engine.generate(prompts, greedy("soft", max_tokens=12))
@@ -246,18 +265,22 @@ def test_heap_stays_flat_as_batch_shapes_change(engine):
     20-100 with the cap; with oneDNN's default (ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024) +10-14 MiB per 10 calls."""
     import importlib.util
     import random
+
     if torch.cuda.is_available():
         pytest.skip("oneDNN's cache is the CPU engine's; on GPU vLLM's linears do not use it")
-    spec = importlib.util.spec_from_file_location("engine_memory", Path(__file__).resolve().parents[1] / "bench" /
-                                                  "engine_memory.py")
+    spec = importlib.util.spec_from_file_location(
+        "engine_memory", Path(__file__).resolve().parents[1] / "bench" / "engine_memory.py"
+    )
     engine_memory = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(engine_memory)
     rng = random.Random(0)
 
     def calls(k):
         for _ in range(k):
-            prompts = [[1] + [rng.randrange(3, engine.vocab_size) for _ in range(rng.randrange(1, 60))]
-                       for _ in range(rng.randrange(1, 17))]
+            prompts = [
+                [1] + [rng.randrange(3, engine.vocab_size) for _ in range(rng.randrange(1, 60))]
+                for _ in range(rng.randrange(1, 17))
+            ]
             engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=16, seed=rng.randrange(1000)))
 
     calls(20)
@@ -278,16 +301,25 @@ def test_other_fusion_modes_and_qwen2(tmp_path, backbone, fusion_mode):
         assert eng.info["model_class"] == f"FBT{'Llama' if backbone == 'llama' else 'Qwen2'}ForCausalLM"
         assert eng.info["fusion_mode"] == fusion_mode
         for mode in ("soft", "fused"):
-            assert_same(eng.generate(prompts, greedy(mode, max_tokens=16)),
-                        TorchEngine(hf).generate(prompts, greedy(mode, max_tokens=16)))
+            assert_same(
+                eng.generate(prompts, greedy(mode, max_tokens=16)),
+                TorchEngine(hf).generate(prompts, greedy(mode, max_tokens=16)),
+            )
     finally:
         eng.close()
 
 
-@pytest.mark.parametrize("option, value", [("enable_prefix_caching", True), ("enable_chunked_prefill", True),
-                                           ("async_scheduling", True), ("enforce_eager", False),
-                                           ("speculative_config", {"method": "ngram"}),
-                                           ("max_num_batched_tokens", MAX_LEN // 2)])
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("enable_prefix_caching", True),
+        ("enable_chunked_prefill", True),
+        ("async_scheduling", True),
+        ("enforce_eager", False),
+        ("speculative_config", {"method": "ngram"}),
+        ("max_num_batched_tokens", MAX_LEN // 2),
+    ],
+)
 def test_incompatible_options_are_refused(ckpt, option, value):
     with pytest.raises(ValueError, match=option):
         VLLMEngine(ckpt, max_model_len=MAX_LEN, **{option: value})
@@ -297,8 +329,15 @@ def test_preemption_is_flagged(ckpt, hf_model):
     """Too few KV blocks for 16 sequences: vLLM preempts some and recomputes them from their tokens, which loses
     the latent state; those samples must come back flagged (and without states), the others exact."""
     prompts = make_prompts(hf_model.config.vocab_size)
-    eng = VLLMEngine(ckpt, max_model_len=MAX_LEN, max_num_seqs=16, dtype="float32", block_size=16,
-                     num_gpu_blocks_override=24, **ON_GPU)
+    eng = VLLMEngine(
+        ckpt,
+        max_model_len=MAX_LEN,
+        max_num_seqs=16,
+        dtype="float32",
+        block_size=16,
+        num_gpu_blocks_override=24,
+        **ON_GPU,
+    )
     try:
         got = eng.generate(prompts, greedy("soft", max_tokens=40))
     finally:

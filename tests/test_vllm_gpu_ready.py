@@ -6,6 +6,7 @@ install) unless `VLLM_USE_V2_MODEL_RUNNER` says otherwise. CPU never takes that 
 the tests below run vLLM's own selection with Triton declared present, and pin that the engine's environment turns
 it to V1, the runner whose request table the plugin reads.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,13 @@ from rollout.base import SamplingParams  # noqa: E402
 from rollout.vllm_engine import VLLMEngine  # noqa: E402
 from rollout.vllm_env import apply_environment, engine_environment  # noqa: E402
 
-ENV_VARS = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_ALLOW_INSECURE_SERIALIZATION", "TRITON_F32_DEFAULT",
-            "VLLM_ENABLE_V1_MULTIPROCESSING", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+ENV_VARS = (
+    "VLLM_USE_V2_MODEL_RUNNER",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION",
+    "TRITON_F32_DEFAULT",
+    "VLLM_ENABLE_V1_MULTIPROCESSING",
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+)
 
 
 @pytest.fixture
@@ -70,10 +76,29 @@ def test_a_v2_runner_request_is_refused_before_vllm_starts(clean_env, tmp_path):
 def ipc_update_info() -> dict:
     """What IPCTrainerWeightTransferEngine sends through `update_weights` (one unpacked bf16 tensor): the handle is
     torch.multiprocessing's rebuild_cuda_tensor arguments — classes, a dtype, bytes."""
-    args = (torch.Tensor, torch.Size([2, 3]), (3, 1), 0, torch.UntypedStorage, torch.bfloat16, 0, b"\x01handle",
-            12, 0, False, b"ref", 0, b"event", True)
-    return {"names": ["model.embed_tokens.weight"], "dtype_names": ["bfloat16"], "shapes": [[2, 3]],
-            "ipc_handles": [{"GPU-0000": args}]}
+    args = (
+        torch.Tensor,
+        torch.Size([2, 3]),
+        (3, 1),
+        0,
+        torch.UntypedStorage,
+        torch.bfloat16,
+        0,
+        b"\x01handle",
+        12,
+        0,
+        False,
+        b"ref",
+        0,
+        b"event",
+        True,
+    )
+    return {
+        "names": ["model.embed_tokens.weight"],
+        "dtype_names": ["bfloat16"],
+        "shapes": [[2, 3]],
+        "ipc_handles": [{"GPU-0000": args}],
+    }
 
 
 def test_ipc_weight_transfer_environment_lets_the_handles_through_vllms_serializer(clean_env):
@@ -123,7 +148,7 @@ def test_gpu_engine_options_carry_memory_share_and_transfer_backend(tmp_path):
     eng.on_cpu, eng.config = False, AutoConfig.from_pretrained(tmp_path)
     opts = eng._engine_options({}, "soft", 64, 4, 0.5, 0, "float32", 1, 0.05, "ipc", None)
     assert opts["gpu_memory_utilization"] == 0.05
-    assert opts["kv_cache_memory_bytes"] == 2 ** 29
+    assert opts["kv_cache_memory_bytes"] == 2**29
     assert opts["weight_transfer_config"].backend == "ipc"
     assert opts["enforce_eager"] is True and "distributed_executor_backend" not in opts
 
@@ -175,6 +200,7 @@ class HostSyncAudit:
             if self.inside:
                 self.copies_per_kind[self.kind] += 1
             return to_device(*a, **k)
+
         monkeypatch.setattr(plugin, "to_device", counted)
 
     def _spy(self, name, fn):
@@ -184,6 +210,7 @@ class HostSyncAudit:
             if self.inside and sys._getframe(1).f_code.co_filename == plugin.__file__:
                 self.syncs.append(f"{name} at line {sys._getframe(1).f_lineno}")
             return fn(t, *a, **k)
+
         return call
 
     def wrap(self, model):
@@ -203,6 +230,7 @@ class HostSyncAudit:
                 return forward(*a, **k)
             finally:
                 self.inside = False
+
         model.forward = audited
         return model
 
@@ -215,8 +243,9 @@ def test_decode_steps_read_nothing_back_from_the_device(small_engine, monkeypatc
     small_engine.llm.apply_model(audit.wrap)
     try:
         prompts = make_prompts(small_engine.vocab_size, n=8, seed=4)
-        out = small_engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, decode_mode=mode,
-                                                            record_states=True))
+        out = small_engine.generate(
+            prompts, SamplingParams(temperature=0.0, max_tokens=12, decode_mode=mode, record_states=True)
+        )
     finally:
         small_engine.llm.apply_model(lambda m: m.__dict__.pop("forward", None))
     assert all(s.states is not None and s.states.shape[0] == len(s.response_ids) for s in out)

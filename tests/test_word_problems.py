@@ -1,4 +1,5 @@
 """The word-problem task (rl/data/word_problems.py) and chat rows in the loaders (messages, chat templates)."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,10 @@ from rl.data.loaders import DataError, encode_prompt, load_jsonl, load_task_spli
 from rl.data.tokenizer import build_tokenizer
 
 # A ChatML template like SmolLM2's, on the project's char tokenizer (offline; <bos> stands for <|im_start|>).
-CHATML = ("{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"
-          "{% if add_generation_prompt %}<bos>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"
+    "{% if add_generation_prompt %}<bos>assistant\n{% endif %}"
+)
 
 
 def chat_tokenizer():
@@ -22,8 +25,9 @@ def chat_tokenizer():
 
 
 def test_generation_is_seeded_and_levels_have_their_number_of_steps():
-    assert wp.generate("train", 50, seed=3, difficulties=(1, 2, 3, 4)) == \
-        wp.generate("train", 50, seed=3, difficulties=(1, 2, 3, 4))
+    assert wp.generate("train", 50, seed=3, difficulties=(1, 2, 3, 4)) == wp.generate(
+        "train", 50, seed=3, difficulties=(1, 2, 3, 4)
+    )
     assert wp.generate("train", 50, seed=3) != wp.generate("train", 50, seed=4)
     for level in wp.LEVELS:
         for row in wp.generate("val", 200, difficulties=(level,)):
@@ -66,8 +70,15 @@ def test_rows_are_chats_with_a_system_instruction_and_worked_examples():
 
 
 def test_word_problems_task_renders_with_the_chat_template():
-    data = SimpleNamespace(task="word_problems", train_split="train", test_split="test", num_train=20, seed=0,
-                           difficulty=[1, 2], chat_template="auto")
+    data = SimpleNamespace(
+        task="word_problems",
+        train_split="train",
+        test_split="test",
+        num_train=20,
+        seed=0,
+        difficulty=[1, 2],
+        chat_template="auto",
+    )
     tok = chat_tokenizer()
     rows = load_task_split(data, "test", n=5, tokenizer=tok)
     for row in rows:
@@ -105,8 +116,10 @@ def test_jsonl_messages_rows_and_errors_name_the_line(tmp_path):
     rows = load_jsonl(good)
     assert rows[0]["messages"][0]["content"] == "1+1?" and rows[0]["answer"] == "2"
     bad = tmp_path / "bad.jsonl"
-    write_jsonl([{"messages": [{"role": "user", "content": "ok"}], "answer": 1},
-                 {"messages": [{"role": "user"}], "answer": 1}], bad)
+    write_jsonl(
+        [{"messages": [{"role": "user", "content": "ok"}], "answer": 1}, {"messages": [{"role": "user"}], "answer": 1}],
+        bad,
+    )
     with pytest.raises(DataError, match=r"bad.jsonl:2: field 'messages'\[0\]"):
         load_jsonl(bad)
     neither = tmp_path / "neither.jsonl"

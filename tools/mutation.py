@@ -15,6 +15,7 @@ the baseline can not even import (a syntax error) is not generated: every edit k
 
 The report (stdout, and --json PATH) lists every survivor with its line and edit, for triage in docs/TESTING.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,20 +39,50 @@ TARGETS = {
     "algos.mismatch": ("rl/algos/mismatch.py", None, ["tests/test_algos_mismatch.py"]),
     "algos._registry": ("rl/algos/_registry.py", None, ["tests/test_algos.py"]),
     "rewards.answer": ("rewards/answer.py", None, ["tests/test_rewards_answer.py", "tests/test_rewards_math.py"]),
-    "rewards.math": ("rewards/math.py",
-                     {"plain_number_gold", "gold_text", "score_literal", "score_completion", "_finish_reasons",
-                      "_result", "math_reward", "format_reward"},
-                     ["tests/test_rewards_math.py", "tests/test_rewards_answer.py"]),
-    "task.arith_score": ("rl/data/arith.py", {"extract_boxed", "score"},
-                         ["tests/test_rewards_answer.py", "tests/test_data.py"]),
+    "rewards.math": (
+        "rewards/math.py",
+        {
+            "plain_number_gold",
+            "gold_text",
+            "score_literal",
+            "score_completion",
+            "_finish_reasons",
+            "_result",
+            "math_reward",
+            "format_reward",
+        },
+        ["tests/test_rewards_math.py", "tests/test_rewards_answer.py"],
+    ),
+    "task.arith_score": (
+        "rl/data/arith.py",
+        {"extract_boxed", "score"},
+        ["tests/test_rewards_answer.py", "tests/test_data.py"],
+    ),
 }
 # tests that start a subprocess or a model and check nothing about the targets' values
 DESELECT = ["test_no_ray_vllm_deepspeed"]
 
-BINOP_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
-              ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult}
-CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
-            ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
+BINOP_SWAP = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Div,
+    ast.Mod: ast.FloorDiv,
+    ast.Pow: ast.Mult,
+}
+CMP_SWAP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
 
 
 @dataclass
@@ -72,8 +103,12 @@ def _in_scope(tree: ast.Module, functions):
 def _docstring_ids(tree) -> set[int]:
     out = set()
     for n in ast.walk(tree):
-        if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)) and n.body and \
-                isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant):
+        if (
+            isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        ):
             out.add(id(n.body[0].value))
     return out
 
@@ -88,8 +123,9 @@ def _edits(node, skip: set[int]):
         for i, op in enumerate(node.ops):
             if type(op) in CMP_SWAP:
                 new = CMP_SWAP[type(op)]
-                out.append((f"{type(op).__name__} -> {new.__name__}",
-                            lambda n, i=i, new=new: n.ops.__setitem__(i, new())))
+                out.append(
+                    (f"{type(op).__name__} -> {new.__name__}", lambda n, i=i, new=new: n.ops.__setitem__(i, new()))
+                )
     elif isinstance(node, ast.BoolOp):
         new = ast.Or if isinstance(node.op, ast.And) else ast.And
         out.append((f"{type(node.op).__name__} -> {new.__name__}", lambda n, new=new: setattr(n, "op", new())))
@@ -110,7 +146,7 @@ def _edits(node, skip: set[int]):
 def _mutable_nodes(tree, functions):
     skip = _docstring_ids(tree)
     nodes = []
-    for root in ([_in_scope(tree, functions)] if functions is None else _in_scope(tree, functions)):
+    for root in [_in_scope(tree, functions)] if functions is None else _in_scope(tree, functions):
         for node in ast.walk(root):
             # annotations and the string parts of f-strings are not behaviour
             if isinstance(node, ast.JoinedStr):
@@ -123,8 +159,10 @@ def _mutable_nodes(tree, functions):
 def list_mutants(target: str) -> list[Mutant]:
     path, functions, _ = TARGETS[target]
     tree = ast.parse((ROOT / path).read_text())
-    return [Mutant(target, i, getattr(n, "lineno", 0), desc) for i, (n, desc, _) in
-            enumerate(_mutable_nodes(tree, functions))]
+    return [
+        Mutant(target, i, getattr(n, "lineno", 0), desc)
+        for i, (n, desc, _) in enumerate(_mutable_nodes(tree, functions))
+    ]
 
 
 class _Unwrap(ast.NodeTransformer):
@@ -153,8 +191,10 @@ def _serve(path: Path, source: str | None) -> None:
     if source is None:
         return
     data = source.encode()
-    real_get_data, real_stats = importlib.machinery.SourceFileLoader.get_data, \
-        importlib.machinery.SourceFileLoader.path_stats
+    real_get_data, real_stats = (
+        importlib.machinery.SourceFileLoader.get_data,
+        importlib.machinery.SourceFileLoader.path_stats,
+    )
     target = str(path)
 
     def get_data(self, p):
@@ -162,6 +202,7 @@ def _serve(path: Path, source: str | None) -> None:
 
     def path_stats(self, p):
         return {"mtime": 0, "size": len(data)} if p == target else real_stats(self, p)
+
     importlib.machinery.SourceFileLoader.get_data = get_data
     importlib.machinery.SourceFileLoader.path_stats = path_stats
 
@@ -178,8 +219,18 @@ def run_one(target: str, source: str | None, timeout_s: float) -> str:
             os.dup2(devnull, 2)
             _serve(ROOT / path, source)
             import pytest
-            code = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-k",
-                                " and ".join(f"not {t}" for t in DESELECT), *[str(ROOT / t) for t in tests]])
+
+            code = pytest.main(
+                [
+                    "-x",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "-k",
+                    " and ".join(f"not {t}" for t in DESELECT),
+                    *[str(ROOT / t) for t in tests],
+                ]
+            )
         except BaseException:  # noqa: BLE001 — an import that fails under the mutant is a kill
             code = 3
         os._exit(int(code))
@@ -201,8 +252,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-per-target", type=int, default=0, help="a seeded random sample per target (0: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout-s", type=float, default=120.0)
-    ap.add_argument("--only", action="append", metavar="TARGET:INDEX",
-                    help="run just these mutants (the index printed by --list / stored in --json)")
+    ap.add_argument(
+        "--only",
+        action="append",
+        metavar="TARGET:INDEX",
+        help="run just these mutants (the index printed by --list / stored in --json)",
+    )
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
     ap.add_argument("--json", help="write the per-mutant results here")
     args = ap.parse_args(argv)
@@ -229,6 +284,7 @@ def main(argv=None) -> int:
     import pytest  # noqa: F401  (imported once here; every child inherits them)
     import torch  # noqa: F401
     import transformers  # noqa: F401
+
     results, t0 = [], time.monotonic()
     for t, ms in plan:
         base = run_one(t, None, args.timeout_s * 3)

@@ -6,6 +6,7 @@ imported only when its command runs or shows its help (so `fbrl pretrain` never 
 — one line per command in `fbrl --help`, and a description with examples in `fbrl COMMAND --help` — lives in
 `COMMANDS` below. `fbrl` with no arguments prints the help.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,10 @@ EPILOG = """\
 First run: `make demo` (= fbrl train configs/tiny.yaml: the embedded RL job, about 3 minutes on 2 CPU cores)."""
 
 COMMANDS = {
-    "train": ("actors.cli.launch", "run an RL job (local Ray unless ray.address names a cluster)", """\
+    "train": (
+        "actors.cli.launch",
+        "run an RL job (local Ray unless ray.address names a cluster)",
+        """\
 Run an online RL job: a vLLM rollout fleet decoding with latent feedback, DeepSpeed learners, rule-based or your
 own reward functions (docs/REWARDS.md), the likelihood estimator of your choice, on Ray. Without ray.address a
 private local Ray is started (loopback only, dashboard off). Without CONFIG the embedded default runs
@@ -34,30 +38,46 @@ examples:
   fbrl train configs/tiny.yaml train.steps=10 run_dir=runs/try
   fbrl train configs/tiny.yaml --print-config        # every setting, defaults included, as YAML
   fbrl train --resume runs/try train.steps=20        # continue from the run's latest checkpoint
-  ray job submit --address ADDR -- fbrl train configs/gpu_1b.yaml   (docs/CLUSTER.md)"""),
-    "pretrain": ("rl.pretrain.trainer", "multi-pass pretraining / SFT that makes an FBT checkpoint", """\
+  ray job submit --address ADDR -- fbrl train configs/gpu_1b.yaml   (docs/CLUSTER.md)""",
+    ),
+    "pretrain": (
+        "rl.pretrain.trainer",
+        "multi-pass pretraining / SFT that makes an FBT checkpoint",
+        """\
 Multi-pass pretraining or supervised fine-tuning of an FBT checkpoint: pass 1 is the ordinary forward, pass k
 feeds pass k-1's top-layer states back in, and the loss is L_1 + mean(L_2..L_K). Which decode modes the
 result serves depends on the objective (docs/PRETRAINING.md); the checkpoint records them (fbt_decode_modes).
 
 examples:
   fbrl pretrain configs/tiny_pretrain.yaml pretrain.out_dir=runs/my-tiny
-  fbrl pretrain configs/tiny_sft_fused.yaml pretrain.steps=100"""),
-    "eval": ("actors.cli.evaluate", "accuracy and pass@k of a checkpoint, per decode mode", """\
+  fbrl pretrain configs/tiny_sft_fused.yaml pretrain.steps=100""",
+    ),
+    "eval": (
+        "actors.cli.evaluate",
+        "accuracy and pass@k of a checkpoint, per decode mode",
+        """\
 Accuracy (greedy and sampled) and pass@k of a checkpoint in one or more decode modes, with the paired McNemar test
 between modes, on the arithmetic task or a JSONL file. Warns when a mode is not one the checkpoint was trained for.
 
 examples:
   fbrl eval --checkpoint checkpoints/tiny-arith-fused --decode-mode standard soft fused --samples 4
-  fbrl eval --checkpoint runs/try/checkpoints/step_000010/learner/model --n 200 --json eval.json"""),
-    "compare-likelihood": ("actors.cli.compare", "likelihood estimators against the exact recurrence", """\
+  fbrl eval --checkpoint runs/try/checkpoints/step_000010/learner/model --n 200 --json eval.json""",
+    ),
+    "compare-likelihood": (
+        "actors.cli.compare",
+        "likelihood estimators against the exact recurrence",
+        """\
 The log-prob, KL, top-1 and KV-cache error of each likelihood estimator (K-pass for K = 1..M, replay, standard)
 against the exact recurrence, on fresh rollouts of a checkpoint, with time per token.
 
 examples:
   fbrl compare-likelihood --checkpoint checkpoints/tiny-arith --max-passes 6 --plot cmp.png
-  fbrl compare-likelihood --checkpoint checkpoints/tiny-arith-fused --decode-mode fused --json cmp.json"""),
-    "convert": ("actors.cli.convert", "a stock Hugging Face Llama/Qwen2 checkpoint (or GGUF) -> an FBT checkpoint", """\
+  fbrl compare-likelihood --checkpoint checkpoints/tiny-arith-fused --decode-mode fused --json cmp.json""",
+    ),
+    "convert": (
+        "actors.cli.convert",
+        "a stock Hugging Face Llama/Qwen2 checkpoint (or GGUF) -> an FBT checkpoint",
+        """\
 Copy a stock Llama or Qwen2 checkpoint (safetensors, or one GGUF file, dequantized) into an FBT checkpoint with new
 fusion weights. With --init random the result decodes like the original in standard mode and needs multi-pass
 training (fbrl pretrain) before feedback helps; with --init identity it decodes like the original in every mode.
@@ -65,18 +85,21 @@ training (fbrl pretrain) before feedback helps; with --init identity it decodes 
 examples:
   fbrl convert path/to/SmolLM2-135M-Instruct runs/smollm-fbt --fusion-mode gate_product
   fbrl convert SmolLM2-135M-Instruct.Q4_1.gguf runs/smollm2/hf --to hf     # GGUF -> plain Hugging Face
-  fbrl convert runs/smollm2/hf runs/smollm2/fbt-identity --init identity"""),
+  fbrl convert runs/smollm2/hf runs/smollm2/fbt-identity --init identity""",
+    ),
 }
 
 
 def build_parser(wanted: str | None = None) -> argparse.ArgumentParser:
     """The parser; only `wanted`'s module is imported for its options (None: the command list only)."""
-    parser = argparse.ArgumentParser(prog="fbrl", description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="fbrl", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text, description) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=description,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name, help=help_text, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
         if name == wanted:
             importlib.import_module(module).add_arguments(p)
     return parser
@@ -87,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = argv[0] if argv and argv[0] in COMMANDS else None
     if wanted not in (None, "train"):  # train quiets per its config (logging.verbose, --verbose)
         from actors.console import QUIET_ENV
+
         for key, value in QUIET_ENV.items():  # before the command's module imports the libraries
             os.environ.setdefault(key, value)
     parser = build_parser(wanted)

@@ -1,4 +1,5 @@
 """`python -m actors.cli ...` is `fbrl ...` (subprocess tests and benchmarks run it with the interpreter they use)."""
+
 import sys
 
 from actors.cli import main

@@ -7,6 +7,7 @@ token (rl/estimators/compare.py). Replay is reported as recorded and after stori
 `--state-formats` (bf16, fp8: what `rollout.record_states_dtype` costs). Optional JSON (keys `passes`, `replay`,
 `replay_formats`, `standard`, ...) and a plot of error against passes with replay and standard as horizontal lines.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,28 +20,53 @@ TASKS = ("arith", "cups", "cups_moved", "modsum", "parity", "random")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="FBT checkpoint directory (save_pretrained + tokenizer)")
-    p.add_argument("--task", choices=TASKS, default="arith",
-                   help="prompt source: a generated task's test split (arith, or the state-tracking cups / modsum / "
-                        "parity; needs the checkpoint's tokenizer) or random token ids")
-    p.add_argument("--difficulty", type=int, nargs="+", default=None,
-                   help="arith levels / state-tracking chain lengths (default: the checkpoint's training ones, "
-                        "else arith 1 2 3 / chain 8)")
+    p.add_argument(
+        "--task",
+        choices=TASKS,
+        default="arith",
+        help="prompt source: a generated task's test split (arith, or the state-tracking cups / modsum / "
+        "parity; needs the checkpoint's tokenizer) or random token ids",
+    )
+    p.add_argument(
+        "--difficulty",
+        type=int,
+        nargs="+",
+        default=None,
+        help="arith levels / state-tracking chain lengths (default: the checkpoint's training ones, "
+        "else arith 1 2 3 / chain 8)",
+    )
     p.add_argument("--n-samples", type=int, default=16, help="rollouts (one per prompt)")
     p.add_argument("--max-passes", type=int, default=6, help="compare kpass for K = 1..M")
-    p.add_argument("--decode-mode", choices=("soft", "fused"), default="soft",
-                   help="how the rollouts are decoded (standard has no latent channel to compare)")
+    p.add_argument(
+        "--decode-mode",
+        choices=("soft", "fused"),
+        default="soft",
+        help="how the rollouts are decoded (standard has no latent channel to compare)",
+    )
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--max-tokens", type=int, default=32, help="response length cap")
     p.add_argument("--micro-batch-size", type=int, default=8, help="rows per forward in the comparison")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the sampling")
-    p.add_argument("--state-formats", nargs="*", default=["bf16", "fp8"], choices=("fp32", "bf16", "fp8"),
-                   help="replay also after storing the recorded states in these formats (rl/estimators/states.py)")
+    p.add_argument(
+        "--state-formats",
+        nargs="*",
+        default=["bf16", "fp8"],
+        choices=("fp32", "bf16", "fp8"),
+        help="replay also after storing the recorded states in these formats (rl/estimators/states.py)",
+    )
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
     p.add_argument("--plot", dest="plot_out", default=None, metavar="OUT.png", help="error-vs-passes figure")
 
 
-def task_prompts(task: str, n: int, tokenizer=None, vocab_size: int | None = None, bos_id: int | None = None,
-                 seed: int = 0, difficulty: list[int] | None = None) -> list[list[int]]:
+def task_prompts(
+    task: str,
+    n: int,
+    tokenizer=None,
+    vocab_size: int | None = None,
+    bos_id: int | None = None,
+    seed: int = 0,
+    difficulty: list[int] | None = None,
+) -> list[list[int]]:
     """n prompts as token ids: a generated task's test-split prompts through the tokenizer, or random ids (BOS
     first). `difficulty`: arith levels or state-tracking chain lengths (None: arith 1 2 3, chains of 8)."""
     if task != "random":
@@ -48,9 +74,11 @@ def task_prompts(task: str, n: int, tokenizer=None, vocab_size: int | None = Non
             raise ValueError(f"--task {task} needs a tokenizer in the checkpoint directory (or use --task random)")
         if task == "arith":
             from rl.data import arith
+
             rows = arith.generate("test", n, seed=seed, difficulties=tuple(difficulty or (1, 2, 3)))
         elif task in TASKS:
             from rl.data import track
+
             rows = track.generate(task, "test", n, seed=seed, lengths=tuple(difficulty or (8,)))
         else:
             raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
@@ -58,28 +86,34 @@ def task_prompts(task: str, n: int, tokenizer=None, vocab_size: int | None = Non
     if task == "random":
         rng = random.Random(seed)
         lo = 3 if vocab_size > 8 else 0  # keep clear of the special ids (pad/bos/eos) of small vocabularies
-        return [([bos_id] if bos_id is not None else []) + [rng.randrange(lo, vocab_size)
-                                                             for _ in range(rng.randint(6, 16))] for _ in range(n)]
+        return [
+            ([bos_id] if bos_id is not None else [])
+            + [rng.randrange(lo, vocab_size) for _ in range(rng.randint(6, 16))]
+            for _ in range(n)
+        ]
     raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
 
 
 def _trained_difficulty(checkpoint: str, task: str) -> list[int] | None:
     """The levels / chain lengths the checkpoint was trained on, when it was trained on `task`."""
     import yaml
+
     saved = Path(checkpoint) / "pretrain_config.yaml"
     data = (yaml.safe_load(saved.read_text()) or {}).get("data") or {} if saved.is_file() else {}
     return list(data["difficulty"]) if data.get("task") == task and data.get("difficulty") else None
 
 
-def generate_rollouts(model, prompts: list[list[int]], decode_mode: str, temperature: float, max_tokens: int,
-                      seed: int, tokenizer=None):
+def generate_rollouts(
+    model, prompts: list[list[int]], decode_mode: str, temperature: float, max_tokens: int, seed: int, tokenizer=None
+):
     """One sample per prompt from the torch engine (stops at the model's / tokenizer's EOS), states recorded in
     fp32; drops samples that cannot be compared (empty, preempted, aborted)."""
     from rollout.base import SamplingParams
     from rollout.torch_engine import TorchEngine
 
-    params = SamplingParams(n=1, temperature=temperature, max_tokens=max_tokens, decode_mode=decode_mode,
-                            record_states=True, seed=seed)
+    params = SamplingParams(
+        n=1, temperature=temperature, max_tokens=max_tokens, decode_mode=decode_mode, record_states=True, seed=seed
+    )
     samples = TorchEngine(model, tokenizer=tokenizer).generate(prompts, params)
     return [s for s in samples if s.response_len > 0 and not s.preempted and s.finish_reason != "aborted"]
 
@@ -95,32 +129,53 @@ def run(args) -> int:
         raise SystemExit("compare-likelihood: --n-samples and --max-passes must be >= 1")
     torch.manual_seed(args.seed)
     from rl.decode_modes import mode_warning
+
     warning = mode_warning(args.checkpoint, args.decode_mode, "--decode-mode")
     if warning:
         print(warning)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
     if not hasattr(model, "multipass_forward"):
-        raise SystemExit(f"compare-likelihood: {args.checkpoint} is not an FBT checkpoint "
-                         f"(model_type {model.config.model_type!r}); convert it first (fbrl convert)")
+        raise SystemExit(
+            f"compare-likelihood: {args.checkpoint} is not an FBT checkpoint "
+            f"(model_type {model.config.model_type!r}); convert it first (fbrl convert)"
+        )
     tokenizer = None
     if (Path(args.checkpoint) / "tokenizer_config.json").exists():
         tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
     cfg = model.config
     try:
-        prompts = task_prompts(args.task, args.n_samples, tokenizer, cfg.vocab_size, cfg.bos_token_id, args.seed,
-                               args.difficulty or _trained_difficulty(args.checkpoint, args.task))
+        prompts = task_prompts(
+            args.task,
+            args.n_samples,
+            tokenizer,
+            cfg.vocab_size,
+            cfg.bos_token_id,
+            args.seed,
+            args.difficulty or _trained_difficulty(args.checkpoint, args.task),
+        )
     except ValueError as e:
         raise SystemExit(f"compare-likelihood: {e}") from None
-    samples = generate_rollouts(model, prompts, args.decode_mode, args.temperature, args.max_tokens, args.seed,
-                                tokenizer)
+    samples = generate_rollouts(
+        model, prompts, args.decode_mode, args.temperature, args.max_tokens, args.seed, tokenizer
+    )
     if not samples:
         raise SystemExit("compare-likelihood: the engine returned no comparable samples")
     pad = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
-    report = compare_samples(model, samples, pad_id=pad, decode_mode=args.decode_mode, max_passes=args.max_passes,
-                             temperature=args.temperature, micro_batch_size=args.micro_batch_size,
-                             state_formats_compared=tuple(args.state_formats))
-    report.update(checkpoint=str(args.checkpoint), task=args.task,
-                  difficulty=args.difficulty or _trained_difficulty(args.checkpoint, args.task))
+    report = compare_samples(
+        model,
+        samples,
+        pad_id=pad,
+        decode_mode=args.decode_mode,
+        max_passes=args.max_passes,
+        temperature=args.temperature,
+        micro_batch_size=args.micro_batch_size,
+        state_formats_compared=tuple(args.state_formats),
+    )
+    report.update(
+        checkpoint=str(args.checkpoint),
+        task=args.task,
+        difficulty=args.difficulty or _trained_difficulty(args.checkpoint, args.task),
+    )
     print(format_report(report))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)

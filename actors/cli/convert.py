@@ -13,6 +13,7 @@ SRC may be a `.gguf` file (llama.cpp's format; needs the `gguf` extra): it is de
 (`rl.model.gguf`). `--to hf` writes that dequantized backbone as a plain Hugging Face checkpoint instead of an FBT
 (e.g. the stock model to compare against).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,15 +21,28 @@ from pathlib import Path
 
 def add_arguments(p) -> None:
     from rl.model import FUSION_INITS, FUSION_MODES
+
     p.add_argument("src", help="save_pretrained directory of a Llama / Qwen2 causal LM (safetensors), or a .gguf file")
     p.add_argument("out", help="output directory")
-    p.add_argument("--fusion-mode", default=None, choices=FUSION_MODES,
-                   help="default: gate_product with --init random, linear_addition with --init identity")
-    p.add_argument("--init", default="random", choices=FUSION_INITS,
-                   help="identity: start exactly at the backbone (W_U = 0, W_T = I)")
+    p.add_argument(
+        "--fusion-mode",
+        default=None,
+        choices=FUSION_MODES,
+        help="default: gate_product with --init random, linear_addition with --init identity",
+    )
+    p.add_argument(
+        "--init",
+        default="random",
+        choices=FUSION_INITS,
+        help="identity: start exactly at the backbone (W_U = 0, W_T = I)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the new fusion weights (--init random)")
-    p.add_argument("--to", default="fbt", choices=("fbt", "hf"),
-                   help="hf: write the backbone as a plain Hugging Face checkpoint (no fusion), e.g. from a GGUF")
+    p.add_argument(
+        "--to",
+        default="fbt",
+        choices=("fbt", "hf"),
+        help="hf: write the backbone as a plain Hugging Face checkpoint (no fusion), e.g. from a GGUF",
+    )
 
 
 def run(args) -> int:
@@ -37,10 +51,12 @@ def run(args) -> int:
 
     from rl.decode_modes import MODES, record
     from rl.model import convert_to_fbt
+
     src = Path(args.src)
     tokenizer = None
     if src.suffix.lower() == ".gguf":
         from rl.model.gguf import load_gguf
+
         try:
             model, tokenizer = load_gguf(src)
         except (OSError, ImportError, ValueError) as e:  # missing file or package, not a GGUF, unknown architecture
@@ -48,7 +64,9 @@ def run(args) -> int:
     elif (src / "config.json").exists():
         model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, use_safetensors=True)
     else:
-        raise SystemExit(f"fbrl convert: {src} is neither a save_pretrained directory (no config.json) nor a .gguf file")
+        raise SystemExit(
+            f"fbrl convert: {src} is neither a save_pretrained directory (no config.json) nor a .gguf file"
+        )
     if args.to == "hf":  # the backbone as it is: no fusion, so --fusion-mode, --init and --seed do not apply
         model.save_pretrained(args.out)
         _save_tokenizer(tokenizer, src, args.out)
@@ -72,6 +90,7 @@ def run(args) -> int:
 
 def _save_tokenizer(tokenizer, src: Path, out: str) -> None:
     from transformers import AutoTokenizer
+
     try:
         (tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(src)).save_pretrained(out)
     except (OSError, ValueError):

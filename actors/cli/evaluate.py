@@ -12,6 +12,7 @@ to the ones the checkpoint was trained on (its `pretrain_config.yaml`), so the t
 distribution. A decode mode the checkpoint was not trained for (rl/decode_modes.py) is warned about before the
 evaluation and under the table, and the warning is kept in the JSON's `meta`.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,36 +31,63 @@ from rl.decode_modes import MODES
 
 def add_arguments(p) -> None:
     p.add_argument("--checkpoint", required=True, help="FBT checkpoint directory (save_pretrained + tokenizer)")
-    p.add_argument("--task", default="arith", choices=["arith", "jsonl", *GENERATED_TASKS[1:]],
-                   help="arith: the synthetic arithmetic; word_problems: templated chat word problems; cups / "
-                        "modsum / parity: state tracking (rl/data/track.py); jsonl: rows with prompt (or messages) "
-                        "and answer from --data-path")
-    p.add_argument("--chat-template", default="auto", choices=["auto", "on", "off"],
-                   help="render chat rows (messages) with the tokenizer's chat template (off: base models)")
+    p.add_argument(
+        "--task",
+        default="arith",
+        choices=["arith", "jsonl", *GENERATED_TASKS[1:]],
+        help="arith: the synthetic arithmetic; word_problems: templated chat word problems; cups / "
+        "modsum / parity: state tracking (rl/data/track.py); jsonl: rows with prompt (or messages) "
+        "and answer from --data-path",
+    )
+    p.add_argument(
+        "--chat-template",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="render chat rows (messages) with the tokenizer's chat template (off: base models)",
+    )
     p.add_argument("--data-path", default=None, help="JSONL file of the jsonl task")
     p.add_argument("--split", default="test", help="arith split: train | val | test")
-    p.add_argument("--difficulty", type=int, nargs="+", default=None,
-                   help="arith levels / state-tracking chain lengths (default: the checkpoint's training ones)")
+    p.add_argument(
+        "--difficulty",
+        type=int,
+        nargs="+",
+        default=None,
+        help="arith levels / state-tracking chain lengths (default: the checkpoint's training ones)",
+    )
     p.add_argument("--n", type=int, default=500, help="number of problems")
-    p.add_argument("--decode-mode", nargs="+", default=["standard", "soft", "fused"],
-                   choices=list(MODES), help="one or more decode modes (paired test if several)")
-    p.add_argument("--samples", type=int, default=1,
-                   help="sampled completions per problem (pass@k); 0: greedy only")
+    p.add_argument(
+        "--decode-mode",
+        nargs="+",
+        default=["standard", "soft", "fused"],
+        choices=list(MODES),
+        help="one or more decode modes (paired test if several)",
+    )
+    p.add_argument("--samples", type=int, default=1, help="sampled completions per problem (pass@k); 0: greedy only")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--max-tokens", type=int, default=48, help="response length cap (tokens)")
     p.add_argument("--batch-size", type=int, default=64, help="prompts per engine call")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampled completions")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
-    p.add_argument("--scorer", default="auto", choices=["auto", "math", "plain", "task"],
-                   help="auto: a state-tracking task's own literal scorer; else the math reward if importable, "
-                        "else the plain numeric comparison")
-    p.add_argument("--baseline", default=None, metavar="CKPT",
-                   help="a second checkpoint evaluated on the same problems (e.g. a standard model of the same "
-                        "size and compute), paired with every --decode-mode of --checkpoint")
-    p.add_argument("--baseline-mode", default="standard", choices=list(MODES),
-                   help="decode mode of --baseline")
-    p.add_argument("--by-difficulty", action="store_true",
-                   help="evaluate each --difficulty level separately (--n problems each): a table by level")
+    p.add_argument(
+        "--scorer",
+        default="auto",
+        choices=["auto", "math", "plain", "task"],
+        help="auto: a state-tracking task's own literal scorer; else the math reward if importable, "
+        "else the plain numeric comparison",
+    )
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="CKPT",
+        help="a second checkpoint evaluated on the same problems (e.g. a standard model of the same "
+        "size and compute), paired with every --decode-mode of --checkpoint",
+    )
+    p.add_argument("--baseline-mode", default="standard", choices=list(MODES), help="decode mode of --baseline")
+    p.add_argument(
+        "--by-difficulty",
+        action="store_true",
+        help="evaluate each --difficulty level separately (--n problems each): a table by level",
+    )
     p.add_argument("--json", dest="json_out", default=None, help="write the results here")
 
 
@@ -88,20 +116,25 @@ def _scorer(choice: str, task: str):
     """The correctness check: a state-tracking task's own literal scorer, else the math reward (strict on the
     arithmetic task: a literal answer, as in training)."""
     from rl.data import track
+
     if choice == "task" or (choice == "auto" and task in track.TASKS):
         if task not in track.TASKS:
-            raise SystemExit(f"fbrl eval: --scorer task: {task!r} has no scorer of its own "
-                             f"(state-tracking tasks: {', '.join(track.TASKS)})")
+            raise SystemExit(
+                f"fbrl eval: --scorer task: {task!r} has no scorer of its own "
+                f"(state-tracking tasks: {', '.join(track.TASKS)})"
+            )
         return track.score
     strict = task == "arith"
     if choice in ("auto", "math"):
         try:
             from rewards.math import MathReward
+
             return MathReward(strict=strict)
         except ImportError:
             if choice == "math":
                 raise
     from rl.train.evaluate import plain_numeric_score
+
     return plain_numeric_score
 
 
@@ -135,8 +168,10 @@ def run(args) -> int:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         if not hasattr(model, "fusion"):  # a stock checkpoint (e.g. before `fbrl convert`): standard decoding only
             if set(modes) != {"standard"}:
-                raise SystemExit(f"fbrl eval: {path} is not an FBT checkpoint (model_type "
-                                 f"{model.config.model_type!r}); it decodes only with --decode-mode standard")
+                raise SystemExit(
+                    f"fbrl eval: {path} is not an FBT checkpoint (model_type "
+                    f"{model.config.model_type!r}); it decodes only with --decode-mode standard"
+                )
             model = as_standard_lm(model)
         engines.append((prefix, TorchEngine(model), AutoTokenizer.from_pretrained(path), modes))
     score_fn = _scorer(args.scorer, args.task)
@@ -144,37 +179,67 @@ def run(args) -> int:
     try:
         for level in levels:
             # generated tasks: train / val / test are the task's own hash-disjoint splits; jsonl: the one file
-            rows = load_task_split(dataclasses.replace(data, difficulty=level),
-                                   args.split if args.split in ("train", "val") else "test", n=args.n,
-                                   tokenizer=engines[0][2])
+            rows = load_task_split(
+                dataclasses.replace(data, difficulty=level),
+                args.split if args.split in ("train", "val") else "test",
+                n=args.n,
+                tokenizer=engines[0][2],
+            )
             if args.by_difficulty:
                 print(f"-- difficulty {level[0]}")
             result = None
             for prefix, engine, tokenizer, modes in engines:
-                res = evaluate(engine, SamplingParams, tokenizer, rows, modes, samples=args.samples,
-                               temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed,
-                               score_fn=score_fn, batch_size=args.batch_size,
-                               log=lambda line, prefix=prefix: print(prefix + line))
+                res = evaluate(
+                    engine,
+                    SamplingParams,
+                    tokenizer,
+                    rows,
+                    modes,
+                    samples=args.samples,
+                    temperature=args.temperature,
+                    max_tokens=args.max_tokens,
+                    seed=args.seed,
+                    score_fn=score_fn,
+                    batch_size=args.batch_size,
+                    log=lambda line, prefix=prefix: print(prefix + line),
+                )
                 if result is None:
                     result = res
                     continue
                 # the baseline's modes join the table under `baseline:<mode>`, paired with every mode above
                 for mode in modes:
                     for mine in list(args.decode_mode):
-                        result["paired"] += paired_tests(result["per_problem"][mine], res["per_problem"][mode],
-                                                         mine, prefix + mode)
+                        result["paired"] += paired_tests(
+                            result["per_problem"][mine], res["per_problem"][mode], mine, prefix + mode
+                        )
                     result["modes"][prefix + mode] = res["modes"][mode]
                     result["per_problem"][prefix + mode] = res["per_problem"][mode]
-            result["meta"].update(checkpoint=str(args.checkpoint), baseline=args.baseline, task=args.task,
-                                  split=args.split, difficulty=level if args.task in GENERATED_TASKS else None)
+            result["meta"].update(
+                checkpoint=str(args.checkpoint),
+                baseline=args.baseline,
+                task=args.task,
+                split=args.split,
+                difficulty=level if args.task in GENERATED_TASKS else None,
+            )
             print(format_table(result))
             results[str(level[0]) if args.by_difficulty else "all"] = result
     finally:
         if hasattr(score_fn, "close"):
             score_fn.close()
-    out_json = results["all"] if not args.by_difficulty else {
-        "meta": {"checkpoint": str(args.checkpoint), "baseline": args.baseline, "task": args.task,
-                 "split": args.split, "n_per_level": args.n}, "levels": results}
+    out_json = (
+        results["all"]
+        if not args.by_difficulty
+        else {
+            "meta": {
+                "checkpoint": str(args.checkpoint),
+                "baseline": args.baseline,
+                "task": args.task,
+                "split": args.split,
+                "n_per_level": args.n,
+            },
+            "levels": results,
+        }
+    )
     if args.by_difficulty:
         print(format_levels(results))
     if warning:

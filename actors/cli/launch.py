@@ -15,6 +15,7 @@ prints the resolved config (defaults included) and exits. What the console shows
 a terminal, a summary, third-party output quieted unless `--verbose` — is actors/console.py; the plots (written during
 the run) are rl/report/plots.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,18 +27,34 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
-    p.add_argument("config", nargs="?", default=None, help="YAML config (default: the embedded tiny job; with "
-                                                          "--resume: the run's own config.yaml)")
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=4 (run_dir=PATH is "
-                                                "short for train.run_dir=PATH)")
+    p.add_argument(
+        "config",
+        nargs="?",
+        default=None,
+        help="YAML config (default: the embedded tiny job; with --resume: the run's own config.yaml)",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="dotted key=value overrides, e.g. train.steps=4 (run_dir=PATH is short for train.run_dir=PATH)",
+    )
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="start a new run in a run_dir that holds an old one "
-                                                            "(its files are deleted)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a new run in a run_dir that holds an old one (its files are deleted)",
+    )
     p.add_argument("--no-ray", action="store_true", help="in-process workers instead of Ray actors (debugging)")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the fully resolved config (every default included) as YAML and exit")
-    p.add_argument("--verbose", action="store_true",
-                   help="show vLLM / Ray workers / DeepSpeed / wandb / transformers output (logging.verbose=true)")
+    p.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the fully resolved config (every default included) as YAML and exit",
+    )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show vLLM / Ray workers / DeepSpeed / wandb / transformers output (logging.verbose=true)",
+    )
 
 
 def _environment(cfg) -> None:
@@ -84,8 +101,10 @@ def prepare(args):
         run_dir.check_resume_config(cfg)  # refuse a changed experiment, naming the field
         hidden = _redacted_keys(cfg.to_dict(), REDACTED)
         if hidden:
-            raise ConfigError(f"{', '.join(hidden)}: secret values are never saved with a run; resume with the "
-                              f"config that holds them: fbrl train CONFIG --resume {args.resume}")
+            raise ConfigError(
+                f"{', '.join(hidden)}: secret values are never saved with a run; resume with the "
+                f"config that holds them: fbrl train CONFIG --resume {args.resume}"
+            )
     tokenizer = check_job(cfg)
     if not args.resume:
         # inside `ray job submit` the working dir is Ray's temporary copy: the run goes somewhere that lasts
@@ -106,13 +125,14 @@ def _redacted_keys(data, marker: str, prefix: str = "") -> list[str]:
 
 def _workers_line(cfg, use_ray: bool) -> str:
     r, learner = cfg.rollout, cfg.learner
-    where = "in-process workers" if not use_ray else (f"Ray at {cfg.ray.address}" if cfg.ray.address
-                                                      else "local Ray")
+    where = "in-process workers" if not use_ray else (f"Ray at {cfg.ray.address}" if cfg.ray.address else "local Ray")
     engines = f"{r.num_engines} {r.engine} engine{'s' if r.num_engines > 1 else ''} ({r.decode_mode} decoding)"
     n = learner.num_workers if use_ray else 1  # in-process: one rank (actors/local.py)
     learners = f"{n} DeepSpeed learner{'s' if n > 1 else ''} (ZeRO-{learner.zero_stage})"
-    return (f"starting {where}: {engines}, {learners}, {cfg.likelihood.estimator} estimator, rewards "
-            f"{', '.join(f.name or f.fn for f in cfg.reward.fns)}")
+    return (
+        f"starting {where}: {engines}, {learners}, {cfg.likelihood.estimator} estimator, rewards "
+        f"{', '.join(f.name or f.fn for f in cfg.reward.fns)}"
+    )
 
 
 def run(args) -> int:
@@ -135,20 +155,25 @@ def run(args) -> int:
         print(f"fbrl train: error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     from actors import console
+
     console.plain_text_streams()
     console.quiet_third_party(cfg.logging.verbose)
     _environment(cfg)
     from rl.decode_modes import mode_warning
     from rl.loop import train
     from rl.report.plots import LivePlots
+
     print(f"fbrl train: {config_path} -> {run_dir.path.absolute()}", flush=True)  # first: where results land
-    for wanted, key in ((cfg.rollout.decode_mode, "rollout.decode_mode"),
-                        (cfg.train.eval_decode_modes, "train.eval_decode_modes")):
+    for wanted, key in (
+        (cfg.rollout.decode_mode, "rollout.decode_mode"),
+        (cfg.train.eval_decode_modes, "train.eval_decode_modes"),
+    ):
         warning = mode_warning(cfg.model.path, wanted, key)
         if warning:
             print(warning, flush=True)
 
     from actors.placement import build_workers, init_ray
+
     faults = FaultLog(print)
     stop = StopSignals()
     steps, stopped, wandb_run, bar = {}, None, None, None  # step -> its metrics (a step run again: the last)
@@ -171,25 +196,36 @@ def run(args) -> int:
         def on_step(metrics):
             steps[metrics["step"]] = metrics
             if wandb_run is not None:
-                wandb_run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))},
-                              step=metrics["step"])
+                wandb_run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=metrics["step"])
             if bar is not None:
                 bar.n = metrics["step"]
                 bar.refresh()
             plots.update(metrics)
 
-        log = (lambda line: bar.write(line, file=sys.stdout)) if bar is not None else (
-            lambda line: print(line, flush=True))
+        log = (
+            (lambda line: bar.write(line, file=sys.stdout))
+            if bar is not None
+            else (lambda line: print(line, flush=True))
+        )
         faults.log = log
         plots = LivePlots(run_dir, title=_plot_title(cfg, run_dir), log=log)
         stop.graceful = True
-        train(cfg, tokenizer, rollout, learner, rewards, run_dir, log=log, progress=on_step, faults=faults,
-              stop_requested=stop.reason)
+        train(
+            cfg,
+            tokenizer,
+            rollout,
+            learner,
+            rewards,
+            run_dir,
+            log=log,
+            progress=on_step,
+            faults=faults,
+            stop_requested=stop.reason,
+        )
     except RunStopped as e:
         stopped = e
     except Interrupted as e:  # a second signal, or one during start-up: stop now, the last checkpoint stands
-        stopped = RunStopped(f"{e}: stopped at once; the last checkpoint of {run_dir.path} stands", True,
-                             e.exit_code)
+        stopped = RunStopped(f"{e}: stopped at once; the last checkpoint of {run_dir.path} stands", True, e.exit_code)
     finally:
         stop.graceful, stop.shutting_down = False, True
         if bar is not None:
@@ -212,17 +248,26 @@ def run(args) -> int:
     history = list({r["step"]: r for r in run_dir.read_metrics() if r.get("step", 0) > 0}.values()) if steps else []
     trained = sum(1 for m in history if not m.get("skipped"))
     print()
-    for line in console.summary_lines(run_dir, cfg, time.perf_counter() - t_start, written, wandb_dir,
-                                              worker_logs if not cfg.logging.verbose else None):
+    for line in console.summary_lines(
+        run_dir,
+        cfg,
+        time.perf_counter() - t_start,
+        written,
+        wandb_dir,
+        worker_logs if not cfg.logging.verbose else None,
+    ):
         print(line)
     if stopped is not None:
         code = stop.exit_code or stopped.exit_code
         print(f"fbrl train: stopped: {stopped}", file=sys.stderr, flush=True)
         return code
     if history and not trained:
-        print(f"fbrl train: error: the run trained nothing: all {len(history)} steps were skipped (no reward "
-              f"signal, or non-finite loss); see the reward metrics in {run_dir.path / 'metrics.jsonl'}",
-              file=sys.stderr, flush=True)
+        print(
+            f"fbrl train: error: the run trained nothing: all {len(history)} steps were skipped (no reward "
+            f"signal, or non-finite loss); see the reward metrics in {run_dir.path / 'metrics.jsonl'}",
+            file=sys.stderr,
+            flush=True,
+        )
         return EXIT_STOPPED
     return 0
 
@@ -261,8 +306,12 @@ class StopSignals:
             return
         if self.graceful and self.received is None:
             self.received = signal.Signals(signum).name
-            print(f"fbrl train: {self.received} received: stopping after the current step (send it again to stop "
-                  f"at once)", file=sys.stderr, flush=True)
+            print(
+                f"fbrl train: {self.received} received: stopping after the current step (send it again to stop "
+                f"at once)",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         raise Interrupted(signum)
 
@@ -273,6 +322,7 @@ class StopSignals:
 def _ready_line(workers_s: float, ray_s: float, startup: dict, since_start_s: float) -> str:
     """`workers ready in N s (...)`: the start-up broken down (Ray, then each role's actors, which come up at once)."""
     from actors.placement import startup_line
+
     line = f"workers ready in {workers_s:.0f} s"
     if startup:
         threads = startup.pop("threads", [])
@@ -281,9 +331,11 @@ def _ready_line(workers_s: float, ray_s: float, startup: dict, since_start_s: fl
 
 
 def _plot_title(cfg, run_dir) -> str:
-    return (f"{run_dir.path.name}: {Path(cfg.model.path or 'model').name}, {cfg.data.task}, "
-            f"{cfg.rollout.decode_mode} decoding, {cfg.likelihood.estimator} estimator, "
-            f"{cfg.train.prompts_per_step}x{cfg.rollout.n_samples_per_prompt} samples per step")
+    return (
+        f"{run_dir.path.name}: {Path(cfg.model.path or 'model').name}, {cfg.data.task}, "
+        f"{cfg.rollout.decode_mode} decoding, {cfg.likelihood.estimator} estimator, "
+        f"{cfg.train.prompts_per_step}x{cfg.rollout.n_samples_per_prompt} samples per step"
+    )
 
 
 def _wandb(cfg, run_dir):
@@ -292,10 +344,18 @@ def _wandb(cfg, run_dir):
     import wandb
 
     from rl.config.secrets import redacted
+
     settings = None if cfg.logging.verbose else wandb.Settings(silent=True)  # its 30-line summary: metrics.jsonl
-    return wandb.init(project=cfg.logging.wandb_project, entity=cfg.logging.wandb_entity,
-                      mode=cfg.logging.wandb_mode, dir=str(run_dir.path), config=redacted(cfg.to_dict()),
-                      resume="allow" if cfg.train.resume else None, name=run_dir.path.name, settings=settings)
+    return wandb.init(
+        project=cfg.logging.wandb_project,
+        entity=cfg.logging.wandb_entity,
+        mode=cfg.logging.wandb_mode,
+        dir=str(run_dir.path),
+        config=redacted(cfg.to_dict()),
+        resume="allow" if cfg.train.resume else None,
+        name=run_dir.path.name,
+        settings=settings,
+    )
 
 
 def _worker_logs_dir(no_ray: bool) -> str | None:
@@ -304,6 +364,7 @@ def _worker_logs_dir(no_ray: bool) -> str | None:
         return None
     try:
         import ray
+
         return ray._private.worker._global_node.get_logs_dir_path() if ray.is_initialized() else None
     except Exception:  # a private API: the summary line is optional
         return None
@@ -313,5 +374,6 @@ def _shutdown(no_ray: bool) -> None:
     if no_ray:
         return
     import ray
+
     if ray.is_initialized():
         ray.shutdown()

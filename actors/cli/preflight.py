@@ -15,6 +15,7 @@ message naming what is wrong; `fbrl train` prints it without a traceback and exi
 The run directory's rules (a new run into a non-empty directory, `--resume` of a missing one) are
 `rl.train.run_dir.RunDir`'s.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,10 @@ def check_checkpoint(path: str | None, key: str = "model.path") -> dict:
         raise BadInput(f"{key}: required (a save_pretrained directory of an FBT checkpoint)")
     p = Path(path).expanduser()
     if not p.exists():
-        raise BadInput(f"{key}: checkpoint not found: {p.resolve()} (a local directory is expected; relative paths "
-                       f"are taken from the working directory, {Path.cwd()})")
+        raise BadInput(
+            f"{key}: checkpoint not found: {p.resolve()} (a local directory is expected; relative paths "
+            f"are taken from the working directory, {Path.cwd()})"
+        )
     if not p.is_dir() or not (p / "config.json").is_file():
         raise BadInput(f"{key}: {p} is not a checkpoint directory (no config.json in it)")
     try:
@@ -45,8 +48,10 @@ def check_checkpoint(path: str | None, key: str = "model.path") -> dict:
         raise BadInput(f"{key}: {p / 'config.json'} is not valid JSON (line {e.lineno}: {e.msg})") from None
     arch = (config.get("architectures") or [""])[0]
     if arch not in FBT_ARCHITECTURES:
-        raise BadInput(f"{key}: {p} holds a {arch or 'model without architectures'} checkpoint, not an FBT one "
-                       f"({' / '.join(FBT_ARCHITECTURES)}); make one with `fbrl convert` and `fbrl pretrain`")
+        raise BadInput(
+            f"{key}: {p} holds a {arch or 'model without architectures'} checkpoint, not an FBT one "
+            f"({' / '.join(FBT_ARCHITECTURES)}); make one with `fbrl convert` and `fbrl pretrain`"
+        )
     if not any(p.glob("*.safetensors")):
         raise BadInput(f"{key}: {p} has no *.safetensors weights (only safetensors are loaded)")
     return config
@@ -62,6 +67,7 @@ def check_tokenizer(cfg, model_config: dict):
     if not any((p / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         raise BadInput(f"{key}: no tokenizer files in {p} (tokenizer.json / tokenizer_config.json)")
     from rl.data.tokenizer import load_tokenizer
+
     try:
         tok = load_tokenizer(str(p))
     except Exception as e:
@@ -73,21 +79,26 @@ def check_tokenizer(cfg, model_config: dict):
     too_big = sorted((i, name) for name, i in ids.items() if i >= vocab)
     if too_big:
         i, name = too_big[0]
-        raise BadInput(f"{key}: tokenizer/model vocabulary mismatch: the tokenizer in {p} has ids up to "
-                       f"{max(ids.values())} but the model ({cfg.model.path}) has vocab_size={vocab}; token id "
-                       f"{i} ({name!r}) and {len(too_big) - 1} more have no embedding")
+        raise BadInput(
+            f"{key}: tokenizer/model vocabulary mismatch: the tokenizer in {p} has ids up to "
+            f"{max(ids.values())} but the model ({cfg.model.path}) has vocab_size={vocab}; token id "
+            f"{i} ({name!r}) and {len(too_big) - 1} more have no embedding"
+        )
     return tok
 
 
 def check_rewards(cfg, base_dir: str | None = None) -> None:
     """Every reward of `reward.fns` resolves (user files and modules are imported here, in the driver)."""
     from rewards.loader import BUILTINS, RewardLoadError, load_reward_fn
+
     for i, entry in enumerate(cfg.reward.fns):
         if entry.fn in BUILTINS:
             continue
         if ":" not in entry.fn:
-            raise BadInput(f"reward.fns[{i}].fn: unknown built-in reward {entry.fn!r} (built-ins: "
-                           f"{', '.join(BUILTINS)}; a user reward is 'path/to/file.py:fn' or 'package.module:fn')")
+            raise BadInput(
+                f"reward.fns[{i}].fn: unknown built-in reward {entry.fn!r} (built-ins: "
+                f"{', '.join(BUILTINS)}; a user reward is 'path/to/file.py:fn' or 'package.module:fn')"
+            )
         try:
             load_reward_fn(entry.fn, base_dir)
         except RewardLoadError as e:
@@ -98,8 +109,10 @@ def check_rewards(cfg, base_dir: str | None = None) -> None:
         try:
             load_reward_fn(check, base_dir)
         except RewardLoadError as e:
-            raise BadInput(f"reward.accuracy: {check!r} is not 'auto', 'none' or a reward of reward.fns, and does "
-                           f"not load as a reward: {e}") from None
+            raise BadInput(
+                f"reward.accuracy: {check!r} is not 'auto', 'none' or a reward of reward.fns, and does "
+                f"not load as a reward: {e}"
+            ) from None
 
 
 def check_data(cfg, tokenizer, model_config: dict) -> dict:
@@ -108,8 +121,10 @@ def check_data(cfg, tokenizer, model_config: dict) -> dict:
 
     from rl.data.loaders import DataError, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
-    fitter = PromptFitter(tokenizer, prompt_token_limit(cfg, SimpleNamespace(**model_config)),
-                          cfg.data.overlong_prompts)
+
+    fitter = PromptFitter(
+        tokenizer, prompt_token_limit(cfg, SimpleNamespace(**model_config)), cfg.data.overlong_prompts
+    )
     out = {}
     for split, n, what in (("train", None, "train data"), ("test", cfg.train.eval_n, "eval data")):
         if split == "test" and cfg.train.eval_every == 0:

@@ -1,4 +1,5 @@
 """Name → function registries shared by the GRPO-family modules (verl-style, without the 2,000 lines)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable

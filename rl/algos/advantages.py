@@ -11,6 +11,7 @@ rounding residue of ~1 ulp and so is the std: eight rewards of 0.7 gave +0.056 e
 -0.107 under GRPO, a step trained on noise whenever another group had signal. The GRPO std is the unbiased
 (n - 1) sample std, as in TRL and verl.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence

@@ -6,6 +6,7 @@ advantages are `[B]` (broadcast over tokens) or `[B, T]`. Loss functions return 
 `aggregate_loss` reduces, so a micro-batch given the *global* token/sequence counts returns its exact share of
 the batch loss (sum the parts over micro-batches and ranks — with ranks, sum gradients rather than average).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -46,17 +47,17 @@ def get_kl_estimator(name: str) -> Callable:
 class PolicyLossConfig:
     """Static settings of `compute_policy_loss` (per-call counts and tensors are arguments)."""
 
-    loss_type: str = "ppo"            # POLICY_LOSSES key: "ppo" | "reinforce"
-    eps_low: float = 0.2              # ratio clipped below at 1 − eps_low (A < 0)
-    eps_high: float = 0.2             # ratio clipped above at 1 + eps_high (A > 0); DAPO clip-higher: 0.28
+    loss_type: str = "ppo"  # POLICY_LOSSES key: "ppo" | "reinforce"
+    eps_low: float = 0.2  # ratio clipped below at 1 − eps_low (A < 0)
+    eps_high: float = 0.2  # ratio clipped above at 1 + eps_high (A > 0); DAPO clip-higher: 0.28
     clip_ratio_c: float | None = None  # dual clip for A < 0: loss ≤ −A·c (c > 1); None = off
-    agg_mode: str = "token_mean"      # LOSS_AGG_MODES key
+    agg_mode: str = "token_mean"  # LOSS_AGG_MODES key
     max_length: int | None = None  # constant normaliser of seq_mean_token_sum_norm (default: T of the call)
-    kl_coef: float = 0.0              # 0 = no reference policy needed
-    kl_estimator: str = "k3"          # KL_ESTIMATORS key
-    is_mode: str | None = None     # engine/learner correction: None | an IS_CORRECTIONS name (truncate, mask, mis)
-    is_level: str = "token"           # "token" | "sequence" | "geometric"
-    is_cap: float = 2.0               # TIS cap C
+    kl_coef: float = 0.0  # 0 = no reference policy needed
+    kl_estimator: str = "k3"  # KL_ESTIMATORS key
+    is_mode: str | None = None  # engine/learner correction: None | an IS_CORRECTIONS name (truncate, mask, mis)
+    is_level: str = "token"  # "token" | "sequence" | "geometric"
+    is_cap: float = 2.0  # TIS cap C
     is_bounds: tuple[float, float] = (0.5, 2.0)  # ratios kept by the "mask" and "mis" modes
 
     def __post_init__(self) -> None:
@@ -68,8 +69,7 @@ class PolicyLossConfig:
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.kl_coef > 0 and self.kl_estimator in KL_NOT_A_LOSS:
-            raise ValueError(f"kl_estimator {self.kl_estimator!r} with kl_coef > 0: "
-                             f"{KL_NOT_A_LOSS[self.kl_estimator]}")
+            raise ValueError(f"kl_estimator {self.kl_estimator!r} with kl_coef > 0: {KL_NOT_A_LOSS[self.kl_estimator]}")
         if self.is_mode is not None:
             get_is_correction(self.is_mode)  # ValueError naming the registered modes
         if self.is_level not in IS_LEVELS:
@@ -87,6 +87,7 @@ def _adv(advantages: Tensor, like: Tensor) -> Tensor:
 
 
 # ---- policy losses: per-token matrices --------------------------------------------------------------------
+
 
 @register_policy_loss("ppo")
 def ppo_clip_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, cfg: PolicyLossConfig):
@@ -115,6 +116,7 @@ def reinforce_loss(logp: Tensor, old_logp: Tensor, advantages: Tensor, cfg: Poli
 
 # ---- aggregation -------------------------------------------------------------------------------------------
 
+
 def _den(count: Count, local: Tensor) -> Tensor:
     c = local if count is None else torch.as_tensor(count, dtype=local.dtype, device=local.device)
     return c.clamp_min(1)
@@ -131,16 +133,26 @@ def seq_count(mask: Tensor) -> int:
 
 
 @register_loss_agg_mode("token_mean")
-def agg_token_mean(loss_mat: Tensor, mask: Tensor, global_token_count: Count = None,
-                   global_seq_count: Count = None, max_length: int | None = None) -> Tensor:
+def agg_token_mean(
+    loss_mat: Tensor,
+    mask: Tensor,
+    global_token_count: Count = None,
+    global_seq_count: Count = None,
+    max_length: int | None = None,
+) -> Tensor:
     """Σ masked token losses / global_token_count (default: this call's token count)."""
     m = mask.to(loss_mat.dtype)
     return (loss_mat * m).sum() / _den(global_token_count, m.sum())
 
 
 @register_loss_agg_mode("seq_mean_token_mean")
-def agg_seq_mean_token_mean(loss_mat: Tensor, mask: Tensor, global_token_count: Count = None,
-                            global_seq_count: Count = None, max_length: int | None = None) -> Tensor:
+def agg_seq_mean_token_mean(
+    loss_mat: Tensor,
+    mask: Tensor,
+    global_token_count: Count = None,
+    global_seq_count: Count = None,
+    max_length: int | None = None,
+) -> Tensor:
     """Mean over each sequence's tokens, then Σ over sequences / global_seq_count (default: non-empty seqs here)."""
     m = mask.to(loss_mat.dtype)
     per_seq = (loss_mat * m).sum(-1) / m.sum(-1).clamp_min(1)
@@ -148,8 +160,13 @@ def agg_seq_mean_token_mean(loss_mat: Tensor, mask: Tensor, global_token_count: 
 
 
 @register_loss_agg_mode("seq_mean_token_sum_norm")
-def agg_seq_mean_token_sum_norm(loss_mat: Tensor, mask: Tensor, global_token_count: Count = None,
-                                global_seq_count: Count = None, max_length: int | None = None) -> Tensor:
+def agg_seq_mean_token_sum_norm(
+    loss_mat: Tensor,
+    mask: Tensor,
+    global_token_count: Count = None,
+    global_seq_count: Count = None,
+    max_length: int | None = None,
+) -> Tensor:
     """Dr. GRPO: each sequence's token-loss sum / max_length (a constant; default T), then Σ over sequences /
     global_seq_count (default: non-empty sequences here)."""
     m = mask.to(loss_mat.dtype)
@@ -158,19 +175,29 @@ def agg_seq_mean_token_sum_norm(loss_mat: Tensor, mask: Tensor, global_token_cou
     return per_seq.sum() / _den(global_seq_count, (m.sum(-1) > 0).sum().to(m.dtype))
 
 
-def aggregate_loss(loss_mat: Tensor, mask: Tensor, mode: str = "token_mean", *, global_token_count: Count = None,
-                   global_seq_count: Count = None, max_length: int | None = None) -> Tensor:
+def aggregate_loss(
+    loss_mat: Tensor,
+    mask: Tensor,
+    mode: str = "token_mean",
+    *,
+    global_token_count: Count = None,
+    global_seq_count: Count = None,
+    max_length: int | None = None,
+) -> Tensor:
     """Reduce a `[B,T]` per-token loss with the aggregation mode registered as `mode`."""
-    return get_loss_agg_mode(mode)(loss_mat, mask, global_token_count=global_token_count,
-                                   global_seq_count=global_seq_count, max_length=max_length)
+    return get_loss_agg_mode(mode)(
+        loss_mat, mask, global_token_count=global_token_count, global_seq_count=global_seq_count, max_length=max_length
+    )
 
 
 # ---- KL to the reference policy ------------------------------------------------------------------------------
 
 KL_CLAMP = 10.0  # per-token k3 bound, as verl's low_var_kl (OpenRLHF clamps the same way)
 # Estimators whose value is fine as a metric but whose gradient as a loss term is wrong: name -> why.
-KL_NOT_A_LOSS = {"k1": "k1 = log π − log π_ref has zero expected gradient as a loss (E_π[∇ log π] = 0): it only "
-                       "adds noise; use k2 (its gradient is the gradient of KL(π‖π_ref)) or k3"}
+KL_NOT_A_LOSS = {
+    "k1": "k1 = log π − log π_ref has zero expected gradient as a loss (E_π[∇ log π] = 0): it only "
+    "adds noise; use k2 (its gradient is the gradient of KL(π‖π_ref)) or k3"
+}
 
 
 @register_kl_estimator("k1")
@@ -196,11 +223,20 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
 
 # ---- the one call the learner makes --------------------------------------------------------------------------
 
-def compute_policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tensor, mask: Tensor,
-                        cfg: PolicyLossConfig | None = None, *, ref_logp: Tensor | None = None,
-                        engine_logp: Tensor | None = None, entropy: Tensor | None = None,
-                        global_token_count: Count = None, global_seq_count: Count = None
-                        ) -> tuple[Tensor, dict[str, float]]:
+
+def compute_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: PolicyLossConfig | None = None,
+    *,
+    ref_logp: Tensor | None = None,
+    engine_logp: Tensor | None = None,
+    entropy: Tensor | None = None,
+    global_token_count: Count = None,
+    global_seq_count: Count = None,
+) -> tuple[Tensor, dict[str, float]]:
     """Loss (scalar, differentiable w.r.t. `logp`) and float metrics for one (micro-)batch; pass the global
     token/sequence counts when the batch is split so that the parts' losses and gradients sum to the whole's."""
     # old_logp None = on-policy (logp.detach()). engine_logp adds mismatch metrics and, with cfg.is_mode, an
@@ -248,8 +284,9 @@ def compute_policy_loss(logp: Tensor, old_logp: Tensor | None, advantages: Tenso
             metrics["entropy"] = mean(_f(entropy))
         a = _adv(advantages, log_r)[m]
         if a.numel():
-            metrics.update({"adv_mean": a.mean(), "adv_std": a.std(correction=0), "adv_min": a.min(),
-                            "adv_max": a.max()})
+            metrics.update(
+                {"adv_mean": a.mean(), "adv_std": a.std(correction=0), "adv_min": a.min(), "adv_max": a.max()}
+            )
         names = list(metrics)
         vals = torch.stack([metrics[k].detach().to(device=log_r.device, dtype=torch.float64) for k in names])
     return loss, dict(zip(names, vals.tolist()))

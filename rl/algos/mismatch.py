@@ -20,6 +20,7 @@ exp(mean log r_t)) and then applies the mode:
 A masked token weighs 0 but stays in the loss denominators (the aggregation counts are taken from the
 response mask), so masking never rescales the other tokens' gradients.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -56,8 +57,9 @@ def sequence_log_ratio(log_r: Tensor, mask: Tensor, level: str = "sequence") -> 
     raise ValueError(f"unknown sequence level {level!r}; valid choices: geometric, sequence")
 
 
-def mismatch_metrics(learner_logp: Tensor, engine_logp: Tensor, mask: Tensor,
-                     bounds: tuple[float, float] = (0.8, 1.2)) -> dict[str, float]:
+def mismatch_metrics(
+    learner_logp: Tensor, engine_logp: Tensor, mask: Tensor, bounds: tuple[float, float] = (0.8, 1.2)
+) -> dict[str, float]:
     """Mean |Δ log p|, k3 KL(engine‖learner), fraction of token ratios outside `bounds` (masked tokens), and
     sequence-level ESS (Σw)²/(N·Σw²) ∈ (0, 1], w = Π_t r_t over non-empty sequences."""
     log_r, m = _prep(learner_logp, engine_logp, mask)
@@ -69,24 +71,38 @@ def mismatch_metrics(learner_logp: Tensor, engine_logp: Tensor, mask: Tensor,
     lw = sequence_log_ratio(log_r, m)[seq_ok]
     if lw.numel():
         w = (lw - lw.max()).exp()  # ESS is scale-free, so shift in log space for stability
-        ess = w.sum() ** 2 / (w.numel() * (w ** 2).sum())
+        ess = w.sum() ** 2 / (w.numel() * (w**2).sum())
     else:
         ess = torch.ones((), dtype=log_r.dtype)
     vals = torch.stack([log_r.abs().sum() / n_tok, k3.sum() / n_tok, outside.sum() / n_tok, ess.to(log_r)])
     out = vals.tolist()
-    return {"mismatch/abs_logp_diff": out[0], "mismatch/k3": out[1],
-            "mismatch/ratio_outside_frac": out[2], "mismatch/seq_ess": out[3]}
+    return {
+        "mismatch/abs_logp_diff": out[0],
+        "mismatch/k3": out[1],
+        "mismatch/ratio_outside_frac": out[2],
+        "mismatch/seq_ess": out[3],
+    }
 
 
-def mismatch_decomposition(engine_logp: Tensor, exact_then: Tensor, exact_now: Tensor, estimator_now: Tensor,
-                           mask: Tensor, then_known: Tensor | None = None) -> dict[str, float]:
+def mismatch_decomposition(
+    engine_logp: Tensor,
+    exact_then: Tensor,
+    exact_now: Tensor,
+    estimator_now: Tensor,
+    mask: Tensor,
+    then_known: Tensor | None = None,
+) -> dict[str, float]:
     """Mean |Δ| and mean Δ per part over masked tokens: engine = exact_then − engine, staleness = exact_now −
     exact_then (rows where `then_known` [B]), estimator = estimator_now − exact_now, total = their sum."""
     m = mask.bool()
     known = m if then_known is None else m & then_known.bool().to(m.device)[:, None]
     f = lambda t: t.detach().double()  # noqa: E731
-    diffs = {"engine": (f(exact_then) - f(engine_logp), known), "staleness": (f(exact_now) - f(exact_then), known),
-             "estimator": (f(estimator_now) - f(exact_now), m), "total": (f(estimator_now) - f(engine_logp), m)}
+    diffs = {
+        "engine": (f(exact_then) - f(engine_logp), known),
+        "staleness": (f(exact_now) - f(exact_then), known),
+        "estimator": (f(estimator_now) - f(exact_now), m),
+        "total": (f(estimator_now) - f(engine_logp), m),
+    }
     out = {}
     for name, (d, where) in diffs.items():
         n = where.sum()
@@ -124,9 +140,15 @@ def masked_is(ratio: Tensor, mask: Tensor, cap: float = 2.0, bounds=(0.5, 2.0)) 
     return torch.where(keep, ratio, torch.zeros_like(ratio)), keep
 
 
-def rollout_correction(old_logp: Tensor, engine_logp: Tensor, mask: Tensor, mode: str = "truncate",
-                       level: str = "token", cap: float = 2.0,
-                       bounds: tuple[float, float] = (0.5, 2.0)) -> tuple[Tensor, Tensor]:
+def rollout_correction(
+    old_logp: Tensor,
+    engine_logp: Tensor,
+    mask: Tensor,
+    mode: str = "truncate",
+    level: str = "token",
+    cap: float = 2.0,
+    bounds: tuple[float, float] = (0.5, 2.0),
+) -> tuple[Tensor, Tensor]:
     """Detached (weights [B,T], kept [B,T]) of correction `mode` at `level` (token r, or per sequence Π r_t /
     exp(mean log r_t) broadcast over its tokens); weights are 0 on padding and dropped tokens."""
     fn = get_is_correction(mode)

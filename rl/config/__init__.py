@@ -20,27 +20,49 @@ pretrain.py holds the two sections only `fbrl pretrain` reads (`pretrain`, `mode
 includes them), serialize.py a config as plain data, dotted keys and YAML text (what `Config.to_dict / flat /
 to_yaml` return; the loader's dotted-key helpers).
 """
+
 from rl.config.loading import config_from_dict, load_config
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
 from rl.config.resume import RESUME_LOCKED, check_resume, diff_configs
 from rl.config.runtime import FaultsConfig, LoggingConfig, RayConfig
 from rl.config.schema import (
-                              AlgoConfig,
-                              Config,
-                              ConfigError,
-                              DataConfig,
-                              DecodeMode,
-                              LearnerConfig,
-                              LikelihoodConfig,
-                              ModelConfig,
-                              RewardConfig,
-                              RewardFn,
-                              RolloutConfig,
-                              TrainConfig,
-                              VllmOptions,
+    AlgoConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    DecodeMode,
+    LearnerConfig,
+    LikelihoodConfig,
+    ModelConfig,
+    RewardConfig,
+    RewardFn,
+    RolloutConfig,
+    TrainConfig,
+    VllmOptions,
 )
 
-__all__ = ["config_from_dict", "load_config", "RESUME_LOCKED", "AlgoConfig", "Config", "ConfigError",
-           "DataConfig", "DecodeMode", "FaultsConfig", "LearnerConfig", "LikelihoodConfig",
-           "LoggingConfig", "ModelConfig", "ModelInitConfig", "PretrainConfig", "RayConfig", "RewardConfig",
-           "RewardFn", "RolloutConfig", "TrainConfig", "VllmOptions", "check_resume", "diff_configs"]
+__all__ = [
+    "config_from_dict",
+    "load_config",
+    "RESUME_LOCKED",
+    "AlgoConfig",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "DecodeMode",
+    "FaultsConfig",
+    "LearnerConfig",
+    "LikelihoodConfig",
+    "LoggingConfig",
+    "ModelConfig",
+    "ModelInitConfig",
+    "PretrainConfig",
+    "RayConfig",
+    "RewardConfig",
+    "RewardFn",
+    "RolloutConfig",
+    "TrainConfig",
+    "VllmOptions",
+    "check_resume",
+    "diff_configs",
+]

@@ -4,6 +4,7 @@ The loader is generic: it reads the schema's dataclass annotations, so adding a 
 section. Unknown key, wrong type or bad choice -> `ConfigError` naming the full dotted key, the file and line (or
 the override), and what was expected.
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,8 +29,8 @@ UNIONS = (Union, types.UnionType)  # Optional[X] and X | None alike
 # Keys that no longer exist, with what replaced them (the loader's error says so instead of "unknown key").
 RETIRED_KEYS = {
     "likelihood.micro_batch_size": "removed (it was never read); learner.micro_batch_size, "
-                                   "max_tokens_per_micro_batch and max_response_tokens_per_micro_batch now bound "
-                                   "old, reference and policy log-probs alike",
+    "max_tokens_per_micro_batch and max_response_tokens_per_micro_batch now bound "
+    "old, reference and policy log-probs alike",
 }
 
 # Top-level sections that earlier versions wrote into every saved config (a run's config.yaml, a checkpoint's
@@ -43,9 +44,8 @@ class _Loader(yaml.SafeLoader):
 
 # PyYAML implements YAML 1.1, which reads `1e-6` (no dot) as a string; users mean a float.
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"))
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
 
 
 def _parse_yaml(text: str, where: str) -> tuple[Any, dict[str, str]]:
@@ -83,15 +83,13 @@ def _index_marks(node, prefix: str, where: str, origins: dict[str, str]) -> None
             _index_marks(item, f"{prefix}[{i}]", where, origins)
 
 
-
-
 def _apply_override(raw: dict, origins: dict[str, str], text: str) -> None:
     key, eq, value_text = text.partition("=")
     key = key.strip()
     where = f"override {text!r}"
     if not eq or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", key):
         raise ConfigError(f"{where}: expected dotted.key=value")
-    value, _ = _parse_yaml(value_text, where)   # a YAML scalar or flow collection: 1e-6, soft, [1,2], null
+    value, _ = _parse_yaml(value_text, where)  # a YAML scalar or flow collection: 1e-6, soft, [1,2], null
     parts = key.split(".")
     node = raw
     for i, part in enumerate(parts[:-1]):
@@ -99,20 +97,20 @@ def _apply_override(raw: dict, origins: dict[str, str], text: str) -> None:
         if child is None:
             child = node[part] = {}
         elif not isinstance(child, dict):
-            raise ConfigError(f"{'.'.join(parts[:i + 1])}: is a value, not a section ({where})")
+            raise ConfigError(f"{'.'.join(parts[: i + 1])}: is a value, not a section ({where})")
         node = child
     node[parts[-1]] = value
     for k in [k for k in origins if is_under(k, key)]:
-        del origins[k]   # the override replaced whatever the file said beneath this key
+        del origins[k]  # the override replaced whatever the file said beneath this key
     origins[key] = where
 
 
 def _where(path: str, origins: dict[str, str]) -> str:
-    for k in origins:   # a key that only exists in the input: report where its first child came from
+    for k in origins:  # a key that only exists in the input: report where its first child came from
         if is_under(k, path):
             return f" ({origins[k]})"
     p = path
-    while p:   # else its nearest parent that has a location (e.g. a whole override)
+    while p:  # else its nearest parent that has a location (e.g. a whole override)
         if p in origins:
             return f" ({origins[p]})"
         parent = re.sub(r"(\.[^.\[\]]+|\[\d+\])$", "", p)
@@ -149,6 +147,7 @@ def _hints(cls) -> dict[str, Any]:
 
 def _coerce(tp, value, path: str, origins: dict[str, str]):
     """Check `value` against annotation `tp`, returning the typed value; errors name path and location."""
+
     def fail(extra: str = ""):
         raise ConfigError(f"{path}: expected {_type_name(tp)}, got {value!r}{extra}{_where(path, origins)}")
 
@@ -164,7 +163,7 @@ def _coerce(tp, value, path: str, origins: dict[str, str]):
         if len(rest) == 1:
             try:
                 return _coerce(rest[0], value, path, origins)
-            except ConfigError as e:   # re-say a mismatch of this very key as "X or null"
+            except ConfigError as e:  # re-say a mismatch of this very key as "X or null"
                 if not str(e).startswith(f"{path}: expected "):
                     raise
                 fail(" (quote it to make it a string)" if rest[0] is str else "")
@@ -200,7 +199,7 @@ def _coerce(tp, value, path: str, origins: dict[str, str]):
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        if isinstance(value, float) and value.is_integer():   # `steps: 1e3`
+        if isinstance(value, float) and value.is_integer():  # `steps: 1e3`
             return int(value)
         fail()
     if tp is float:
@@ -228,10 +227,15 @@ def _build(cls, raw, path: str, origins: dict[str, str]):
                 raise ConfigError(f"{sub}: {RETIRED_KEYS[sub]}{_where(sub, origins)}")
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(f"{sub}: unknown key ({hint}valid keys under "
-                              f"{path or 'the top level'}: {', '.join(names)}){_where(sub, origins)}")
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in raw
-               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+            raise ConfigError(
+                f"{sub}: unknown key ({hint}valid keys under "
+                f"{path or 'the top level'}: {', '.join(names)}){_where(sub, origins)}"
+            )
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     if missing:
         raise ConfigError(f"{join_key(path, missing[0])}: required{_where(path, origins)}")
     obj = cls(**{k: _coerce(hints[k], v, join_key(path, k), origins) for k, v in raw.items()})
@@ -241,8 +245,9 @@ def _build(cls, raw, path: str, origins: dict[str, str]):
     return obj
 
 
-def config_from_dict(data: dict | None, overrides: list[str] | tuple = (),
-                     origins: dict[str, str] | None = None) -> Config:
+def config_from_dict(
+    data: dict | None, overrides: list[str] | tuple = (), origins: dict[str, str] | None = None
+) -> Config:
     """Build a Config from plain data (e.g. a saved run's config) plus overrides."""
     return _config_and_origins(data, overrides, dict(origins or {}))
 
@@ -276,6 +281,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
     cfg = _config_and_origins(data, overrides, origins_after)
     resolve_packaged_paths(cfg, origins_after, packaged)
     from rl.config.offpolicy import resolve_auto_correction
+
     resolve_auto_correction(cfg)
     return cfg
 

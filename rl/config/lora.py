@@ -3,6 +3,7 @@
 Null (the default) trains every weight. A mapping turns LoRA on; `learner.lora={}` takes every default. Read by
 rl/model/lora.py, which builds the adapters for the RL learner and for `fbrl pretrain`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,8 +15,8 @@ DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "
 @dataclass
 class LoraConfig:
     rank: int = 16
-    alpha: float = 32.0                   # the update is B·A · alpha / rank
-    dropout: float = 0.0                  # on the adapters' input, training only (the estimators' forwards too)
+    alpha: float = 32.0  # the update is B·A · alpha / rank
+    dropout: float = 0.0  # on the adapters' input, training only (the estimators' forwards too)
     # module names (the last part of a dotted module path) of the backbone's linear layers that get adapters
     target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGET_MODULES))
     # the fusion weights (W_U, W_T / W_G / W_C) train in full beside the adapters; false: they stay frozen
@@ -31,5 +32,10 @@ class LoraConfig:
         if not self.target_modules:
             yield "target_modules", "expected a non-empty list of module names, e.g. [q_proj, v_proj]"
         elif any(not m or "fusion" in m.split(".") for m in self.target_modules):
-            yield "target_modules", (f"expected names of backbone linear layers, got {self.target_modules} (the "
-                                     f"fusion weights train in full through learner.lora.train_fusion)")
+            yield (
+                "target_modules",
+                (
+                    f"expected names of backbone linear layers, got {self.target_modules} (the "
+                    f"fusion weights train in full through learner.lora.train_fusion)"
+                ),
+            )

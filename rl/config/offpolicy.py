@@ -2,6 +2,7 @@
 correction of `algo` (`algo.tis_*`) and asynchronous training with its mismatch diagnostics (`train.max_staleness`,
 `train.mismatch_parts_frac`). Kept apart so schema.py stays one screenful per section; the keys are the sections'
 own (a mixin's fields come first in its section when dumped)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ class OffPolicyCorrection:
     `tis_cap: auto` (the default): truncate at AUTO_TIS_CAP when samples can be stale (`train.max_staleness` >= 1),
     off when they cannot; `load_config` resolves it (`resolve_auto_correction`), so config.yaml holds the number or
     null in force. null: off whatever the staleness."""
+
     tis_cap: float | Literal["auto"] | None = "auto"
     tis_mode: Literal["truncate", "mask", "mis"] = "truncate"
     tis_level: Literal["token", "sequence", "geometric"] = "token"
@@ -45,6 +47,7 @@ def resolve_auto_correction(cfg) -> None:
 @dataclass
 class AsyncTraining:
     """`train.max_staleness`, `train.mismatch_parts_frac`, `train.mismatch_parts_max_tokens`."""
+
     # Asynchronous training (rl/train/rollout_queue.py): the engines generate the next batches while the learner trains;
     # a sample made by policy version v is trained while the learner holds v..v+s and never later. 0: synchronous.
     max_staleness: int = 0

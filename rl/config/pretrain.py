@@ -2,6 +2,7 @@
 `pretrain`, multi-pass pretraining / SFT. Only rl/pretrain/trainer.py reads them (the RL job starts from a checkpoint),
 so
 they live apart from schema.py, which imports them into `Config` (the keys stay `pretrain.*` and `model.init.*`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,10 +12,11 @@ from typing import Literal
 @dataclass
 class ModelInitConfig:
     """Architecture of a model built from scratch (pretrain of the tiny default)."""
+
     backbone: Literal["llama", "qwen2"] = "llama"
     hidden_size: int = 128
     num_layers: int = 2
-    num_heads: int = 2          # head_dim = hidden_size / num_heads; vLLM's CPU kernel needs 64
+    num_heads: int = 2  # head_dim = hidden_size / num_heads; vLLM's CPU kernel needs 64
     num_kv_heads: int = 2
     intermediate_size: int = 512
     max_position_embeddings: int = 256
@@ -31,18 +33,18 @@ class ModelInitConfig:
 @dataclass
 class PretrainConfig:
     """Multi-pass pretraining / SFT (`fbrl pretrain`)."""
+
     steps: int = 2000
     batch_size: int = 32
     seq_len: int = 96
     lr: float = 1e-3
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr_ratio: float = 0.1
-    warmup: int = 100                     # steps
+    warmup: int = 100  # steps
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     # K passes by step fraction: K=1 until 75% of steps, K=2 until 97%, K=3 to the end (the paper's 75/22/3)
-    pass_schedule: list[tuple[float, int]] = field(
-        default_factory=lambda: [(0.75, 1), (0.97, 2), (1.0, 3)])
+    pass_schedule: list[tuple[float, int]] = field(default_factory=lambda: [(0.75, 1), (0.97, 2), (1.0, 3)])
     schedule: Literal["boundaries", "mixture"] = "boundaries"
     mixture_probs: list[float] = field(default_factory=lambda: [0.75, 0.22, 0.03])  # P(K=1), P(K=2), ...
     # keep: the fusion weights as loaded; identity: set them so that the fused input is the token embedding
@@ -52,15 +54,15 @@ class PretrainConfig:
     # probability that a step trains the exact recurrence alone (backpropagation through time) instead of K
     # passes: the K -> infinity limit, for tasks whose answer needs the state carried over many tokens
     exact_prob: float = 0.0
-    jitter: float = 0.02                  # uniform noise on carried states, training only
-    prefix_mixin: float = 0.0             # probability of a plain prefix per document and pass
-    loss_on: Literal["all", "response"] = "all"   # response: SFT loss mask on the solution tokens only
+    jitter: float = 0.02  # uniform noise on carried states, training only
+    prefix_mixin: float = 0.0  # probability of a plain prefix per document and pass
+    loss_on: Literal["all", "response"] = "all"  # response: SFT loss mask on the solution tokens only
     # where passes >= 2 fuse the previous pass's state: every position (pretraining, `fused` prompts) or only
     # the loss-masked response positions, the prompt staying plain — exactly what `soft` decoding does
     feedback_on: Literal["all", "response"] = "all"
     eval_every: int = 200
     val_batches: int = 4
-    out_dir: str = "runs/pretrain"        # never a shipped checkpoint by default: replacing one is deliberate
+    out_dir: str = "runs/pretrain"  # never a shipped checkpoint by default: replacing one is deliberate
     seed: int = 0
     threads: int = 2
 

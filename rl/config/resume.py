@@ -1,5 +1,6 @@
 """Two configs compared field by field (`diff_configs`), and the rule of `fbrl train --resume`: a field that
 makes the resumed run a different experiment must not change (`check_resume`)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -8,17 +9,27 @@ from rl.config.schema import Config, ConfigError
 from rl.config.serialize import is_under
 
 # Fields whose change makes a resumed run a different experiment (checked by `check_resume`).
-RESUME_LOCKED = ("model.path", "model.init", "model.fusion_mode", "data", "likelihood.estimator",
-                 "likelihood.passes", "rollout.decode_mode", "rollout.n_samples_per_prompt",
-                 "train.seed", "train.prompts_per_step", "train.max_staleness",
-                 # a DeepSpeed checkpoint loads only with the same world size and ZeRO stage
-                 "learner.num_workers", "learner.zero_stage",
-                 # the checkpoint's weights and optimizer state are the adapters' (and their shapes the rank's)
-                 "learner.lora")
+RESUME_LOCKED = (
+    "model.path",
+    "model.init",
+    "model.fusion_mode",
+    "data",
+    "likelihood.estimator",
+    "likelihood.passes",
+    "rollout.decode_mode",
+    "rollout.n_samples_per_prompt",
+    "train.seed",
+    "train.prompts_per_step",
+    "train.max_staleness",
+    # a DeepSpeed checkpoint loads only with the same world size and ZeRO stage
+    "learner.num_workers",
+    "learner.zero_stage",
+    # the checkpoint's weights and optimizer state are the adapters' (and their shapes the rank's)
+    "learner.lora",
+)
 
 
-def diff_configs(a: Config, b: Config, keys: tuple[str, ...] | list[str] | None = None
-                 ) -> dict[str, tuple[Any, Any]]:
+def diff_configs(a: Config, b: Config, keys: tuple[str, ...] | list[str] | None = None) -> dict[str, tuple[Any, Any]]:
     """{dotted key: (value in a, value in b)} for every differing leaf (only under `keys` if given)."""
     fa, fb = a.flat(), b.flat()
     out = {}
@@ -39,6 +50,5 @@ def check_resume(saved: Config, current: Config, locked: tuple[str, ...] = RESUM
         locked = RESUME_LOCKED + RESUME_LOCKED_ASYNC
     changed = diff_configs(saved, current, locked)
     if changed:
-        lines = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in
-                          ((k, *v) for k, v in changed.items()))
+        lines = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in ((k, *v) for k, v in changed.items()))
         raise ConfigError(f"cannot resume: these fields differ from the saved run's config: {lines}")

@@ -5,6 +5,7 @@ rl/config/loading.py turns them into errors carrying the key's location). The de
 default (tiny checkpoint, arithmetic task). The sections of `fbrl pretrain` (`pretrain`, `model.init`) live in
 rl/config/pretrain.py, the plain-data / YAML views of a config in rl/config/serialize.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,37 +31,38 @@ class ConfigError(InputError):
 
 # ----------------------------------------------------------------------------------------------- schema
 
+
 @dataclass
 class ModelConfig:
-    path: str | None = "checkpoints/tiny-arith"   # FBT checkpoint, or a stock HF one to convert
-    tokenizer: str | None = None                   # null: the tokenizer saved with `path`
+    path: str | None = "checkpoints/tiny-arith"  # FBT checkpoint, or a stock HF one to convert
+    tokenizer: str | None = None  # null: the tokenizer saved with `path`
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     fusion_mode: Literal["gate_product", "concat_projection", "linear_addition"] = "gate_product"
-    init: ModelInitConfig | None = None            # set: build fresh with this architecture, ignore path
+    init: ModelInitConfig | None = None  # set: build fresh with this architecture, ignore path
 
 
 @dataclass
 class DataConfig:
     # arith: rl/data/arith.py; word_problems: rl/data/word_problems.py; cups / cups_moved / modsum / parity: state
     # tracking (rl/data/track.py); the rest read files
-    task: Literal[TASKS] = "arith"   # rl/data/tasks.py
-    train_path: str | None = None    # jsonl / parquet file, or a `datasets.save_to_disk` dir
+    task: Literal[TASKS] = "arith"  # rl/data/tasks.py
+    train_path: str | None = None  # jsonl / parquet file, or a `datasets.save_to_disk` dir
     test_path: str | None = None
-    train_split: str = "train"          # split names (arith: train|val|test; hf_disk: DatasetDict keys)
+    train_split: str = "train"  # split names (arith: train|val|test; hf_disk: DatasetDict keys)
     test_split: str = "test"
     # arith levels to mix (1..4); state-tracking tasks: the chain lengths to mix (1..64)
     difficulty: list[int] = field(default_factory=lambda: [1, 2, 3])
-    num_train: int = 20000              # arith: problems generated for the train split
+    num_train: int = 20000  # arith: problems generated for the train split
     # word_problems: "small" draws every number from the lowest quarter of its template range
     numbers: Literal["standard", "small"] = "standard"
-    shots: int = 2                      # word_problems: worked examples before the problem (0-2)
+    shots: int = 2  # word_problems: worked examples before the problem (0-2)
     seed: int = 0
     # arith: fraction of solutions that give the bare answer instead of the worked steps (pretraining / SFT text
     # only; prompts and rewards are unchanged). The demo checkpoint is trained with both behaviours.
     direct_answer_frac: float = 0.0
     prompt_field: str = "prompt"
     answer_field: str = "answer"
-    messages_field: str = "messages"    # a chat (list of {role, content}) used instead of / beside the prompt
+    messages_field: str = "messages"  # a chat (list of {role, content}) used instead of / beside the prompt
     # auto: chats are rendered with the tokenizer's chat template; on: every prompt goes through it; off: never
     # (base models: chats become plain text)
     chat_template: Literal["auto", "on", "off"] = "auto"
@@ -86,12 +88,12 @@ class DataConfig:
 
 @dataclass
 class VllmOptions:
-    kv_cache_gib: float = 1.0             # CPU: VLLM_CPU_KVCACHE_SPACE
+    kv_cache_gib: float = 1.0  # CPU: VLLM_CPU_KVCACHE_SPACE
     gpu_memory_utilization: float = 0.5
     max_num_seqs: int = 64
-    max_model_len: int | None = None   # null: prompt + max_tokens bound
+    max_model_len: int | None = None  # null: prompt + max_tokens bound
     enforce_eager: bool = True
-    enable_prefix_caching: bool = False   # must stay false (recurrent state); the engine rejects true
+    enable_prefix_caching: bool = False  # must stay false (recurrent state); the engine rejects true
     tensor_parallel_size: int = 1
 
     def validate(self):
@@ -115,9 +117,9 @@ class RolloutConfig:
     decode_mode: DecodeMode = "soft"
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1                       # -1: off (vLLM's convention)
+    top_k: int = -1  # -1: off (vLLM's convention)
     max_tokens: int = 48
-    n_samples_per_prompt: int = 8         # G
+    n_samples_per_prompt: int = 8  # G
     # how recorded states (replay) are stored on their way to the learner (rl/estimators/states.py): auto = bf16 when
     # the engines have GPUs, else fp32; fp8 = e4m3 with a per-row scale (its replay error: fbrl compare-likelihood)
     record_states_dtype: Literal["auto", "fp32", "bf16", "fp8"] = "auto"
@@ -125,7 +127,7 @@ class RolloutConfig:
     # Ray's object store in buckets, vLLM's native NCCL / CUDA-IPC transfer (GPU), or native_ray (vLLM's native
     # lifecycle with the tensors carried by Ray: the CPU check of the nccl / ipc path); auto picks from placement.
     weight_sync: Literal["auto", "file", "ray", "nccl", "ipc", "native_ray"] = "auto"
-    weight_sync_bucket_mb: int = 256      # ray / native_ray: weights per object-store object (and per update call)
+    weight_sync_bucket_mb: int = 256  # ray / native_ray: weights per object-store object (and per update call)
     # torch / OpenMP threads of each engine (vLLM's CPU kernels, the torch engine). null: the cores it may use. A
     # synchronous job on one machine (a local Ray, train.max_staleness 0: nothing else computes while the engines
     # generate) shares all the machine's cores among the engines; otherwise an engine takes the CPUs Ray reserved
@@ -137,8 +139,13 @@ class RolloutConfig:
         if not 0 < self.top_p <= 1:
             yield "top_p", f"expected a value in (0, 1], got {self.top_p}"
         if not TEMPERATURE_MIN <= self.temperature <= TEMPERATURE_MAX:
-            yield "temperature", (f"must be in [{TEMPERATURE_MIN}, {TEMPERATURE_MAX}] for training rollouts (vLLM's "
-                                  f"limits, enforced by both engines), got {self.temperature}")
+            yield (
+                "temperature",
+                (
+                    f"must be in [{TEMPERATURE_MIN}, {TEMPERATURE_MAX}] for training rollouts (vLLM's "
+                    f"limits, enforced by both engines), got {self.temperature}"
+                ),
+            )
         for name in ("num_engines", "max_tokens", "n_samples_per_prompt", "weight_sync_bucket_mb"):
             if getattr(self, name) < 1:
                 yield name, f"must be >= 1, got {getattr(self, name)}"
@@ -158,15 +165,15 @@ class AlgoConfig(OffPolicyCorrection):
     eps_low: float = 0.2
     eps_high: float = 0.28
     clip_ratio_c: float | None = None  # dual clip (> 1); null: off
-    kl_coef: float = 0.0                  # 0: no reference model
+    kl_coef: float = 0.0  # 0: no reference model
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = 0.0
-    dynamic_sampling: bool = False        # drop groups whose rewards are all equal
-    overlong_buffer: int = 0              # tokens before max_tokens where the penalty ramps in; 0: off
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal
+    overlong_buffer: int = 0  # tokens before max_tokens where the penalty ramps in; 0: off
     overlong_factor: float = 1.0
     # algo.tis_cap / tis_mode / tis_level / tis_bounds: the off-policy correction (rl/config/offpolicy.py)
     ppo_epochs: int = 1
-    mini_batches: int = 1                 # optimizer steps per rollout batch per epoch
+    mini_batches: int = 1  # optimizer steps per rollout batch per epoch
 
     def validate(self):
         if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
@@ -174,8 +181,13 @@ class AlgoConfig(OffPolicyCorrection):
         if self.eps_low < 0 or self.eps_high < 0:
             yield "eps_low", "clip ranges must be >= 0"
         if self.kl_coef > 0 and self.kl_estimator == "k1":
-            yield "kl_estimator", ("k1 has zero expected gradient as a loss term (E[grad log pi] = 0); "
-                                   "use k2 (the gradient of KL(pi||ref)) or k3 with kl_coef > 0")
+            yield (
+                "kl_estimator",
+                (
+                    "k1 has zero expected gradient as a loss term (E[grad log pi] = 0); "
+                    "use k2 (the gradient of KL(pi||ref)) or k3 with kl_coef > 0"
+                ),
+            )
         for name in ("ppo_epochs", "mini_batches"):
             if getattr(self, name) < 1:
                 yield name, f"must be >= 1, got {getattr(self, name)}"
@@ -188,7 +200,7 @@ class AlgoConfig(OffPolicyCorrection):
 @dataclass
 class LikelihoodConfig:
     estimator: Literal["replay", "kpass", "exact", "standard"] = "replay"
-    passes: int = 3                       # K for kpass (the policy's and a kpass reference's)
+    passes: int = 3  # K for kpass (the policy's and a kpass reference's)
     # the reference model's log-probs (algo.kl_coef > 0) come from its own recurrence, never the policy's recorded
     # states: exact, or kpass (cheaper for long responses; its error against exact is logged, ref_kpass_abs_err)
     ref_estimator: Literal["exact", "kpass"] = "exact"
@@ -217,7 +229,7 @@ class LearnerConfig:
     # compute old, reference and policy log-probs, so these set a step's peak memory, not the rollout batch.
     max_response_tokens_per_micro_batch: int | None = 2048
     bf16: bool = False
-    torch_adam: bool = True               # DeepSpeed's CPU FusedAdam JIT-compiles for minutes
+    torch_adam: bool = True  # DeepSpeed's CPU FusedAdam JIT-compiles for minutes
     # LoRA adapters on the backbone, fusion weights in full (rl/config/lora.py); null: every weight trains
     lora: LoraConfig | None = None
     # torch threads of each learner rank (its intra-op pool). null: the cores it may use. A synchronous job on one
@@ -252,16 +264,19 @@ class LearnerConfig:
 @dataclass
 class RewardFn:
     """One reward; the same keys as an entry of `rewards.loader.build_reward_set`."""
-    fn: str                               # built-in name ("math", "format"), "path/to/file.py:fn" or "pkg.mod:fn"
+
+    fn: str  # built-in name ("math", "format"), "path/to/file.py:fn" or "pkg.mod:fn"
     weight: float = 1.0
-    timeout_s: float | None = None     # null: reward.timeout_s (math: its pool's per-item deadline)
+    timeout_s: float | None = None  # null: reward.timeout_s (math: its pool's per-item deadline)
     name: str = ""
-    options: dict[str, Any] = field(default_factory=dict)   # keyword arguments for the reward
+    options: dict[str, Any] = field(default_factory=dict)  # keyword arguments for the reward
 
     def validate(self):
         if ":" not in self.fn and not self.fn.isidentifier():
-            yield "fn", (f"expected a built-in reward name, 'path/to/file.py:fn' or 'package.module:fn', "
-                         f"got {self.fn!r}")
+            yield (
+                "fn",
+                (f"expected a built-in reward name, 'path/to/file.py:fn' or 'package.module:fn', got {self.fn!r}"),
+            )
         if self.timeout_s is not None and not self.timeout_s > 0:
             yield "timeout_s", f"must be > 0 or null, got {self.timeout_s}"
 
@@ -269,7 +284,7 @@ class RewardFn:
 @dataclass
 class RewardConfig:
     fns: list[RewardFn] = field(default_factory=lambda: [RewardFn("math")])
-    timeout_s: float = 5.0                # default per-call deadline of user rewards
+    timeout_s: float = 5.0  # default per-call deadline of user rewards
     num_workers: int = 2
     # The correctness check behind `accuracy`, `eval_accuracy` and the run's summary, separate from the training
     # reward (docs/REWARDS.md): "auto" (the `math` entry of `fns`, else the math check run beside them at weight
@@ -294,17 +309,18 @@ class RewardConfig:
 @dataclass
 class TrainConfig(AsyncTraining):
     """The RL job (`fbrl train`)."""
+
     steps: int = 30
-    prompts_per_step: int = 16            # B
+    prompts_per_step: int = 16  # B
     seed: int = 0
     eval_every: int = 10
     eval_n: int = 500
     eval_decode_modes: list[DecodeMode] = field(default_factory=lambda: ["soft"])
     checkpoint_every: int = 10
-    latent_metrics_rows: int = 4          # rows per step for the latent-channel metrics (rl/report/latent_metrics.py); 0: off
+    latent_metrics_rows: int = 4  # rows per step for the latent-channel metrics (rl/report/latent_metrics.py); 0: off
     # train.max_staleness / mismatch_parts_frac: asynchronous training (rl/config/offpolicy.py)
-    run_dir: str | None = None         # null: runs/<date-time>/
-    resume: str | None = None          # a run dir to continue
+    run_dir: str | None = None  # null: runs/<date-time>/
+    resume: str | None = None  # a run dir to continue
 
     def validate(self):
         for name in ("steps", "prompts_per_step", "eval_n"):

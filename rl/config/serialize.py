@@ -4,6 +4,7 @@ pretrain_config.yaml of a checkpoint, `fbrl train --print-config`).
 
 Generic over dataclasses, so it imports nothing of the schema: schema.py's `Config.to_dict / to_yaml / flat` and
 the loader (loading.py) both build on it, and reading it back is the loader's job."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,8 +48,10 @@ class _Dumper(yaml.SafeDumper):
     """Sections as blocks, lists of scalars (and of scalar pairs) inline: `pass_schedule: [[0.75, 1], ...]`."""
 
     def represent_list(self, data):
-        flat = all(not isinstance(v, (dict, list)) or
-                   (isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v)) for v in data)
+        flat = all(
+            not isinstance(v, (dict, list)) or (isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v))
+            for v in data
+        )
         return self.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat)
 
 

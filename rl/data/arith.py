@@ -11,6 +11,7 @@ keeps those whose hash falls in the requested split.
 Text is short on purpose (the tiny model reads characters): prompt `Q: 37+5*3=? Put the answer in \\boxed{}.\\nA:`
 and solution ` 5*3=15, 37+15=52. \\boxed{52}`: multiplications first, then left to right, one step each.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,8 +21,20 @@ from pathlib import Path
 
 from rl.data.jsonl import DataError, read_jsonl, write_jsonl
 
-__all__ = ["LEVELS", "SPLITS", "PROMPT_TEMPLATE", "split_of", "problem_hash", "make_problem", "generate",
-           "extract_boxed", "score", "write_split", "read_jsonl", "write_jsonl"]
+__all__ = [
+    "LEVELS",
+    "SPLITS",
+    "PROMPT_TEMPLATE",
+    "split_of",
+    "problem_hash",
+    "make_problem",
+    "generate",
+    "extract_boxed",
+    "score",
+    "write_split",
+    "read_jsonl",
+    "write_jsonl",
+]
 
 PROMPT_TEMPLATE = "Q: {question}=? Put the answer in \\boxed{{}}.\nA:"
 
@@ -52,7 +65,7 @@ def _solve(nums: list[int], ops: list[str]) -> tuple[int, list[str]]:
                 a, b, op = nums[i], nums[i + 1], ops[i]
                 v = a * b if op == "*" else a + b if op == "+" else a - b
                 steps.append(f"{a}{op}{b}={v}")
-                nums[i:i + 2] = [v]
+                nums[i : i + 2] = [v]
                 del ops[i]
             else:
                 i += 1
@@ -80,8 +93,14 @@ def make_problem(rng: random.Random, difficulty: int) -> dict:
     }
 
 
-def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2, 3), unique: bool | None = None,
-             direct_answer_frac: float = 0.0) -> list[dict]:
+def generate(
+    split: str,
+    n: int,
+    seed: int = 0,
+    difficulties=(1, 2, 3),
+    unique: bool | None = None,
+    direct_answer_frac: float = 0.0,
+) -> list[dict]:
     """`n` problems of `split`, deterministic in (split, n, seed, difficulties, direct_answer_frac).
 
     `direct_answer_frac` of the rows (chosen by question hash) get the bare answer ` \\boxed{52}` as their
@@ -98,14 +117,16 @@ def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2, 3), unique: 
     if any(d not in LEVELS for d in difficulties) or not difficulties:
         raise ValueError(f"difficulties: expected levels in {list(LEVELS)}, got {list(difficulties)}")
     unique = split != "train" if unique is None else unique
-    rng = random.Random(f"fbrl-arith:{seed}:{split}")   # str seeds are stable across processes
+    rng = random.Random(f"fbrl-arith:{seed}:{split}")  # str seeds are stable across processes
     rows, seen, misses = [], set(), 0
     while len(rows) < n:
         # 5000 rejections in a row cannot happen by chance (each split takes >= 10% of the hashes): the
         # space of distinct problems is used up
         if misses > 5000:
-            raise DataError(f"only {len(rows)} distinct {split} problems found at difficulties "
-                             f"{list(difficulties)} (asked for {n}); add harder levels or ask for fewer")
+            raise DataError(
+                f"only {len(rows)} distinct {split} problems found at difficulties "
+                f"{list(difficulties)} (asked for {n}); add harder levels or ask for fewer"
+            )
         row = make_problem(rng, rng.choice(list(difficulties)))
         if split_of(row["question"]) != split or (unique and row["question"] in seen):
             misses += 1
@@ -119,7 +140,7 @@ def generate(split: str, n: int, seed: int = 0, difficulties=(1, 2, 3), unique: 
 
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-_INTEGER = re.compile(r"[-+]?[0-9]+")   # ASCII digits only: int() would also take "1_7", " 17 " or "١٧"
+_INTEGER = re.compile(r"[-+]?[0-9]+")  # ASCII digits only: int() would also take "1_7", " 17 " or "١٧"
 # The last box preceded only by separators and another box: a list of answers ("\\boxed{50}, \\boxed{52}").
 _BOX_LIST = re.compile(r"\\boxed\{[^{}]*\}(?:\s|[,;&$]|\band\b|\bor\b)*\\boxed\{[^{}]*\}(?!.*\\boxed)", re.DOTALL)
 

@@ -1,5 +1,6 @@
 """JSON-lines files (errors name `file:line`) and `DataError`, the error of a dataset problem. The task generators
 (rl/data/arith.py, ...) and the loaders (rl/data/loaders.py) both use them."""
+
 from __future__ import annotations
 
 import json

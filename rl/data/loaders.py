@@ -11,6 +11,7 @@ a `messages` chat (list of {role, content}) instead of, or beside, a prompt stri
 the prompt text with the tokenizer's chat template (`data.chat_template`: auto / on / off), and `encode_prompt`
 tokenizes a prompt without adding a second set of special tokens to a templated one.
 """
+
 from __future__ import annotations
 
 import random
@@ -21,8 +22,9 @@ from rl.data.jsonl import DataError, read_jsonl, read_numbered, write_jsonl  # n
 from rl.data.tasks import LEVEL_TASKS, TRACK_TASKS
 
 
-def _normalize(rows: list[dict], where, prompt_field: str, answer_field: str,
-               messages_field: str = "messages") -> list[dict]:
+def _normalize(
+    rows: list[dict], where, prompt_field: str, answer_field: str, messages_field: str = "messages"
+) -> list[dict]:
     """Rename the configured fields to `prompt` / `answer` (and `messages`); `where(i)` names row i for errors.
 
     A row needs a prompt string or a `messages` list of {role, content} dicts (a chat, rendered later by
@@ -34,19 +36,20 @@ def _normalize(rows: list[dict], where, prompt_field: str, answer_field: str,
             raise DataError(f"{where(i)}: missing field {answer_field!r} (fields: {sorted(row)})")
         has_messages = row.get(messages_field) is not None
         if not has_messages and (prompt_field not in row or row[prompt_field] is None):
-            raise DataError(f"{where(i)}: missing field {prompt_field!r} or {messages_field!r} "
-                            f"(fields: {sorted(row)})")
+            raise DataError(f"{where(i)}: missing field {prompt_field!r} or {messages_field!r} (fields: {sorted(row)})")
         answer = row[answer_field]
         if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
-            raise DataError(f"{where(i)}: field {answer_field!r} must be a string or number, "
-                            f"got {type(answer).__name__}")
+            raise DataError(
+                f"{where(i)}: field {answer_field!r} must be a string or number, got {type(answer).__name__}"
+            )
         new = dict(row)
         if has_messages:
             new["messages"] = _check_messages(row[messages_field], f"{where(i)}: field {messages_field!r}")
         if row.get(prompt_field) is not None:
             if not isinstance(row[prompt_field], str):
-                raise DataError(f"{where(i)}: field {prompt_field!r} must be a string, "
-                                f"got {type(row[prompt_field]).__name__}")
+                raise DataError(
+                    f"{where(i)}: field {prompt_field!r} must be a string, got {type(row[prompt_field]).__name__}"
+                )
             new["prompt"] = row[prompt_field]
         new["answer"] = str(answer)
         out.append(new)
@@ -79,8 +82,10 @@ def render_prompts(rows: list[dict], tokenizer=None, chat_template: str = "auto"
         raise DataError(f"data.chat_template: expected one of {CHAT_TEMPLATE_MODES}, got {chat_template!r}")
     has_template = tokenizer is not None and getattr(tokenizer, "chat_template", None)
     if chat_template == "on" and not has_template:
-        raise DataError("data.chat_template is 'on' but the tokenizer has no chat template (a base model? set "
-                        "data.chat_template: off)")
+        raise DataError(
+            "data.chat_template is 'on' but the tokenizer has no chat template (a base model? set "
+            "data.chat_template: off)"
+        )
     out = []
     for row in rows:
         messages = row.get("messages")
@@ -101,18 +106,21 @@ def encode_prompt(tokenizer, row: dict) -> list[int]:
     return tokenizer.encode(row["prompt"], add_special_tokens=not row.get("chat_templated", False))
 
 
-def load_jsonl(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer",
-               messages_field: str = "messages") -> list[dict]:
+def load_jsonl(
+    path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer", messages_field: str = "messages"
+) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    numbered = read_numbered(path)   # keep line numbers so that a missing field names its line
-    return _normalize([row for _, row in numbered], lambda i: f"{path}:{numbered[i][0]}",
-                      prompt_field, answer_field, messages_field)
+    numbered = read_numbered(path)  # keep line numbers so that a missing field names its line
+    return _normalize(
+        [row for _, row in numbered], lambda i: f"{path}:{numbered[i][0]}", prompt_field, answer_field, messages_field
+    )
 
 
-def load_parquet(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer",
-                 messages_field: str = "messages") -> list[dict]:
+def load_parquet(
+    path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer", messages_field: str = "messages"
+) -> list[dict]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -123,8 +131,13 @@ def load_parquet(path: str | Path, prompt_field: str = "prompt", answer_field: s
     return _normalize(rows, lambda i: f"{path}: row {i}", prompt_field, answer_field, messages_field)
 
 
-def load_hf_disk(path: str | Path, split: str | None = None, prompt_field: str = "prompt",
-                 answer_field: str = "answer", messages_field: str = "messages") -> list[dict]:
+def load_hf_disk(
+    path: str | Path,
+    split: str | None = None,
+    prompt_field: str = "prompt",
+    answer_field: str = "answer",
+    messages_field: str = "messages",
+) -> list[dict]:
     """A `datasets` Dataset or DatasetDict written by `save_to_disk`; `split` picks from a DatasetDict."""
     try:
         import datasets
@@ -163,14 +176,23 @@ def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
             n = data.num_train
         if data.task == "word_problems":
             from rl.data import word_problems
-            return word_problems.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty),
-                                          numbers=getattr(data, "numbers", "standard"),
-                                          shots=getattr(data, "shots", 2))
+
+            return word_problems.generate(
+                name,
+                n,
+                seed=data.seed,
+                difficulties=tuple(data.difficulty),
+                numbers=getattr(data, "numbers", "standard"),
+                shots=getattr(data, "shots", 2),
+            )
         from rl.data import arith
-        return arith.generate(name, n, seed=data.seed, difficulties=tuple(data.difficulty),
-                              direct_answer_frac=data.direct_answer_frac)
+
+        return arith.generate(
+            name, n, seed=data.seed, difficulties=tuple(data.difficulty), direct_answer_frac=data.direct_answer_frac
+        )
     if data.task in TRACK_TASKS:
         from rl.data import track
+
         if n is None:
             if split != "train":
                 raise DataError(f"data: say how many {split} problems to generate (n)")
@@ -179,8 +201,11 @@ def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
     path = data.train_path if split == "train" else data.test_path
     if not path:
         raise DataError(f"data.{'train' if split == 'train' else 'test'}_path: required for task {data.task!r}")
-    fields = dict(prompt_field=data.prompt_field, answer_field=data.answer_field,
-                  messages_field=getattr(data, "messages_field", "messages"))
+    fields = dict(
+        prompt_field=data.prompt_field,
+        answer_field=data.answer_field,
+        messages_field=getattr(data, "messages_field", "messages"),
+    )
     if data.task == "jsonl":
         rows = load_jsonl(path, **fields)
     elif data.task == "parquet":
@@ -204,8 +229,10 @@ def reward_columns(rows: list[dict]) -> dict[str, list]:
     names = dict.fromkeys(k for row in rows for k in row if k not in ("prompt", "answer"))
     clash = [k for k in names if k in RESERVED_COLUMNS]
     if clash:
-        raise DataError(f"dataset column(s) {clash} would shadow the reward arguments {list(RESERVED_COLUMNS)}; "
-                        f"rename them in the data")
+        raise DataError(
+            f"dataset column(s) {clash} would shadow the reward arguments {list(RESERVED_COLUMNS)}; "
+            f"rename them in the data"
+        )
     return {k: [row.get(k) for row in rows] for k in names}
 
 
@@ -236,7 +263,7 @@ class PromptSampler:
                 self.epoch, self.pos = self.epoch + 1, 0
                 self._order = self._epoch_order(self.epoch)
             take = min(k - len(out), len(self._order) - self.pos)
-            out += self._order[self.pos:self.pos + take]
+            out += self._order[self.pos : self.pos + take]
             self.pos += take
         return out
 
@@ -245,8 +272,13 @@ class PromptSampler:
         return [self.rows[i] for i in self.next_indices(k)]
 
     def state_dict(self) -> dict:
-        return {"seed": self.seed, "epoch": self.epoch, "pos": self.pos, "num_rows": len(self.rows),
-                "shuffle": self.shuffle}
+        return {
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "pos": self.pos,
+            "num_rows": len(self.rows),
+            "shuffle": self.shuffle,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         # a different dataset or seed would silently draw other prompts: refuse, naming what changed

@@ -6,6 +6,7 @@ the data is loaded (`PromptFitter.fit`): such prompts are dropped with a count (
 default), stop the job at load (`error`), or are cut to the limit when they are encoded (`truncate_left` keeps
 the end of the prompt, where the question usually is, after the leading BOS; `truncate_right` keeps the start).
 """
+
 from __future__ import annotations
 
 from rl.data.loaders import DataError, encode_prompt
@@ -19,8 +20,12 @@ def vllm_max_model_len(cfg, model_config) -> int:
     """vLLM's per-sequence bound: `rollout.vllm.max_model_len`, else the model's positions (at most 2048)."""
     if cfg.rollout.vllm.max_model_len:
         return int(cfg.rollout.vllm.max_model_len)
-    return int(min(getattr(model_config, "max_position_embeddings", VLLM_DEFAULT_MAX_LEN) or VLLM_DEFAULT_MAX_LEN,
-                   VLLM_DEFAULT_MAX_LEN))
+    return int(
+        min(
+            getattr(model_config, "max_position_embeddings", VLLM_DEFAULT_MAX_LEN) or VLLM_DEFAULT_MAX_LEN,
+            VLLM_DEFAULT_MAX_LEN,
+        )
+    )
 
 
 def engine_context_len(cfg, model_config) -> int:
@@ -39,13 +44,16 @@ def prompt_token_limit(cfg, model_config=None) -> int:
         from transformers import AutoConfig
 
         import rl.model  # noqa: F401  (AutoConfig must know the FBT configs)
+
         model_config = AutoConfig.from_pretrained(cfg.model.path)
     context = engine_context_len(cfg, model_config)
     limit = context - cfg.rollout.max_tokens
     if limit < 1:
-        raise DataError(f"rollout.max_tokens={cfg.rollout.max_tokens} leaves no room for a prompt in the rollout "
-                        f"engine's context of {context} tokens (rollout.vllm.max_model_len or the model's "
-                        f"max_position_embeddings)")
+        raise DataError(
+            f"rollout.max_tokens={cfg.rollout.max_tokens} leaves no room for a prompt in the rollout "
+            f"engine's context of {context} tokens (rollout.vllm.max_model_len or the model's "
+            f"max_position_embeddings)"
+        )
     return limit
 
 
@@ -64,9 +72,9 @@ class PromptFitter:
         if len(ids) <= self.limit or self.mode not in ("truncate_left", "truncate_right"):
             return ids
         if self.mode == "truncate_right":
-            return ids[:self.limit]
+            return ids[: self.limit]
         head = ids[:1] if ids[0] == self.tokenizer.bos_token_id else []  # feedback resets at BOS: keep it
-        return head + ids[len(ids) - (self.limit - len(head)):]
+        return head + ids[len(ids) - (self.limit - len(head)) :]
 
     def fit_reported(self, rows: list[dict], what: str, faults, log) -> list[dict]:
         """`fit`, with the over-long prompts counted in `faults` (rl.train.faults.FaultLog) and one log line when any
@@ -75,8 +83,10 @@ class PromptFitter:
         if over:
             action = "dropped" if self.mode == "drop" else "truncated"
             faults.add(f"prompts_{action}", over)
-            log(f"{what}: {over} prompts longer than {self.limit} tokens {action} "
-                f"(data.overlong_prompts={self.mode}); {len(rows)} rows remain")
+            log(
+                f"{what}: {over} prompts longer than {self.limit} tokens {action} "
+                f"(data.overlong_prompts={self.mode}); {len(rows)} rows remain"
+            )
         return rows
 
     def fit(self, rows: list[dict], what: str) -> tuple[list[dict], int]:
@@ -90,17 +100,21 @@ class PromptFitter:
             return rows, 0
         if self.mode == "error":
             i = over[0]
-            raise DataError(f"{what}: row {i} (from 0) has a prompt of {lengths[i]} tokens, more than the limit of "
-                            f"{self.limit} ({len(over)} of {len(rows)} rows are over it); set "
-                            f"data.overlong_prompts to drop or truncate them, or raise data.max_prompt_tokens")
+            raise DataError(
+                f"{what}: row {i} (from 0) has a prompt of {lengths[i]} tokens, more than the limit of "
+                f"{self.limit} ({len(over)} of {len(rows)} rows are over it); set "
+                f"data.overlong_prompts to drop or truncate them, or raise data.max_prompt_tokens"
+            )
         if self.mode != "drop":
             return rows, len(over)
         dropped = set(over)
         kept = [r for i, r in enumerate(rows) if i not in dropped]
         if not kept:
-            raise DataError(f"{what}: every one of the {len(rows)} prompts is longer than the limit of "
-                            f"{self.limit} tokens (data.max_prompt_tokens, or the engine's context minus "
-                            f"rollout.max_tokens)")
+            raise DataError(
+                f"{what}: every one of the {len(rows)} prompts is longer than the limit of "
+                f"{self.limit} tokens (data.max_prompt_tokens, or the engine's context minus "
+                f"rollout.max_tokens)"
+            )
         return kept, len(over)
 
     def _lengths(self, rows: list[dict]) -> list[int]:

@@ -10,6 +10,7 @@ One token per character over a fixed alphabet (printable ASCII, newline, tab), w
 default (a post-processor), because BOS is where feedback resets; `add_special_tokens=False` gives bare
 characters. `AutoTokenizer.from_pretrained(dir)` (and vLLM) load the saved directory.
 """
+
 from __future__ import annotations
 
 import string
@@ -26,7 +27,7 @@ def build_tokenizer(alphabet: str = ALPHABET, add_bos: bool = True, model_max_le
     from tokenizers import Tokenizer, decoders, models, processors
     from transformers import PreTrainedTokenizerFast
 
-    chars = list(dict.fromkeys(alphabet))   # de-duplicated, order kept
+    chars = list(dict.fromkeys(alphabet))  # de-duplicated, order kept
     if any(len(c) != 1 for c in chars):
         raise ValueError("alphabet must be a string of single characters")
     vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
@@ -34,10 +35,17 @@ def build_tokenizer(alphabet: str = ALPHABET, add_bos: bool = True, model_max_le
     tok.decoder = decoders.Fuse()
     if add_bos:
         tok.post_processor = processors.TemplateProcessing(
-            single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, vocab[BOS])])
+            single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, vocab[BOS])]
+        )
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
-        clean_up_tokenization_spaces=False, model_max_length=model_max_length)
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        clean_up_tokenization_spaces=False,
+        model_max_length=model_max_length,
+    )
     assert fast.pad_token_id == 0 and fast.bos_token_id == 1 and fast.eos_token_id == 2, "special ids moved"
     return fast
 
@@ -51,4 +59,5 @@ def save_tokenizer(directory: str | Path, **kwargs):
 
 def load_tokenizer(directory: str | Path):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(directory))

@@ -24,6 +24,7 @@ needs one table look-up per symbol. `modsum` and `parity` are abelian (a transfo
 Splits: a problem's split is a function of a hash of its canonical text (task, start, stream), as in
 `rl/data/arith.py`, so no test problem can be drawn for train whatever the seeds or counts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,19 +34,30 @@ from dataclasses import dataclass
 
 from rl.data.jsonl import DataError
 
-__all__ = ["TASKS", "SPLITS", "MAX_CHAIN", "split_of", "problem_hash", "make_problem", "generate", "echo",
-           "extract_answer", "score", "reward"]
+__all__ = [
+    "TASKS",
+    "SPLITS",
+    "MAX_CHAIN",
+    "split_of",
+    "problem_hash",
+    "make_problem",
+    "generate",
+    "echo",
+    "extract_answer",
+    "score",
+    "reward",
+]
 
-SPLITS = {"test": range(0, 10), "val": range(10, 20), "train": range(20, 100)}   # hash buckets out of 100
+SPLITS = {"test": range(0, 10), "val": range(10, 20), "train": range(20, 100)}  # hash buckets out of 100
 MAX_CHAIN = 64
 
 
 @dataclass(frozen=True)
 class Task:
-    symbols: str                                   # one character per symbol
-    starts: tuple[int, ...]                        # initial states drawn uniformly (one value: fixed start)
-    update: Callable[[int, str], int]              # state, symbol -> next state
-    prompt: Callable[[int, str], str]              # start, stream -> prompt text
+    symbols: str  # one character per symbol
+    starts: tuple[int, ...]  # initial states drawn uniformly (one value: fixed start)
+    update: Callable[[int, str], int]  # state, symbol -> next state
+    prompt: Callable[[int, str], str]  # start, stream -> prompt text
     # what the response writes after each echoed symbol, from (state before, symbol): a lossy view of the state,
     # so every step's text depends on the state without writing it down (None: the bare echo)
     mark: Callable[[int, str], str] | None = None
@@ -60,8 +72,13 @@ TASKS: dict[str, Task] = {
     "cups": Task("1234", (1, 2, 3, 4, 5), _swap, lambda s, w: f"Q: cup {s}, swaps {w}\nA:"),
     "modsum": Task("0123456789", (0,), lambda s, c: (s + int(c)) % 10, lambda s, w: f"Q: sum mod 10 of {w}\nA:"),
     "parity": Task("01", (0,), lambda s, c: s ^ int(c), lambda s, w: f"Q: parity of {w}\nA:"),
-    "cups_moved": Task("1234", (1, 2, 3, 4, 5), _swap, lambda s, w: f"Q: cup {s}, swaps {w}, moved?\nA:",
-                       lambda cup, sym: "+" if _swap(cup, sym) != cup else "-"),
+    "cups_moved": Task(
+        "1234",
+        (1, 2, 3, 4, 5),
+        _swap,
+        lambda s, w: f"Q: cup {s}, swaps {w}, moved?\nA:",
+        lambda cup, sym: "+" if _swap(cup, sym) != cup else "-",
+    ),
 }
 
 
@@ -94,9 +111,16 @@ def make_problem(task: str, rng: random.Random, length: int) -> dict:
     start = rng.choice(t.starts)
     stream = "".join(rng.choice(t.symbols) for _ in range(length))
     answer = str(solve(task, start, stream))
-    return {"id": problem_hash(task, start, stream)[:16], "task": task, "start": start, "stream": stream,
-            "prompt": t.prompt(start, stream), "solution": f" {echo(task, start, stream)}={answer}",
-            "answer": answer, "difficulty": length}
+    return {
+        "id": problem_hash(task, start, stream)[:16],
+        "task": task,
+        "start": start,
+        "stream": stream,
+        "prompt": t.prompt(start, stream),
+        "solution": f" {echo(task, start, stream)}={answer}",
+        "answer": answer,
+        "difficulty": length,
+    }
 
 
 def echo(task: str, start: int, stream: str) -> str:
@@ -111,8 +135,9 @@ def echo(task: str, start: int, stream: str) -> str:
     return "".join(out)
 
 
-def generate(task: str, split: str, n: int, seed: int = 0, lengths: Sequence[int] = (4, 8),
-             unique: bool | None = None) -> list[dict]:
+def generate(
+    task: str, split: str, n: int, seed: int = 0, lengths: Sequence[int] = (4, 8), unique: bool | None = None
+) -> list[dict]:
     """`n` problems of `split` with chain lengths drawn uniformly from `lengths`; deterministic in the args.
 
     `unique` (default: True for val/test) refuses repeated problems; asking a held-out split for more problems
@@ -129,8 +154,10 @@ def generate(task: str, split: str, n: int, seed: int = 0, lengths: Sequence[int
     rows, seen, misses = [], set(), 0
     while len(rows) < n:
         if misses > 20000:  # each split holds >= 10% of the hashes: this many misses in a row means used up
-            raise DataError(f"only {len(rows)} distinct {split} problems of {task} at chain lengths "
-                             f"{list(lengths)} (asked for {n}); use longer chains or ask for fewer")
+            raise DataError(
+                f"only {len(rows)} distinct {split} problems of {task} at chain lengths "
+                f"{list(lengths)} (asked for {n}); use longer chains or ask for fewer"
+            )
         row = make_problem(task, rng, int(rng.choice(list(lengths))))
         key = (row["start"], row["stream"])
         if split_of(task, *key) != split or (unique and key in seen):
@@ -149,8 +176,9 @@ def extract_answer(completion: str) -> str | None:
     return completion.rsplit("=", 1)[1].strip()
 
 
-def score(prompts: Sequence[str], completions: Sequence[str], answers: Sequence, finish_reasons=None,
-          **_) -> list[float]:
+def score(
+    prompts: Sequence[str], completions: Sequence[str], answers: Sequence, finish_reasons=None, **_
+) -> list[float]:
     """The task's own literal scorer: 1.0 when the text after the last `=` equals the answer, else 0.0.
 
     A truncated or aborted response scores 0 (its answer was never given). No parsing beyond the split at `=`:
@@ -158,8 +186,10 @@ def score(prompts: Sequence[str], completions: Sequence[str], answers: Sequence,
     reasons = list(finish_reasons) if finish_reasons is not None else [None] * len(completions)
     if len(reasons) != len(completions):
         raise ValueError(f"finish_reasons has {len(reasons)} entries for {len(completions)} completions")
-    return [float(r not in ("length", "aborted") and extract_answer(c) == str(a).strip())
-            for c, a, r in zip(completions, answers, reasons)]
+    return [
+        float(r not in ("length", "aborted") and extract_answer(c) == str(a).strip())
+        for c, a, r in zip(completions, answers, reasons)
+    ]
 
 
-reward = score   # `reward.fns: [{fn: "rl.data.track:reward"}]`: the RL reward is the scorer itself
+reward = score  # `reward.fns: [{fn: "rl.data.track:reward"}]`: the RL reward is the scorer itself

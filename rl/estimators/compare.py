@@ -19,6 +19,7 @@ format costs (`rollout.record_states_dtype`).
 
 Everything is computed per micro-batch of rows and pooled, so memory stays bounded by the micro-batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,15 @@ from rl.estimators.likelihood import (
 
 # storage formats whose replay error is reported besides the states as recorded (rl/estimators/states.py; config names)
 STORED_FORMATS = ("bf16", "fp8")
-METRICS = ("mean_abs_logp_diff", "max_abs_logp_diff", "kl", "top1_agreement", "k_rel_l2_mean", "v_rel_l2_mean",
-           "time_per_token_ms")
+METRICS = (
+    "mean_abs_logp_diff",
+    "max_abs_logp_diff",
+    "kl",
+    "top1_agreement",
+    "k_rel_l2_mean",
+    "v_rel_l2_mean",
+    "time_per_token_ms",
+)
 
 
 class _Pool:
@@ -52,7 +60,7 @@ class _Pool:
         self.dk = [0.0] * n_layers
         self.dv = [0.0] * n_layers
         self.seconds = 0.0
-        self.pos_abs: list[float] = []   # per response index j: sum of |Δ log p| and token count
+        self.pos_abs: list[float] = []  # per response index j: sum of |Δ log p| and token count
         self.pos_n: list[float] = []
 
     def add(self, lp_est, lp_ex, logp_est, logp_ex, mask, kv_est, kv_ex, kv_mask):
@@ -78,12 +86,19 @@ class _Pool:
         n = max(self.n, 1.0)
         k_rel = [(a / max(b, 1e-30)) ** 0.5 for a, b in zip(self.dk, ref_k)]
         v_rel = [(a / max(b, 1e-30)) ** 0.5 for a, b in zip(self.dv, ref_v)]
-        return {"mean_abs_logp_diff": self.abs / n, "max_abs_logp_diff": self.max_abs, "kl": self.kl / n,
-                "top1_agreement": self.agree / n, "k_rel_l2": k_rel, "v_rel_l2": v_rel,
-                "k_rel_l2_mean": sum(k_rel) / len(k_rel), "v_rel_l2_mean": sum(v_rel) / len(v_rel),
-                "time_per_token_ms": 1000.0 * self.seconds / n,
-                # the error grows along the response when the state the recurrence carries matters
-                "abs_logp_diff_by_position": [a / c if c else None for a, c in zip(self.pos_abs, self.pos_n)]}
+        return {
+            "mean_abs_logp_diff": self.abs / n,
+            "max_abs_logp_diff": self.max_abs,
+            "kl": self.kl / n,
+            "top1_agreement": self.agree / n,
+            "k_rel_l2": k_rel,
+            "v_rel_l2": v_rel,
+            "k_rel_l2_mean": sum(k_rel) / len(k_rel),
+            "v_rel_l2_mean": sum(v_rel) / len(v_rel),
+            "time_per_token_ms": 1000.0 * self.seconds / n,
+            # the error grows along the response when the state the recurrence carries matters
+            "abs_logp_diff_by_position": [a / c if c else None for a, c in zip(self.pos_abs, self.pos_n)],
+        }
 
 
 def _timed(fn):
@@ -100,9 +115,15 @@ def _kv_mask(batch: LearnerBatch) -> torch.Tensor:
 
 
 @torch.no_grad()
-def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", max_passes: int = 6,
-                       temperature: float = 1.0, micro_batch_size: int | None = 8,
-                       state_formats_compared=STORED_FORMATS) -> dict:
+def compare_estimators(
+    model,
+    batch: LearnerBatch,
+    decode_mode: str = "soft",
+    max_passes: int = 6,
+    temperature: float = 1.0,
+    micro_batch_size: int | None = 8,
+    state_formats_compared=STORED_FORMATS,
+) -> dict:
     """Every estimator against `exact` on one batch (needs `batch.states` for replay). Returns the report dict:
     `passes` (one record per K = 1..max_passes, each with `k`), `replay`, `replay_formats` (replay after storing
     the states in each of `state_formats_compared`, config names), `standard`, `exact` (its time per token) and
@@ -133,8 +154,9 @@ def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", ma
         d_eng = (mb.engine_logprobs.to(dev) - lp_ex).abs() * mask
         engine_abs += float(d_eng.sum())
         engine_max = max(engine_max, float(d_eng.max()))
-        _, kv_ex = run_pass(model, mb, *last_pass_inputs(model, mb, decode_mode, "exact", prev_hidden=h_ex),
-                            with_kv=True)
+        _, kv_ex = run_pass(
+            model, mb, *last_pass_inputs(model, mb, decode_mode, "exact", prev_hidden=h_ex), with_kv=True
+        )
         m = kv_mask[:, None, :, None].to(kv_ex[0][0].dtype)
         for i, (k0, v0) in enumerate(kv_ex):
             ref_k[i] += float(((k0 * m) ** 2).sum())
@@ -144,8 +166,7 @@ def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", ma
             carried, fmask = last_pass_inputs(model, b, decode_mode, name, passes, prev_hidden=prev)
             h, kv = run_pass(model, b, carried, fmask, with_kv=True)
             logp = response_log_dists(model, h, b, temperature)
-            pools[key].add(torch.gather(logp, -1, tok)[..., 0] * mask, lp_ex, logp, logp_ex, mask, kv, kv_ex,
-                           kv_mask)
+            pools[key].add(torch.gather(logp, -1, tok)[..., 0] * mask, lp_ex, logp, logp_ex, mask, kv, kv_ex, kv_mask)
             # timing through the public estimator, as the learner calls it
             pools[key].seconds += _timed(lambda: get_estimator(name)(model, b, decode_mode, passes, temperature))[1]
             return h
@@ -160,7 +181,10 @@ def compare_estimators(model, batch: LearnerBatch, decode_mode: str = "soft", ma
             score(f"replay_{f}", "replay", 1, None, dataclasses.replace(mb, states=state_formats.decode(stored)))
     n_tok = float(batch.response_mask.sum())
     return {
-        "decode_mode": decode_mode, "temperature": temperature, "n_samples": len(batch), "n_tokens": int(n_tok),
+        "decode_mode": decode_mode,
+        "temperature": temperature,
+        "n_samples": len(batch),
+        "n_tokens": int(n_tok),
         "n_layers": n_layers,
         "exact": {"time_per_token_ms": 1000.0 * exact_seconds / max(n_tok, 1.0)},
         "engine": {"mean_abs_logp_diff": engine_abs / max(n_tok, 1.0), "max_abs_logp_diff": engine_max},
@@ -179,12 +203,17 @@ def compare_samples(model, samples: list[Sample], pad_id: int = 0, **kwargs) -> 
 def format_report(report: dict) -> str:
     """A plain-text table: one line per K, then replay (as recorded and per storage format), standard and exact."""
     head = f"{'estimator':>11} {'|dlogp|':>10} {'KL':>10} {'top1':>7} {'K relL2':>9} {'V relL2':>9} {'ms/tok':>8}"
-    rows = [f"compare-likelihood: {report['n_samples']} samples, {report['n_tokens']} response tokens, "
-            f"decode_mode={report['decode_mode']}, T={report['temperature']}", head]
+    rows = [
+        f"compare-likelihood: {report['n_samples']} samples, {report['n_tokens']} response tokens, "
+        f"decode_mode={report['decode_mode']}, T={report['temperature']}",
+        head,
+    ]
 
     def line(name, r):
-        return (f"{name:>11} {r['mean_abs_logp_diff']:10.3e} {r['kl']:10.3e} {r['top1_agreement']:7.2%} "
-                f"{r['k_rel_l2_mean']:9.3%} {r['v_rel_l2_mean']:9.3%} {r['time_per_token_ms']:8.3f}")
+        return (
+            f"{name:>11} {r['mean_abs_logp_diff']:10.3e} {r['kl']:10.3e} {r['top1_agreement']:7.2%} "
+            f"{r['k_rel_l2_mean']:9.3%} {r['v_rel_l2_mean']:9.3%} {r['time_per_token_ms']:8.3f}"
+        )
 
     rows += [line(f"K={r['k']}", r) for r in report["passes"]]
     rows.append(line("replay", report["replay"]))
@@ -192,8 +221,10 @@ def format_report(report: dict) -> str:
     if "standard" in report:  # reports written before the row existed lack it
         rows.append(line("standard", report["standard"]))
     rows.append(f"{'exact':>11} {'':>10} {'':>10} {'':>7} {'':>9} {'':>9} {report['exact']['time_per_token_ms']:8.3f}")
-    rows.append(f"engine log-probs vs exact: mean |dlogp| {report['engine']['mean_abs_logp_diff']:.3e}, "
-                f"max {report['engine']['max_abs_logp_diff']:.3e}")
+    rows.append(
+        f"engine log-probs vs exact: mean |dlogp| {report['engine']['mean_abs_logp_diff']:.3e}, "
+        f"max {report['engine']['max_abs_logp_diff']:.3e}"
+    )
     return "\n".join(rows)
 
 
@@ -202,14 +233,17 @@ def plot_report(report: dict, path: str) -> None:
     layout): left mean |Δ log p| and KL, right mean K / V relative L2. Log scale; exact zeros are drawn at a floor
     of 1e-10."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     floor = 1e-10
     ks = [r["k"] for r in report["passes"]]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    panels = [(axes[0], [("mean_abs_logp_diff", "mean |Δ log p|", "C0"), ("kl", "KL(exact‖est)", "C1")]),
-              (axes[1], [("k_rel_l2_mean", "K rel. L2", "C2"), ("v_rel_l2_mean", "V rel. L2", "C3")])]
+    panels = [
+        (axes[0], [("mean_abs_logp_diff", "mean |Δ log p|", "C0"), ("kl", "KL(exact‖est)", "C1")]),
+        (axes[1], [("k_rel_l2_mean", "K rel. L2", "C2"), ("v_rel_l2_mean", "V rel. L2", "C3")]),
+    ]
     for ax, series in panels:
         for key, label, color in series:
             ax.plot(ks, [max(r[key], floor) for r in report["passes"]], "o-", color=color, label=f"K-pass {label}")

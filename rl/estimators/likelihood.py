@@ -29,6 +29,7 @@ Besides the estimators this module exposes the pieces `rl/estimators/compare.py`
 such inputs, optionally returning the per-layer K/V cache) and `response_log_dists` (full-vocabulary log-probs at
 the response positions).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -41,8 +42,18 @@ from rl.batch import LearnerBatch
 from rl.estimators.logprob_contract import behaviour_log_softmax, entropy_of
 from rl.model import PROMPT_MODES, positions_from_mask, shift_right
 
-__all__ = ["ESTIMATORS", "LikelihoodOutput", "get_estimator", "register_estimator", "response_hidden",
-           "last_pass_inputs", "run_pass", "response_log_dists", "token_logprobs", "micro_batches"]
+__all__ = [
+    "ESTIMATORS",
+    "LikelihoodOutput",
+    "get_estimator",
+    "register_estimator",
+    "response_hidden",
+    "last_pass_inputs",
+    "run_pass",
+    "response_log_dists",
+    "token_logprobs",
+    "micro_batches",
+]
 
 
 @dataclass
@@ -68,16 +79,35 @@ def register_estimator(name: str):
     The registered estimator wraps it with micro-batching and the log-prob / entropy gathering, so every
     estimator shares one log-prob contract.
     """
+
     def deco(hidden_fn):
 
-        def estimator(model, batch: LearnerBatch, decode_mode: str = "soft", passes: int = 3,
-                      temperature: float = 1.0, with_entropy: bool = False,
-                      micro_batch_size: int | None = None, top_k: int = 0, top_p: float = 1.0,
-                      entropy_grad: bool = False) -> LikelihoodOutput:
+        def estimator(
+            model,
+            batch: LearnerBatch,
+            decode_mode: str = "soft",
+            passes: int = 3,
+            temperature: float = 1.0,
+            with_entropy: bool = False,
+            micro_batch_size: int | None = None,
+            top_k: int = 0,
+            top_p: float = 1.0,
+            entropy_grad: bool = False,
+        ) -> LikelihoodOutput:
             _check(model, name, decode_mode, passes)
-            outs = [token_logprobs(model, hidden_fn(model, mb, decode_mode, passes), mb, temperature, with_entropy,
-                                   top_k=top_k, top_p=top_p, entropy_grad=entropy_grad)
-                    for mb in micro_batches(batch, micro_batch_size)]
+            outs = [
+                token_logprobs(
+                    model,
+                    hidden_fn(model, mb, decode_mode, passes),
+                    mb,
+                    temperature,
+                    with_entropy,
+                    top_k=top_k,
+                    top_p=top_p,
+                    entropy_grad=entropy_grad,
+                )
+                for mb in micro_batches(batch, micro_batch_size)
+            ]
             ent = torch.cat([o.entropy for o in outs]) if with_entropy else None
             return LikelihoodOutput(torch.cat([o.logprobs for o in outs]), ent)
 
@@ -96,8 +126,9 @@ def _check(model, name, decode_mode, passes):
     if name == "kpass" and passes < 1:
         raise ValueError(f"kpass: passes must be >= 1, got {passes}")
     if name != "standard" and not hasattr(model, "multipass_forward"):
-        raise ValueError(f"estimator {name!r} needs an FBT model (latent feedback); "
-                         f"{type(model).__name__} only supports 'standard'")
+        raise ValueError(
+            f"estimator {name!r} needs an FBT model (latent feedback); {type(model).__name__} only supports 'standard'"
+        )
 
 
 # ---- batching ---------------------------------------------------------------------------------------------
@@ -113,8 +144,16 @@ def micro_batches(batch: LearnerBatch, micro_batch_size: int | None):
         mb = batch if size == B else batch.select(range(start, min(start + size, B)))
         L = int((mb.prompt_lens + mb.response_lens).max())
         if L < mb.input_ids.shape[1]:
-            mb = LearnerBatch(mb.input_ids[:, :L], mb.attention_mask[:, :L], mb.prompt_lens, mb.response_lens,
-                              mb.response_mask, mb.engine_logprobs, mb.states, mb.extras)
+            mb = LearnerBatch(
+                mb.input_ids[:, :L],
+                mb.attention_mask[:, :L],
+                mb.prompt_lens,
+                mb.response_lens,
+                mb.response_mask,
+                mb.engine_logprobs,
+                mb.states,
+                mb.extras,
+            )
         yield mb
 
 
@@ -149,8 +188,10 @@ def _feedback(model, batch: LearnerBatch, decode_mode: str) -> torch.Tensor:
 def _recorded_carried(model, batch: LearnerBatch, fb: torch.Tensor) -> torch.Tensor:
     """Recorded state row j placed at position P_b + j ([B, L, d], zeros elsewhere)."""
     if batch.states is None:
-        raise ValueError("replay needs recorded states (batch.states is None): generate with "
-                         "record_states=True and collate(..., with_states=True)")
+        raise ValueError(
+            "replay needs recorded states (batch.states is None): generate with "
+            "record_states=True and collate(..., with_states=True)"
+        )
     B, L = fb.shape
     emb = model.get_input_embeddings().weight
     carried = torch.zeros(B, L, batch.states.shape[-1], dtype=emb.dtype, device=emb.device)
@@ -169,8 +210,9 @@ def _exact_hidden(model, batch, decode_mode, passes):
     dev = _device(model)
     fb = _feedback(model, batch, decode_mode)
     # recurrent_forward builds the fused prompt's states itself (with grad when enabled: the true gradient).
-    return model.recurrent_forward(batch.input_ids.to(dev), batch.prompt_lens.to(dev), mode=decode_mode,
-                                   feedback_mask=fb)
+    return model.recurrent_forward(
+        batch.input_ids.to(dev), batch.prompt_lens.to(dev), mode=decode_mode, feedback_mask=fb
+    )
 
 
 @register_estimator("kpass")
@@ -181,8 +223,15 @@ def _kpass_hidden(model, batch, decode_mode, passes):
     fb, pc, pm = _masks(model, batch, decode_mode)
     if decode_mode == "standard":
         passes = 1  # no feedback anywhere: every pass would be the same ordinary forward
-    out = model.multipass_forward(batch.input_ids.to(dev), passes, batch.attention_mask.to(dev), feedback_mask=fb,
-                                  fixed_carried=pc, fixed_mask=pm, no_grad_until_last=True)
+    out = model.multipass_forward(
+        batch.input_ids.to(dev),
+        passes,
+        batch.attention_mask.to(dev),
+        feedback_mask=fb,
+        fixed_carried=pc,
+        fixed_mask=pm,
+        no_grad_until_last=True,
+    )
     return out.last_hidden
 
 
@@ -192,9 +241,14 @@ def _replay_hidden(model, batch, decode_mode, passes):
     weights that generated the rollout (one update per rollout batch)."""
     carried, mask = last_pass_inputs(model, batch, decode_mode, "replay")
     dev = _device(model)
-    return model.multipass_forward(batch.input_ids.to(dev), 1, batch.attention_mask.to(dev),
-                                   feedback_mask=torch.zeros_like(mask), fixed_carried=carried,
-                                   fixed_mask=mask).last_hidden
+    return model.multipass_forward(
+        batch.input_ids.to(dev),
+        1,
+        batch.attention_mask.to(dev),
+        feedback_mask=torch.zeros_like(mask),
+        fixed_carried=carried,
+        fixed_mask=mask,
+    ).last_hidden
 
 
 @register_estimator("standard")
@@ -216,8 +270,14 @@ def response_hidden(model, batch: LearnerBatch, decode_mode: str, estimator: str
 
 # ---- final-pass inputs and K/V (for the comparison tool) --------------------------------------------------
 @torch.no_grad()
-def last_pass_inputs(model, batch: LearnerBatch, decode_mode: str, estimator: str, passes: int = 3,
-                     prev_hidden: torch.Tensor | None = None):
+def last_pass_inputs(
+    model,
+    batch: LearnerBatch,
+    decode_mode: str,
+    estimator: str,
+    passes: int = 3,
+    prev_hidden: torch.Tensor | None = None,
+):
     """(carried [B, L, d], mask [B, L] bool): what the estimator's final pass fuses, all detached.
 
     Running `run_pass` on them reproduces the estimator's final pass (for `exact`: the parallel pass over the
@@ -233,13 +293,15 @@ def last_pass_inputs(model, batch: LearnerBatch, decode_mode: str, estimator: st
     if estimator == "replay":
         carried = _recorded_carried(model, batch, fb)
     elif estimator == "exact":
-        carried = shift_right(prev_hidden if prev_hidden is not None
-                              else _exact_hidden(model, batch, decode_mode, passes))
+        carried = shift_right(
+            prev_hidden if prev_hidden is not None else _exact_hidden(model, batch, decode_mode, passes)
+        )
     elif estimator == "kpass":
         if passes > 1:
             if prev_hidden is None:
-                prev_hidden = model.multipass_forward(ids, passes - 1, am, feedback_mask=fb, fixed_carried=pc,
-                                                      fixed_mask=pm).last_hidden
+                prev_hidden = model.multipass_forward(
+                    ids, passes - 1, am, feedback_mask=fb, fixed_carried=pc, fixed_mask=pm
+                ).last_hidden
             carried = shift_right(prev_hidden)
         else:
             carried, fb = zeros, torch.zeros_like(fb)  # one pass: only a fused prompt's states are fed
@@ -284,9 +346,16 @@ def response_log_dists(model, h: torch.Tensor, batch: LearnerBatch, temperature:
     return torch.log_softmax(logits, dim=-1)
 
 
-def token_logprobs(model, h: torch.Tensor, batch: LearnerBatch, temperature: float = 1.0,
-                   with_entropy: bool = False, top_k: int = 0, top_p: float = 1.0,
-                   entropy_grad: bool = False) -> LikelihoodOutput:
+def token_logprobs(
+    model,
+    h: torch.Tensor,
+    batch: LearnerBatch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    entropy_grad: bool = False,
+) -> LikelihoodOutput:
     """The response tokens' log-probs (and entropies) under the log-prob contract from states h; 0 on padding.
     The LM head and log-softmax run on the real response tokens only. Entropies carry a gradient only with
     `entropy_grad` (an entropy bonus): as a metric, their [N, V] intermediates are not kept for backward."""
@@ -305,6 +374,6 @@ def token_logprobs(model, h: torch.Tensor, batch: LearnerBatch, temperature: flo
             per_token = entropy_of(logp)
         else:  # a metric: a few rows at a time, so its temporaries add ~nothing to the [N, V] peak
             with torch.no_grad():
-                per_token = torch.cat([entropy_of(c) for c in logp.split(max(1, 2 ** 22 // logp.shape[-1]))])
+                per_token = torch.cat([entropy_of(c) for c in logp.split(max(1, 2**22 // logp.shape[-1]))])
         ent = torch.zeros(shape, dtype=logp.dtype, device=h.device).index_put((rows, js), per_token)
     return LikelihoodOutput(lp, ent)

@@ -23,13 +23,14 @@ T = 0 is greedy: log-probs of the untempered logits. Temperatures in (0, TEMPERA
 TEMPERATURE_MAX are refused (vLLM clamps the first silently and rejects the second; both engines refuse both
 the same way, `rl.batch.SamplingParams.validate`).
 """
+
 from __future__ import annotations
 
 import torch
 
 TEMPERATURE_MIN = 1e-2  # vLLM raises smaller positive temperatures to this (its _MAX_TEMP), silently
-TEMPERATURE_MAX = 2.0   # vLLM's SamplingParams refuses anything above
-SORT_CHUNK = 2 ** 24    # top-p sorts this many entries at a time (values + int64 indices: 12 bytes each)
+TEMPERATURE_MAX = 2.0  # vLLM's SamplingParams refuses anything above
+SORT_CHUNK = 2**24  # top-p sorts this many entries at a time (values + int64 indices: 12 bytes each)
 
 
 def truncation_active(top_k: int, top_p: float) -> bool:
@@ -63,8 +64,13 @@ def kept_tokens(scaled_logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0)
     return keep
 
 
-def behaviour_log_softmax(logits: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                          always_keep: torch.Tensor | None = None) -> torch.Tensor:
+def behaviour_log_softmax(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    always_keep: torch.Tensor | None = None,
+) -> torch.Tensor:
     """log π_b over the vocabulary ([..., V], fp32 or wider, -inf outside K), differentiable in `logits`.
 
     `always_keep` ([...] token ids) are put in K whatever the truncation says: the learner passes the sampled

@@ -23,6 +23,7 @@ Costs per step: one CPU copy of the weights and, on `train.mismatch_parts_frac` 
 exact recurrences and the estimator). Logged as `mismatch_parts/<part>` (mean |Δ| per token) and
 `mismatch_parts/<part>_signed`; rl/report/plots.py draws them (`mismatch_parts.png`).
 """
+
 from __future__ import annotations
 
 import math
@@ -102,17 +103,26 @@ class MismatchProbe:
         missing, unexpected = self._scratch.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if getattr(self._scratch.config, "tie_word_embeddings", False) else set()
         if unexpected or set(missing) - tied:
-            raise ValueError(f"mismatch parts: weights do not fit the model: missing={sorted(set(missing) - tied)} "
-                             f"unexpected={sorted(unexpected)}")
+            raise ValueError(
+                f"mismatch parts: weights do not fit the model: missing={sorted(set(missing) - tied)} "
+                f"unexpected={sorted(unexpected)}"
+            )
         return self._scratch
 
     def _logprobs(self, estimator: str, model, batch) -> torch.Tensor:
         c, r = self.cfg, self.cfg.rollout
         # the learner's log-prob contract (rl/estimators/logprob_contract.py): the engines' behaviour density, top-k /
         # top-p kept set included, so the engine part compares like with like
-        return get_estimator(estimator)(model, batch, r.decode_mode, passes=c.likelihood.passes,
-                                        temperature=r.temperature or 1.0, top_k=max(r.top_k, 0), top_p=r.top_p,
-                                        micro_batch_size=c.learner.micro_batch_size).logprobs.cpu()
+        return get_estimator(estimator)(
+            model,
+            batch,
+            r.decode_mode,
+            passes=c.likelihood.passes,
+            temperature=r.temperature or 1.0,
+            top_k=max(r.top_k, 0),
+            top_p=r.top_p,
+            micro_batch_size=c.learner.micro_batch_size,
+        ).logprobs.cpu()
 
     @torch.no_grad()
     def measure(self, samples: list[Sample], version: int, state: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -136,10 +146,9 @@ class MismatchProbe:
                 known[rows] = True
                 continue
             sub = batch.select(rows)
-            exact_then[rows, :sub.response_mask.shape[1]] = self._logprobs("exact", self._model(weights), sub)
+            exact_then[rows, : sub.response_mask.shape[1]] = self._logprobs("exact", self._model(weights), sub)
             known[rows] = True
-        out = mismatch_decomposition(batch.engine_logprobs, exact_then, exact_now, est_now, batch.response_mask,
-                                     known)
+        out = mismatch_decomposition(batch.engine_logprobs, exact_then, exact_now, est_now, batch.response_mask, known)
         out["rows"] = float(len(samples))
         out["rows_without_weights"] = float(len(samples) - int(known.sum()))
         out["staleness_mean"] = sum(version - s.policy_version for s in samples) / len(samples)
@@ -151,6 +160,9 @@ def measure_parts(cfg, learner, samples: list[Sample], version: int, step: int) 
     (`train.mismatch_parts_frac` of the rows, within `train.mismatch_parts_max_tokens`); {} when off."""
     if cfg.train.mismatch_parts_frac <= 0:
         return {}
-    diag = within_token_budget(diagnostic_rows(len(samples), cfg.train.mismatch_parts_frac, cfg.train.seed, step),
-                               [s.response_len for s in samples], cfg.train.mismatch_parts_max_tokens)
+    diag = within_token_budget(
+        diagnostic_rows(len(samples), cfg.train.mismatch_parts_frac, cfg.train.seed, step),
+        [s.response_len for s in samples],
+        cfg.train.mismatch_parts_max_tokens,
+    )
     return learner.mismatch_parts([samples[i] for i in diag], version)

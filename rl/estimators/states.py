@@ -17,6 +17,7 @@ each costs is what `fbrl compare-likelihood` prints per format (docs/BENCHMARKS.
 `actors/state_plane.py` makes and resolves them). `rl/` only passes it along; the learner resolves the rows it
 trains on before it collates them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,8 +38,9 @@ def params_states_dtype(record_states_dtype: str, engines_on_gpu: bool) -> str:
     if record_states_dtype == "auto":
         record_states_dtype = "bf16" if engines_on_gpu else "fp32"
     if record_states_dtype not in CONFIG_NAMES:
-        raise ValueError(f"rollout.record_states_dtype: expected auto or one of {sorted(CONFIG_NAMES)}, "
-                         f"got {record_states_dtype!r}")
+        raise ValueError(
+            f"rollout.record_states_dtype: expected auto or one of {sorted(CONFIG_NAMES)}, got {record_states_dtype!r}"
+        )
     return CONFIG_NAMES[record_states_dtype]
 
 
@@ -78,6 +80,7 @@ class StateRef:
     actors/state_plane.py); `rows`, `width` (d) and `nbytes` describe what it stands for, so a learner can shape a
     batch and weigh rows without fetching anything. `start`: the sample's first row in the object (one object may
     hold the states of several samples, one after the other)."""
+
     handle: object
     rows: int
     width: int

@@ -4,35 +4,55 @@
 multi-pass forward, recurrent step, prefill), `convert` (an FBT from a plain checkpoint and back). Importing
 `rl.model` registers `fbt_llama` / `fbt_qwen2` with transformers' Auto classes.
 """
+
 from rl.decode_modes import MODES as PROMPT_MODES
 from rl.model.convert import (
-                              FUSION_INITS,
-                              IDENTITY_RMS_EPS,
-                              as_standard_lm,
-                              convert_to_fbt,
-                              fbt_config_from,
-                              identity_init_fusion,
+    FUSION_INITS,
+    IDENTITY_RMS_EPS,
+    as_standard_lm,
+    convert_to_fbt,
+    fbt_config_from,
+    identity_init_fusion,
 )
 from rl.model.fbt import (
-                              FBT_CLASSES,
-                              FBTLlamaConfig,
-                              FBTLlamaForCausalLM,
-                              FBTMixin,
-                              FBTQwen2Config,
-                              FBTQwen2ForCausalLM,
-                              MultiPassOutput,
+    FBT_CLASSES,
+    FBTLlamaConfig,
+    FBTLlamaForCausalLM,
+    FBTMixin,
+    FBTQwen2Config,
+    FBTQwen2ForCausalLM,
+    MultiPassOutput,
 )
 from rl.model.fusion import (
-                              FUSION_MODES,
-                              INPUT_SCALES,
-                              Fusion,
-                              positions_from_mask,
-                              rms_normalize,
-                              rms_value,
-                              shift_right,
+    FUSION_MODES,
+    INPUT_SCALES,
+    Fusion,
+    positions_from_mask,
+    rms_normalize,
+    rms_value,
+    shift_right,
 )
 
-__all__ = ["PROMPT_MODES", "FUSION_MODES", "INPUT_SCALES", "FUSION_INITS", "IDENTITY_RMS_EPS", "Fusion",
-           "rms_normalize", "rms_value", "shift_right", "positions_from_mask", "FBTMixin", "MultiPassOutput",
-           "FBTLlamaConfig", "FBTQwen2Config", "FBTLlamaForCausalLM", "FBTQwen2ForCausalLM", "FBT_CLASSES",
-           "as_standard_lm", "fbt_config_from", "identity_init_fusion", "convert_to_fbt"]
+__all__ = [
+    "PROMPT_MODES",
+    "FUSION_MODES",
+    "INPUT_SCALES",
+    "FUSION_INITS",
+    "IDENTITY_RMS_EPS",
+    "Fusion",
+    "rms_normalize",
+    "rms_value",
+    "shift_right",
+    "positions_from_mask",
+    "FBTMixin",
+    "MultiPassOutput",
+    "FBTLlamaConfig",
+    "FBTQwen2Config",
+    "FBTLlamaForCausalLM",
+    "FBTQwen2ForCausalLM",
+    "FBT_CLASSES",
+    "as_standard_lm",
+    "fbt_config_from",
+    "identity_init_fusion",
+    "convert_to_fbt",
+]

@@ -1,6 +1,7 @@
 """An FBT made from a plain Llama / Qwen2 checkpoint (`convert_to_fbt`, behind `fbrl convert`), with the fusion at
 its identity point when asked (the converted model then decodes exactly like its source), and the way back
 (`as_standard_lm`: the backbone as a plain causal LM)."""
+
 from __future__ import annotations
 
 import torch
@@ -26,8 +27,9 @@ def fbt_config_from(base_config, fusion_mode: str = "gate_product", **fbt_fields
     """An FBT config carrying every field of a stock Llama/Qwen2 config."""
     backbone = base_config.model_type.removeprefix("fbt_")
     if backbone not in FBT_CLASSES:
-        raise ValueError(f"model_type {base_config.model_type!r} is not a supported backbone; "
-                         f"supported: {sorted(FBT_CLASSES)}")
+        raise ValueError(
+            f"model_type {base_config.model_type!r} is not a supported backbone; supported: {sorted(FBT_CLASSES)}"
+        )
     cfg_cls, model_cls = FBT_CLASSES[backbone]
     fields = base_config.to_dict()
     for k in ("model_type", "architectures", "transformers_version", "quantization_config"):
@@ -42,8 +44,10 @@ def fbt_config_from(base_config, fusion_mode: str = "gate_product", **fbt_fields
 # the three RMS epsilons no longer scale the fused input by 1/sqrt(ms/(ms+eps) + eps) ≠ 1 (docs/BENCHMARKS.md).
 IDENTITY_RMS_EPS = 1e-12
 FUSION_INITS = ("random", "identity")
-_NO_IDENTITY = ("identity init: fusion mode 'gate_product' has no identity point (the carried state is its value "
-                "path, the token only gates it); use 'linear_addition' or 'concat_projection'")
+_NO_IDENTITY = (
+    "identity init: fusion mode 'gate_product' has no identity point (the carried state is its value "
+    "path, the token only gates it); use 'linear_addition' or 'concat_projection'"
+)
 
 
 @torch.no_grad()

@@ -15,6 +15,7 @@ every parallel shortcut is tested against. The checkpoint is a normal `save_pret
 `model_type` is `fbt_llama` / `fbt_qwen2`; importing this module registers both with the Auto classes. The fusion
 itself is rl/model/fusion.py; making an FBT from a plain checkpoint is rl/model/convert.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -96,18 +97,26 @@ class FBTMixin:
         x = self.fusion(h_prev.to(e.dtype), e)
         return x * rms_value(e, self.fusion.eps) if self.config.fbt_input_scale == "embedding_rms" else x
 
-    def run_stack(self, inputs_embeds, attention_mask=None, position_ids=None, past_key_values=None,
-                  use_cache=False):
+    def run_stack(self, inputs_embeds, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False):
         """The backbone's decoder stack + final norm: returns (h [B,L,d], cache)."""
-        out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, use_cache=use_cache)
+        out = self.model(
+            inputs_embeds=inputs_embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
         return out.last_hidden_state, out.past_key_values
 
     def logits_from_hidden(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(h)
 
-    def feedback_mask(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                      no_feedback_before: torch.Tensor | None = None) -> torch.Tensor:
+    def feedback_mask(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        no_feedback_before: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """[B, L] bool: positions whose input fuses the previous position's state.
 
         Position 0, document starts (reset tokens), padding, the first real token of a left-padded row, and
@@ -132,10 +141,19 @@ class FBTMixin:
         return torch.where(mask[..., None], self.fuse(carried, e), e)
 
     # ---- 1. K-pass parallel forward --------------------------------------------------------------------
-    def multipass_forward(self, input_ids, num_passes: int, attention_mask=None, feedback_mask=None,
-                          fixed_carried=None, fixed_mask=None, jitter: float = 0.0,
-                          prefix_mixin: float = 0.0, no_grad_until_last: bool = False,
-                          generator: torch.Generator | None = None) -> MultiPassOutput:
+    def multipass_forward(
+        self,
+        input_ids,
+        num_passes: int,
+        attention_mask=None,
+        feedback_mask=None,
+        fixed_carried=None,
+        fixed_mask=None,
+        jitter: float = 0.0,
+        prefix_mixin: float = 0.0,
+        no_grad_until_last: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> MultiPassOutput:
         """Run K passes in parallel. Pass 1 is ordinary except at `fixed_mask` positions, which always fuse
         `fixed_carried` (recorded states for replay, or the fused-prompt states). Pass k ≥ 2 fuses pass k-1's
         states shifted right at `feedback_mask` positions.
@@ -161,8 +179,17 @@ class FBTMixin:
                 else:
                     carried = shift_right(h.detach() if no_grad_until_last else h)
                     if jitter > 0:
-                        carried = carried + (torch.rand(carried.shape, generator=generator, device=carried.device,
-                                                        dtype=carried.dtype) * 2 - 1) * jitter
+                        carried = (
+                            carried
+                            + (
+                                torch.rand(
+                                    carried.shape, generator=generator, device=carried.device, dtype=carried.dtype
+                                )
+                                * 2
+                                - 1
+                            )
+                            * jitter
+                        )
                     mask = feedback_mask
                     if prefix_mixin > 0:
                         mask = mask & ~self._random_prefix(mask, prefix_mixin, generator)
@@ -191,8 +218,10 @@ class FBTMixin:
         passes = prefill_passes or self.config.fbt_prefill_passes
         if passes <= 1:  # one prefill pass is the plain prompt: nothing is fused into it
             d = self.config.hidden_size
-            return (torch.zeros(*input_ids.shape, d, device=input_ids.device, dtype=self.dtype),
-                    torch.zeros_like(input_ids, dtype=torch.bool))
+            return (
+                torch.zeros(*input_ids.shape, d, device=input_ids.device, dtype=self.dtype),
+                torch.zeros_like(input_ids, dtype=torch.bool),
+            )
         P = int(prompt_lens.max())
         ids = input_ids[:, :P]
         am = attention_mask[:, :P] if attention_mask is not None else None
@@ -205,9 +234,11 @@ class FBTMixin:
         uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
         # one row per distinct prompt (any row of a group will do: they agree on every prompt position)
         rep = torch.zeros(len(uniq), dtype=torch.long, device=ids.device).scatter_(
-            0, inverse, torch.arange(len(key), device=ids.device))
-        prev = self.multipass_forward(ids[rep], passes - 1, None if am is None else am[rep],
-                                      feedback_mask=fb[rep]).last_hidden[inverse]
+            0, inverse, torch.arange(len(key), device=ids.device)
+        )
+        prev = self.multipass_forward(
+            ids[rep], passes - 1, None if am is None else am[rep], feedback_mask=fb[rep]
+        ).last_hidden[inverse]
         carried = torch.zeros(*input_ids.shape, prev.shape[-1], dtype=prev.dtype, device=prev.device)
         # zero where nothing is fed (past a row's prompt the states are another row's response's, with dedup)
         carried[:, :P] = shift_right(prev).masked_fill(~fb[..., None], 0.0)
@@ -216,8 +247,15 @@ class FBTMixin:
         return carried, fixed
 
     # ---- 2. recurrence with a KV cache -----------------------------------------------------------------
-    def step(self, token_ids, h_prev, past_key_values, attention_mask=None, position_ids=None,
-             feedback: torch.Tensor | bool = True):
+    def step(
+        self,
+        token_ids,
+        h_prev,
+        past_key_values,
+        attention_mask=None,
+        position_ids=None,
+        feedback: torch.Tensor | bool = True,
+    ):
         """Consume new tokens [B, T] one at a time, each fused with the state before it.
 
         h_prev [B, d] is the state that predicted token_ids[:, 0]; `feedback` (bool or [B] tensor) switches
@@ -228,19 +266,19 @@ class FBTMixin:
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
             if attention_mask is not None:
-                position_ids = positions_from_mask(attention_mask)[:, past:past + T]
+                position_ids = positions_from_mask(attention_mask)[:, past : past + T]
             else:
                 position_ids = torch.arange(past, past + T, device=token_ids.device)[None].expand(B, T)
         fb = torch.as_tensor(feedback, device=token_ids.device).expand(B).clone()
         resets = torch.tensor(self.reset_token_ids, device=token_ids.device, dtype=token_ids.dtype)
         outs = []
         for t in range(T):
-            tok = token_ids[:, t:t + 1]
+            tok = token_ids[:, t : t + 1]
             e = self.embed(tok)
             mask = (fb & ~torch.isin(tok[:, 0], resets))[:, None]
             x = self._fused_inputs(e, h_prev[:, None, :], mask)
-            am = attention_mask[:, :past + t + 1] if attention_mask is not None else None
-            h, past_key_values = self.run_stack(x, am, position_ids[:, t:t + 1], past_key_values, use_cache=True)
+            am = attention_mask[:, : past + t + 1] if attention_mask is not None else None
+            h, past_key_values = self.run_stack(x, am, position_ids[:, t : t + 1], past_key_values, use_cache=True)
             h_prev = h[:, 0]
             outs.append(h)
         return torch.cat(outs, dim=1), past_key_values
@@ -266,8 +304,9 @@ class FBTMixin:
         return self.run_stack(x, attention_mask, position_ids, use_cache=True)
 
     # ---- the exact recurrence, teacher-forced ----------------------------------------------------------
-    def recurrent_forward(self, input_ids, prompt_lens=None, mode: str = "soft", fixed_carried=None,
-                          fixed_mask=None, feedback_mask=None):
+    def recurrent_forward(
+        self, input_ids, prompt_lens=None, mode: str = "soft", fixed_carried=None, fixed_mask=None, feedback_mask=None
+    ):
         """Ground truth: token by token with a KV cache over right-padded rows, teacher-forced on input_ids.
 
         mode soft: no feedback before prompt_lens[b]; fused: prompt positions fuse the fused-prompt states
@@ -295,13 +334,14 @@ class FBTMixin:
             h, cache = self.run_stack(x, use_cache=True)
             outs.append(h)
         for t in range(start, L):
-            e_t = e[:, t:t + 1]
+            e_t = e[:, t : t + 1]
             carried = outs[-1][:, -1:] if outs else torch.zeros_like(e_t)
-            mask = feedback_mask[:, t:t + 1]
+            mask = feedback_mask[:, t : t + 1]
             if fixed_mask is not None:
-                carried = torch.where(fixed_mask[:, t:t + 1, None], fixed_carried[:, t:t + 1].to(e_t.dtype),
-                                      carried)
-                mask = mask | fixed_mask[:, t:t + 1]
+                carried = torch.where(
+                    fixed_mask[:, t : t + 1, None], fixed_carried[:, t : t + 1].to(e_t.dtype), carried
+                )
+                mask = mask | fixed_mask[:, t : t + 1]
             x = self._fused_inputs(e_t, carried, mask)
             pos = torch.full((B, 1), t, dtype=torch.long, device=input_ids.device)
             h, cache = self.run_stack(x, position_ids=pos, past_key_values=cache, use_cache=True)

@@ -1,6 +1,7 @@
 """The fusion `F(h_{t-1}, e_t)` of a full-bandwidth transformer and the tensor helpers of its passes: the
 parameter-free RMS norms, shifting states one position right, position ids from a padding mask. Plain torch
 (no transformers), so the engines and estimators share these definitions with the model."""
+
 from __future__ import annotations
 
 import torch

@@ -6,6 +6,7 @@ transformers refuses to `save_pretrained` it and later loaders would read its `q
 model rebuilt here from the same config, without that field, holds exactly the dequantized weights. GGUF holds tensors and metadata only (no pickled
 code), so reading one runs nothing from the file.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

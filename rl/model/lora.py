@@ -14,6 +14,7 @@ format (`save_adapter`): `PeftModel.from_pretrained(base FBT, that directory)` r
 The KL reference is the same model with the adapters off (`reference()`, peft's `disable_adapter`): the frozen
 base weights and the fusion's frozen original, i.e. the starting policy, with no second model in memory.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch
 
 ADAPTER = "default"  # peft's adapter name
-FUSION = "fusion"    # the FBT's fusion module (rl/model/)
+FUSION = "fusion"  # the FBT's fusion module (rl/model/)
 ADAPTER_FILE = "adapter_model.safetensors"  # peft's file name in an adapter directory
 _LORA_PARTS = (".lora_A.", ".lora_B.", ".lora_embedding_A.", ".lora_embedding_B.", ".lora_magnitude_vector.")
 
@@ -33,16 +34,27 @@ def peft_config(lora_cfg, model):
     """peft's LoraConfig for `learner.lora` on `model`; a target that names no linear layer of the model is an error
     naming the key (peft would otherwise adapt nothing, or say so without the key)."""
     from peft import LoraConfig
-    leaf_names = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules()
-                  if isinstance(mod, torch.nn.Linear) and not name.startswith(f"{FUSION}.")}
+
+    leaf_names = {
+        name.rsplit(".", 1)[-1]
+        for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.Linear) and not name.startswith(f"{FUSION}.")
+    }
     missing = sorted(set(lora_cfg.target_modules) - leaf_names)
     if missing:
-        raise ValueError(f"learner.lora.target_modules: {missing} name no linear layer of the backbone; "
-                         f"its linear layers are {sorted(leaf_names)}")
+        raise ValueError(
+            f"learner.lora.target_modules: {missing} name no linear layer of the backbone; "
+            f"its linear layers are {sorted(leaf_names)}"
+        )
     fusion = lora_cfg.train_fusion and hasattr(model, FUSION)
-    return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
-                      target_modules=list(lora_cfg.target_modules), bias="none",
-                      modules_to_save=[FUSION] if fusion else None)
+    return LoraConfig(
+        r=lora_cfg.rank,
+        lora_alpha=lora_cfg.alpha,
+        lora_dropout=lora_cfg.dropout,
+        target_modules=list(lora_cfg.target_modules),
+        bias="none",
+        modules_to_save=[FUSION] if fusion else None,
+    )
 
 
 def clean_name(name: str) -> str | None:
@@ -66,6 +78,7 @@ class LoraPolicy:
         """A is drawn at random (B = 0) from `seed`, so every rank, and a learner rebuilt in the job, starts from the
         same adapters; the global RNG is left as it was."""
         from peft import get_peft_model
+
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return cls(get_peft_model(model, peft_config(lora_cfg, model)))
@@ -76,8 +89,10 @@ class LoraPolicy:
 
     def counts(self) -> dict[str, int]:
         """Parameter counts: trainable (adapters + fusion copy) and the merged model's."""
-        return {"trainable": sum(p.numel() for p in self.trainable_parameters()),
-                "merged": sum(t.numel() for _, t in self.merged_tensors())}
+        return {
+            "trainable": sum(p.numel() for p in self.trainable_parameters()),
+            "merged": sum(t.numel() for _, t in self.merged_tensors()),
+        }
 
     # -- the reference ----------------------------------------------------------------------------------------
     def reference(self):
@@ -92,6 +107,7 @@ class LoraPolicy:
         weight as loaded. Tensors are new (merged) or detached views of the parameters: copy before keeping."""
         from peft.tuners.lora import LoraLayer
         from peft.utils import ModulesToSaveWrapper
+
         merged = {}
         for name, mod in self.model.named_modules():
             if isinstance(mod, LoraLayer) and ADAPTER in mod.lora_A:
@@ -124,10 +140,13 @@ class LoraPolicy:
         """Set the adapters (and the trained fusion) from a `save_adapter` directory (safetensors, never pickle)."""
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
+
         result = set_peft_model_state_dict(self.peft_model, load_file(str(Path(directory) / ADAPTER_FILE)))
         if result.unexpected_keys:
-            raise ValueError(f"{directory}: adapters do not fit the model (learner.lora changed?): "
-                             f"unexpected {sorted(result.unexpected_keys)[:4]}")
+            raise ValueError(
+                f"{directory}: adapters do not fit the model (learner.lora changed?): "
+                f"unexpected {sorted(result.unexpected_keys)[:4]}"
+            )
 
 
 def maybe_wrap(model, lora_cfg, seed: int = 0) -> tuple[object, LoraPolicy | None]:

@@ -5,6 +5,7 @@ reruns the whole stack; `L = L_1 + mean(L_2..L_K)` with nothing detached (`multi
 the exact recurrence (BPTT through every position). K per step comes from `pretrain.pass_schedule` or
 `pretrain.mixture_probs` (`passes_for_step`); the learning rate follows warmup + decay (`lr_factor`).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,9 +33,17 @@ def masked_ce(model, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: t
     return F.cross_entropy(logits, targets)
 
 
-def multipass_loss(model, input_ids, attention_mask, loss_mask, num_passes: int, jitter: float = 0.0,
-                   prefix_mixin: float = 0.0, generator: torch.Generator | None = None,
-                   feedback_on: str = "all") -> tuple[torch.Tensor, list[torch.Tensor]]:
+def multipass_loss(
+    model,
+    input_ids,
+    attention_mask,
+    loss_mask,
+    num_passes: int,
+    jitter: float = 0.0,
+    prefix_mixin: float = 0.0,
+    generator: torch.Generator | None = None,
+    feedback_on: str = "all",
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """`L_1 + mean(L_2..L_K)` and the per-pass losses [L_1, ..., L_K] (graph kept, nothing detached).
 
     feedback_on="response": passes >= 2 fuse states only at the loss-masked (response) positions, so the
@@ -42,15 +51,23 @@ def multipass_loss(model, input_ids, attention_mask, loss_mask, num_passes: int,
     feedback_mask = None
     if feedback_on == "response":
         feedback_mask = model.feedback_mask(input_ids, attention_mask) & loss_mask.bool()
-    out = model.multipass_forward(input_ids, num_passes, attention_mask=attention_mask, jitter=jitter,
-                                  prefix_mixin=prefix_mixin, generator=generator, feedback_mask=feedback_mask)
+    out = model.multipass_forward(
+        input_ids,
+        num_passes,
+        attention_mask=attention_mask,
+        jitter=jitter,
+        prefix_mixin=prefix_mixin,
+        generator=generator,
+        feedback_mask=feedback_mask,
+    )
     losses = [masked_ce(model, h, input_ids, loss_mask) for h in out.hidden]
     total = losses[0] if num_passes == 1 else losses[0] + torch.stack(losses[1:]).mean()
     return total, losses
 
 
-def exact_loss(model, input_ids, attention_mask, loss_mask, feedback_on: str = "all"
-               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def exact_loss(
+    model, input_ids, attention_mask, loss_mask, feedback_on: str = "all"
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """`L_exact` (and [L_exact]): the loss of the exact recurrence, backpropagated through time — the
     K -> infinity limit of the multi-pass objective.
 
@@ -74,7 +91,6 @@ def exact_step(step: int, pcfg) -> bool:
     """Whether optimizer step `step` trains the exact recurrence (`exact_loss`) instead of K passes: drawn with
     probability `pretrain.exact_prob` from a stream seeded by (seed, step), like the mixture's K."""
     return pcfg.exact_prob > 0 and random.Random(f"fbrl-exact:{pcfg.seed}:{step}").random() < pcfg.exact_prob
-
 
 
 def passes_for_step(step: int, total_steps: int, pcfg) -> int:

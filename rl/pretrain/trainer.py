@@ -17,6 +17,7 @@ Documents are `prompt + target + <eos>` (target = the row's `solution` if it has
 per row, right-padded; `loss_on: response` masks the loss to the target and <eos> (SFT), `all` trains on
 every token after the first.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,22 +48,26 @@ def load_model_and_tokenizer(cfg: Config):
     tok_dir = m.tokenizer or (None if m.init is not None else m.path)
     if tok_dir is None:
         from rl.data.tokenizer import build_tokenizer
+
         tokenizer = build_tokenizer()  # the project's char-level tokenizer (pad 0, bos 1, eos 2)
     else:
         tokenizer = AutoTokenizer.from_pretrained(tok_dir)
     if m.init is not None:
         torch.manual_seed(cfg.pretrain.seed)
-        model = fbt_model.FBTLlamaForCausalLM(fresh_config(m.init, m.fusion_mode, tokenizer)) \
-            if m.init.backbone == "llama" else fbt_model.FBTQwen2ForCausalLM(fresh_config(m.init, m.fusion_mode,
-                                                                                          tokenizer))
+        model = (
+            fbt_model.FBTLlamaForCausalLM(fresh_config(m.init, m.fusion_mode, tokenizer))
+            if m.init.backbone == "llama"
+            else fbt_model.FBTQwen2ForCausalLM(fresh_config(m.init, m.fusion_mode, tokenizer))
+        )
         return model.to(dtype), tokenizer
     if not m.path:
         raise ValueError("model.path: required unless model.init describes a fresh model")
     if AutoConfig.from_pretrained(m.path).model_type.startswith("fbt_"):
         model = AutoModelForCausalLM.from_pretrained(m.path, dtype=dtype)
     else:
-        model = fbt_model.convert_to_fbt(AutoModelForCausalLM.from_pretrained(m.path, dtype=dtype),
-                                         m.fusion_mode, seed=cfg.pretrain.seed)
+        model = fbt_model.convert_to_fbt(
+            AutoModelForCausalLM.from_pretrained(m.path, dtype=dtype), m.fusion_mode, seed=cfg.pretrain.seed
+        )
     return model, tokenizer
 
 
@@ -81,21 +86,32 @@ def identity_fusion_(model) -> None:
         f.w_c.weight.zero_()
         f.w_c.weight[:, d:].copy_(eye)
     else:
-        raise ValueError(f"pretrain.fusion_init=identity: fusion {f.mode!r} has no identity setting "
-                         f"(use linear_addition or concat_projection)")
+        raise ValueError(
+            f"pretrain.fusion_init=identity: fusion {f.mode!r} has no identity setting "
+            f"(use linear_addition or concat_projection)"
+        )
 
 
 def fresh_config(init, fusion_mode: str, tokenizer):
     """FBT config for a model built from scratch with the tokenizer's vocabulary and special ids."""
     base_cls = fbt_model.FBT_CLASSES[init.backbone][0]
     return base_cls(
-        vocab_size=len(tokenizer), hidden_size=init.hidden_size, num_hidden_layers=init.num_layers,
-        num_attention_heads=init.num_heads, num_key_value_heads=init.num_kv_heads,
-        head_dim=init.hidden_size // init.num_heads, intermediate_size=init.intermediate_size,
-        max_position_embeddings=init.max_position_embeddings, rope_theta=init.rope_theta,
-        tie_word_embeddings=init.tie_word_embeddings, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        fbt_fusion_mode=fusion_mode, architectures=[fbt_model.FBT_CLASSES[init.backbone][1].__name__])
+        vocab_size=len(tokenizer),
+        hidden_size=init.hidden_size,
+        num_hidden_layers=init.num_layers,
+        num_attention_heads=init.num_heads,
+        num_key_value_heads=init.num_kv_heads,
+        head_dim=init.hidden_size // init.num_heads,
+        intermediate_size=init.intermediate_size,
+        max_position_embeddings=init.max_position_embeddings,
+        rope_theta=init.rope_theta,
+        tie_word_embeddings=init.tie_word_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        fbt_fusion_mode=fusion_mode,
+        architectures=[fbt_model.FBT_CLASSES[init.backbone][1].__name__],
+    )
 
 
 def encode_rows(rows: list[dict], tokenizer, seq_len: int, loss_on: str) -> list[tuple[list[int], list[int]]]:
@@ -119,15 +135,14 @@ def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int):
     attention = torch.zeros(B, L, dtype=torch.long)
     loss_mask = torch.zeros(B, L, dtype=torch.long)
     for b, (ids, mask) in enumerate(encoded):
-        input_ids[b, :len(ids)] = torch.tensor(ids)
-        attention[b, :len(ids)] = 1
-        loss_mask[b, :len(ids)] = torch.tensor(mask)
+        input_ids[b, : len(ids)] = torch.tensor(ids)
+        attention[b, : len(ids)] = 1
+        loss_mask[b, : len(ids)] = torch.tensor(mask)
     return input_ids, attention, loss_mask
 
 
 @torch.no_grad()
-def validation_losses(model, batches, num_passes: int, feedback_on: str = "all", exact: bool = False
-                      ) -> list[float]:
+def validation_losses(model, batches, num_passes: int, feedback_on: str = "all", exact: bool = False) -> list[float]:
     """Per-pass validation loss (token-weighted over all batches) with K passes, no jitter, no mixin; with
     `exact`, the exact recurrence's loss is appended (the loss `soft` decoding sees)."""
     was_training = model.training
@@ -149,14 +164,23 @@ def validation_losses(model, batches, num_passes: int, feedback_on: str = "all",
 
 def git_commit() -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or None
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).resolve().parent,
+                timeout=10,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         return None
 
 
-def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str, str] | None = None,
-                    lora=None) -> None:
+def save_checkpoint(
+    model, tokenizer, out_dir: str | Path, extra_files: dict[str, str] | None = None, lora=None
+) -> None:
     """Write the checkpoint to `<out_dir>.tmp-<pid>` and swap it in, so `out_dir` is never half-written.
 
     With LoRA (`learner.lora`; `lora` an rl.model.lora.LoraPolicy) the checkpoint is the merged model, and the adapters
@@ -173,8 +197,9 @@ def save_checkpoint(model, tokenizer, out_dir: str | Path, extra_files: dict[str
     if lora is None:
         model.save_pretrained(tmp, safe_serialization=True)
     else:
-        model.save_pretrained(tmp, safe_serialization=True,
-                              state_dict={k: v.detach().clone() for k, v in lora.merged_tensors()})
+        model.save_pretrained(
+            tmp, safe_serialization=True, state_dict={k: v.detach().clone() for k, v in lora.merged_tensors()}
+        )
         lora.save_adapter(str(tmp / "adapter"))
     tokenizer.save_pretrained(tmp)
     for name, text in (extra_files or {}).items():
@@ -199,34 +224,43 @@ def train(cfg: Config, log=print) -> dict:
     model, tokenizer = load_model_and_tokenizer(cfg)
     if p.fusion_init == "identity":
         identity_fusion_(model)
-    model, lora = maybe_wrap(model, cfg.learner.lora, p.seed)  # learner.lora: adapters + fusion train (rl/model/lora.py)
+    model, lora = maybe_wrap(
+        model, cfg.learner.lora, p.seed
+    )  # learner.lora: adapters + fusion train (rl/model/lora.py)
     model.train()
     decode_modes.record(model.config, decode_modes.modes_of_pretraining(p))  # saved in every checkpoint's config
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     train_rows = load_task_split(cfg.data, "train")
     val_n = p.val_batches * p.batch_size
-    file_task = cfg.data.task in FILE_TASKS   # generated tasks have their own val split
+    file_task = cfg.data.task in FILE_TASKS  # generated tasks have their own val split
     val_rows = load_task_split(cfg.data, "test" if file_task else "val", n=val_n)
     train_enc = encode_rows(train_rows, tokenizer, p.seq_len, p.loss_on)
     val_enc = encode_rows(val_rows, tokenizer, p.seq_len, p.loss_on)
-    val_batches = [collate(val_enc[i:i + p.batch_size], pad_id) for i in range(0, len(val_enc), p.batch_size)]
+    val_batches = [collate(val_enc[i : i + p.batch_size], pad_id) for i in range(0, len(val_enc), p.batch_size)]
     sampler = PromptSampler(train_enc, seed=p.seed)  # rows here are encoded (ids, mask) pairs
     k_eval = max(3, max_passes(p))
 
     trainable = [q for q in model.parameters() if q.requires_grad]
     decay = [q for q in trainable if q.ndim >= 2]
     no_decay = [q for q in trainable if q.ndim < 2]  # norms: weight decay would shrink them to 0
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": p.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=p.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": p.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=p.lr,
+        betas=(0.9, 0.95),
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, p))
     gen = torch.Generator().manual_seed(p.seed)  # jitter and prefix-mixin noise
     n_params = sum(q.numel() for q in model.parameters())
     if lora is not None:
-        log(f"pretrain: LoRA rank {cfg.learner.lora.rank}, {sum(q.numel() for q in trainable) / 1e6:.3f}M "
-            f"trainable parameters")
-    log(f"pretrain: {n_params / 1e6:.2f}M params, {len(train_rows)} train rows, {len(val_rows)} val rows, "
-        f"{p.steps} steps x {p.batch_size}, max K={max_passes(p)}, threads={p.threads}")
+        log(
+            f"pretrain: LoRA rank {cfg.learner.lora.rank}, {sum(q.numel() for q in trainable) / 1e6:.3f}M "
+            f"trainable parameters"
+        )
+    log(
+        f"pretrain: {n_params / 1e6:.2f}M params, {len(train_rows)} train rows, {len(val_rows)} val rows, "
+        f"{p.steps} steps x {p.batch_size}, max K={max_passes(p)}, threads={p.threads}"
+    )
 
     history, k_counts, tokens = [], {}, 0
     with_exact = p.exact_prob > 0
@@ -242,32 +276,42 @@ def train(cfg: Config, log=print) -> dict:
         if exact:
             loss, losses = exact_loss(model, input_ids, attention, loss_mask, p.feedback_on)
         else:
-            loss, losses = multipass_loss(model, input_ids, attention, loss_mask, k, p.jitter, p.prefix_mixin,
-                                          gen, p.feedback_on)
+            loss, losses = multipass_loss(
+                model, input_ids, attention, loss_mask, k, p.jitter, p.prefix_mixin, gen, p.feedback_on
+            )
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip) if p.grad_clip > 0 \
-            else torch.tensor(0.0)
+        grad_norm = (
+            torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip) if p.grad_clip > 0 else torch.tensor(0.0)
+        )
         opt.step()
         sched.step()
         tokens += int(attention.sum())
         if (step + 1) % cfg.logging.log_every == 0 and cfg.logging.progress:
             el = time.time() - t_loop
-            log(f"step {step + 1}/{p.steps} K={k} loss={loss.item():.4f} "
+            log(
+                f"step {step + 1}/{p.steps} K={k} loss={loss.item():.4f} "
                 + " ".join(f"L{i + 1}={v.item():.4f}" for i, v in enumerate(losses))
                 + f" lr={sched.get_last_lr()[0]:.2e} gnorm={float(grad_norm):.2f} tok/s={tokens / el:.0f}"
-                + f" elapsed={el:.0f}s cpu={time.process_time() - cpu_start:.0f}s")
+                + f" elapsed={el:.0f}s cpu={time.process_time() - cpu_start:.0f}s"
+            )
         if (step + 1) % p.eval_every == 0 or step + 1 == p.steps:
             val = validation_losses(model, val_batches, k_eval, p.feedback_on, with_exact)
-            history.append({"step": step + 1, "val": val, "elapsed_s": round(time.time() - t_start, 1),
-                            "cpu_s": round(time.process_time() - cpu_start, 1)})
+            history.append(
+                {
+                    "step": step + 1,
+                    "val": val,
+                    "elapsed_s": round(time.time() - t_start, 1),
+                    "cpu_s": round(time.process_time() - cpu_start, 1),
+                }
+            )
             log(f"step {step + 1} val " + _val_line(val, k_eval))
             if step + 1 < p.steps:
-                save_checkpoint(model, tokenizer, p.out_dir,
-                                _extra_files(cfg, history, k_counts, t_start, cpu_start, False), lora)
+                save_checkpoint(
+                    model, tokenizer, p.out_dir, _extra_files(cfg, history, k_counts, t_start, cpu_start, False), lora
+                )
     summary = _summary(cfg, history, k_counts, t_start, cpu_start, True)
-    save_checkpoint(model, tokenizer, p.out_dir, _extra_files(cfg, history, k_counts, t_start, cpu_start, True),
-                    lora)
+    save_checkpoint(model, tokenizer, p.out_dir, _extra_files(cfg, history, k_counts, t_start, cpu_start, True), lora)
     return summary
 
 
@@ -280,19 +324,26 @@ def _summary(cfg, history, k_counts, t_start, cpu_start, finished: bool) -> dict
     val, exact = history[-1]["val"][:k_eval], history[-1]["val"][k_eval:]
     # cpu_time_s (all threads of this process) tells a run on a shared machine from a slow one: with one
     # thread on an idle core, wall time ~= cpu time.
-    return {"finished": finished, "steps_done": history[-1]["step"], "wall_time_s": round(time.time() - t_start, 1),
-            "cpu_time_s": round(time.process_time() - cpu_start, 1), "threads": cfg.pretrain.threads,
-            "git_commit": git_commit(), "final_val_loss_per_pass": val,
-            "final_val_loss_exact": exact[0] if exact else None,
-            "pass2_below_pass1": len(val) > 1 and val[1] < val[0],
-            "steps_per_k": {str(k): v for k, v in sorted(k_counts.items(), key=lambda kv: str(kv[0]))},
-            "val_history": history}
+    return {
+        "finished": finished,
+        "steps_done": history[-1]["step"],
+        "wall_time_s": round(time.time() - t_start, 1),
+        "cpu_time_s": round(time.process_time() - cpu_start, 1),
+        "threads": cfg.pretrain.threads,
+        "git_commit": git_commit(),
+        "final_val_loss_per_pass": val,
+        "final_val_loss_exact": exact[0] if exact else None,
+        "pass2_below_pass1": len(val) > 1 and val[1] < val[0],
+        "steps_per_k": {str(k): v for k, v in sorted(k_counts.items(), key=lambda kv: str(kv[0]))},
+        "val_history": history,
+    }
 
 
 def _extra_files(cfg, history, k_counts, t_start, cpu_start, finished: bool) -> dict[str, str]:
-    return {"pretrain_config.yaml": cfg.to_yaml(),
-            "training_summary.json": json.dumps(_summary(cfg, history, k_counts, t_start, cpu_start, finished),
-                                                indent=1)}
+    return {
+        "pretrain_config.yaml": cfg.to_yaml(),
+        "training_summary.json": json.dumps(_summary(cfg, history, k_counts, t_start, cpu_start, finished), indent=1),
+    }
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -311,11 +362,17 @@ def run(args) -> int:
     summary = train(cfg)
     val = summary["final_val_loss_per_pass"]
     print("final validation loss per pass: " + ", ".join(f"pass {i + 1}: {v:.4f}" for i, v in enumerate(val)))
-    print(f"pass-2 < pass-1 (feedback helps, the paper's health signal): "
-          f"{'yes' if summary['pass2_below_pass1'] else 'NO'} "
-          f"({val[1] - val[0]:+.4f})" if len(val) > 1 else "")
+    print(
+        f"pass-2 < pass-1 (feedback helps, the paper's health signal): "
+        f"{'yes' if summary['pass2_below_pass1'] else 'NO'} "
+        f"({val[1] - val[0]:+.4f})"
+        if len(val) > 1
+        else ""
+    )
     if summary["final_val_loss_exact"] is not None:
         print(f"exact recurrence (what soft decoding sees): {summary['final_val_loss_exact']:.4f}")
-    print(f"checkpoint: {cfg.pretrain.out_dir}  wall time: {summary['wall_time_s']:.0f}s  "
-          f"cpu time: {summary['cpu_time_s']:.0f}s ({cfg.pretrain.threads} threads)")
+    print(
+        f"checkpoint: {cfg.pretrain.out_dir}  wall time: {summary['wall_time_s']:.0f}s  "
+        f"cpu time: {summary['cpu_time_s']:.0f}s ({cfg.pretrain.threads} threads)"
+    )
     return 0

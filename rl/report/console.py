@@ -1,5 +1,6 @@
 """The loop's console output: one line per step (`console_line`), a reward's failure printed once with its message
 (`report_failures`), and the held-out eval line."""
+
 from __future__ import annotations
 
 from rl.report.metrics import EVAL_ACCURACY, EVAL_LENIENT, REWARD, by_mode, reward_failures
@@ -14,8 +15,10 @@ def step_label(step: int, steps: int) -> str:
 
 
 def eval_line(step: int, steps: int, strict: dict, lenient: dict, n_problems: int) -> str:
-    return f"{step_label(step, steps)} | eval {fmt(strict)}, lenient {fmt(lenient)} (held-out greedy, " \
-           f"{n_problems} problems)"
+    return (
+        f"{step_label(step, steps)} | eval {fmt(strict)}, lenient {fmt(lenient)} (held-out greedy, "
+        f"{n_problems} problems)"
+    )
 
 
 def report_failures(failures: list[str], reported: set, log) -> None:
@@ -35,21 +38,29 @@ def console_line(m: dict, steps: int) -> str:
     went, the eval when there was one, and what went wrong (failed rewards, a skipped update)."""
     acc = "-" if m["accuracy"] is None else f"{m['accuracy']:.3f}"
     mismatch = m["logprob_mismatch_abs_mean"]
-    parts = [step_label(m["step"], steps), f"reward {m['reward_mean']:.3f} acc {acc}",
-             f"len {m['response_len_mean']:.1f} trunc {m['truncation_rate']:.2f}",
-             "mismatch -" if mismatch is None else f"mismatch {mismatch:.1e}"]
+    parts = [
+        step_label(m["step"], steps),
+        f"reward {m['reward_mean']:.3f} acc {acc}",
+        f"len {m['response_len_mean']:.1f} trunc {m['truncation_rate']:.2f}",
+        "mismatch -" if mismatch is None else f"mismatch {mismatch:.1e}",
+    ]
     if m.get("learner/kl_loss") is not None:
         parts.append(f"kl {m['learner/kl_loss']:.2e}")
     phases = {p: m[f"time_{p}_s"] for p in ("rollout", "reward", "learner", "sync")}
     # eval and checkpoint: what the phases do not account for. With the rollout queue (rl/train/rollout_queue.py) the
     # step holds only the wait for its batch (all of steps 1-2 when made inline, none when made ahead) and the
     # mismatch parts besides the learner and sync.
-    accounted = sum(phases.values()) if "time_wait_s" not in m else \
-        m["time_wait_s"] + m.get("time_mismatch_parts_s", 0.0) + phases["learner"] + phases["sync"]
+    accounted = (
+        sum(phases.values())
+        if "time_wait_s" not in m
+        else m["time_wait_s"] + m.get("time_mismatch_parts_s", 0.0) + phases["learner"] + phases["sync"]
+    )
     other = m["time_step_s"] - accounted
-    parts.append(f"{m['time_step_s']:.1f}s: " + " ".join(f"{p} {t:.2f}" if t < 0.1 else f"{p} {t:.1f}"
-                                                        for p, t in phases.items())
-                 + (f" eval/ckpt {other:.1f}" if other >= 0.1 else ""))
+    parts.append(
+        f"{m['time_step_s']:.1f}s: "
+        + " ".join(f"{p} {t:.2f}" if t < 0.1 else f"{p} {t:.1f}" for p, t in phases.items())
+        + (f" eval/ckpt {other:.1f}" if other >= 0.1 else "")
+    )
     evals = by_mode(m, EVAL_ACCURACY)
     if evals:
         lenient = by_mode(m, EVAL_LENIENT)

@@ -17,6 +17,7 @@ update, on the samples the engines just drew with the same weights) and logged p
 `policy_shift` uses the recorded states (replay, exact for the weights that drew the samples) when the batch has
 them, else the exact recurrence; the standard log-probs are an ordinary forward. Subset: the first `max_rows` rows.
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,6 +48,7 @@ def weight_norms(model) -> dict[str, float]:
 def _fusion_terms(model, carried: torch.Tensor, e: torch.Tensor) -> dict[str, float]:
     """Share of the state in the fused input at positions with carried states [n, d] and embeddings [n, d]."""
     from rl.model import rms_normalize
+
     fusion, d, eps = model.fusion, model.config.hidden_size, model.fusion.eps
     carried = carried.to(e.dtype)
     if fusion.mode == "gate_product":
@@ -63,8 +65,9 @@ def _fusion_terms(model, carried: torch.Tensor, e: torch.Tensor) -> dict[str, fl
 
 
 @torch.no_grad()
-def latent_metrics(model, batch: LearnerBatch, decode_mode: str = "soft", max_rows: int = 4,
-                   temperature: float = 1.0) -> dict[str, float]:
+def latent_metrics(
+    model, batch: LearnerBatch, decode_mode: str = "soft", max_rows: int = 4, temperature: float = 1.0
+) -> dict[str, float]:
     """Every metric of the module docstring, on the first `max_rows` rows of `batch` (keys without prefix)."""
     out = weight_norms(model)
     if decode_mode == "standard" or len(batch) == 0:
@@ -83,21 +86,29 @@ def latent_metrics(model, batch: LearnerBatch, decode_mode: str = "soft", max_ro
     return out
 
 
-PLOTTED = (("w_state_norm", "‖state weights‖_F"), ("state_share", "state share of fused input"),
-           ("policy_shift", "mean |log π_soft − log π_std|"), ("w_token_dev", "‖token weights − I‖_F"),
-           ("gate_mean", "gate mean"))
+PLOTTED = (
+    ("w_state_norm", "‖state weights‖_F"),
+    ("state_share", "state share of fused input"),
+    ("policy_shift", "mean |log π_soft − log π_std|"),
+    ("w_token_dev", "‖token weights − I‖_F"),
+    ("gate_mean", "gate mean"),
+)
 
 
 def plot_latent(rows: list[dict], path, prefix: str = "learner/latent/") -> bool:
     """One figure with a panel per latent metric present in the metrics rows; False when there is none."""
-    series = [(key, label, [(r["step"], r[prefix + key]) for r in rows if r.get(prefix + key) is not None])
-              for key, label in PLOTTED]
+    series = [
+        (key, label, [(r["step"], r[prefix + key]) for r in rows if r.get(prefix + key) is not None])
+        for key, label in PLOTTED
+    ]
     series = [s for s in series if s[2]]
     if not series:
         return False
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, len(series), figsize=(3.6 * len(series), 3.0), squeeze=False)
     for ax, (_key, label, pts) in zip(axes[0], series):
         ax.plot(*zip(*pts), marker=".")

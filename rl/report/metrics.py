@@ -6,6 +6,7 @@ One row per step. Plain names for the step's own figures (`STEP_KEYS`), and four
 correctness check) and `eval_lenient_accuracy_<mode>` (the last number in the response), plus the first mode's
 pair without a suffix.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,14 +19,17 @@ REWARD_FAILURE_KINDS = ("errors", "timeouts")
 
 def eval_metrics(strict: dict, lenient: dict, first_mode: str) -> dict:
     """The metrics row fields of one held-out evaluation (`rl.train.heldout.heldout_accuracy`)."""
-    return {**{f"{EVAL_ACCURACY}_{m}": a for m, a in strict.items()},
-            **{f"{EVAL_LENIENT}_{m}": a for m, a in lenient.items()},
-            EVAL_ACCURACY: strict.get(first_mode), EVAL_LENIENT: lenient.get(first_mode)}
+    return {
+        **{f"{EVAL_ACCURACY}_{m}": a for m, a in strict.items()},
+        **{f"{EVAL_LENIENT}_{m}": a for m, a in lenient.items()},
+        EVAL_ACCURACY: strict.get(first_mode),
+        EVAL_LENIENT: lenient.get(first_mode),
+    }
 
 
 def by_mode(row: dict, name: str) -> dict:
     """{mode: value} of `<name>_<mode>` fields (EVAL_ACCURACY / EVAL_LENIENT) that hold a value."""
-    return {k[len(name) + 1:]: v for k, v in row.items() if k.startswith(f"{name}_") and v is not None}
+    return {k[len(name) + 1 :]: v for k, v in row.items() if k.startswith(f"{name}_") and v is not None}
 
 
 def reward_failure_counts(metrics: dict, prefix: str = "") -> dict[str, dict[str, float]]:
@@ -36,7 +40,7 @@ def reward_failure_counts(metrics: dict, prefix: str = "") -> dict[str, dict[str
     for key, value in metrics.items():
         if not key.startswith(head) or not isinstance(value, (int, float)):
             continue
-        name, _, kind = key[len(head):].rpartition("/")
+        name, _, kind = key[len(head) :].rpartition("/")
         if name and kind in REWARD_FAILURE_KINDS:
             counts = out.setdefault(name, dict.fromkeys(REWARD_FAILURE_KINDS, 0.0))
             counts[kind] += float(value)
@@ -53,15 +57,32 @@ def digest(prompts) -> str:
     return hashlib.sha256("\x00".join(prompts).encode()).hexdigest()[:16]
 
 
-def step_row(step: int, version: int, batch, reward, lengths, *, skipped: bool, nonfinite: bool, dropped: int,
-             stale_dropped: int, ages: dict, reward_metrics: dict, learner_metrics: dict, parts: dict,
-             times: dict) -> dict:
+def step_row(
+    step: int,
+    version: int,
+    batch,
+    reward,
+    lengths,
+    *,
+    skipped: bool,
+    nonfinite: bool,
+    dropped: int,
+    stale_dropped: int,
+    ages: dict,
+    reward_metrics: dict,
+    learner_metrics: dict,
+    parts: dict,
+    times: dict,
+) -> dict:
     """One step's row of metrics.jsonl: what was sampled and scored (`batch`, `reward` and `lengths` as tensors),
     what the learner did, and `times` ({phase: seconds}: rollout, reward, wait, mismatch_parts, learner, sync)."""
     samples = batch.samples
     n = len(samples)
     return {
-        "step": step, "policy_version": version, "skipped": int(skipped), "skipped_nonfinite": int(nonfinite),
+        "step": step,
+        "policy_version": version,
+        "skipped": int(skipped),
+        "skipped_nonfinite": int(nonfinite),
         # the oldest version the engines stamped on this step's samples (tests check it against the counter)
         "rollout_policy_version": min((s.policy_version for s in samples), default=None),
         "prompts_digest": digest(r["prompt"] for r in batch.rows),
@@ -69,8 +90,11 @@ def step_row(step: int, version: int, batch, reward, lengths, *, skipped: bool, 
         "accuracy": None if batch.correct is None else sum(batch.correct) / max(len(batch.correct), 1),
         "response_len_mean": float(lengths.mean()) if n else 0.0,
         "truncation_rate": sum(s.truncated for s in samples) / max(n, 1),
-        "groups_dropped": dropped, "samples": n, "samples_preempted": batch.preempted,
-        "samples_stale_dropped": stale_dropped, **ages,
+        "groups_dropped": dropped,
+        "samples": n,
+        "samples_preempted": batch.preempted,
+        "samples_stale_dropped": stale_dropped,
+        **ages,
         "logprob_mismatch_abs_mean": learner_metrics.get("mismatch/abs_logp_diff"),
         **{f"time_{phase}_s": t for phase, t in times.items()},
         **{f"{REWARD}{k}": v for k, v in reward_metrics.items()},

@@ -20,6 +20,7 @@ panel whose metrics a run does not log is left out, and keys added later fit wit
 Steps are integers on every x axis; steps whose optimizer step was skipped are shaded. Rendering uses
 matplotlib's object API (no pyplot state), so it is safe to call from any thread of the driver.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,26 +30,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUMMARY = "summary.png"
-PHASES = ("rollout", "reward", "learner", "sync")          # time_<phase>_s, in the order a step runs them
-_PHASE_COLORS = {"rollout": "#4C72B0", "reward": "#DD8452", "learner": "#55A868", "sync": "#C44E52",
-                 "other": "#B0B0B0"}
-_NOT_SIZES = ("seq_ess", "ratio_outside_frac")             # mismatch keys that are not a size of the mismatch
+PHASES = ("rollout", "reward", "learner", "sync")  # time_<phase>_s, in the order a step runs them
+_PHASE_COLORS = {"rollout": "#4C72B0", "reward": "#DD8452", "learner": "#55A868", "sync": "#C44E52", "other": "#B0B0B0"}
+_NOT_SIZES = ("seq_ess", "ratio_outside_frac")  # mismatch keys that are not a size of the mismatch
 _LABELS = {
-    "reward_mean": "reward (mean)", "accuracy": "accuracy (sampled)",
-    "learner/loss": "total loss", "learner/pg_loss": "policy-gradient loss", "learner/kl_loss": "KL to reference",
-    "learner/grad_norm": "grad norm", "learner/approx_kl": "k3 KL(old ‖ new)", "learner/entropy": "entropy",
-    "learner/pg_clipfrac_low": "clipped low", "learner/pg_clipfrac_high": "clipped high",
-    "learner/pg_clipfrac_dual": "dual clip", "response_len_mean": "mean response length",
-    "truncation_rate": "truncated share", "learner/mismatch/abs_logp_diff": "mean |Δ log p| engine vs learner",
+    "reward_mean": "reward (mean)",
+    "accuracy": "accuracy (sampled)",
+    "learner/loss": "total loss",
+    "learner/pg_loss": "policy-gradient loss",
+    "learner/kl_loss": "KL to reference",
+    "learner/grad_norm": "grad norm",
+    "learner/approx_kl": "k3 KL(old ‖ new)",
+    "learner/entropy": "entropy",
+    "learner/pg_clipfrac_low": "clipped low",
+    "learner/pg_clipfrac_high": "clipped high",
+    "learner/pg_clipfrac_dual": "dual clip",
+    "response_len_mean": "mean response length",
+    "truncation_rate": "truncated share",
+    "learner/mismatch/abs_logp_diff": "mean |Δ log p| engine vs learner",
     "learner/mismatch/k3": "k3 KL(engine ‖ learner)",
     "mismatch_parts/engine": "engine: exact(θ_v) − engine(θ_v)",
     "mismatch_parts/staleness": "staleness: exact(θ_V) − exact(θ_v)",
     "mismatch_parts/estimator": "estimator: est(θ_V) − exact(θ_V)",
     "mismatch_parts/total": "total: est(θ_V) − engine(θ_v)",
     "learner/latent/w_state_norm": "‖W_U‖ (state weights)",
-    "learner/latent/w_token_dev": "‖W_T − I‖ (token weights)", "learner/latent/w_gate_norm": "‖W_G‖ (gate weights)",
+    "learner/latent/w_token_dev": "‖W_T − I‖ (token weights)",
+    "learner/latent/w_gate_norm": "‖W_G‖ (gate weights)",
     "learner/latent/state_share": "state share of fused input",
-    "learner/latent/policy_shift": "mean |log π_soft − log π_std|", "learner/latent/gate_mean": "gate mean",
+    "learner/latent/policy_shift": "mean |log π_soft − log π_std|",
+    "learner/latent/gate_mean": "gate mean",
     "learner/latent/gate_std": "gate std",
 }
 
@@ -58,23 +68,23 @@ class Series:
     label: str
     xs: list[int]
     ys: list[float]
-    right: bool = False       # on the panel's right axis
+    right: bool = False  # on the panel's right axis
     marker: str | None = None
     style: str = "-"
 
 
 @dataclass
 class Panel:
-    name: str                 # file stem
+    name: str  # file stem
     title: str
     ylabel: str
     series: list[Series] = field(default_factory=list)
     right_label: str = ""
     log: bool = False
-    stacked: bool = False     # stacked bars (step time)
+    stacked: bool = False  # stacked bars (step time)
     ylim: tuple[float, float] | None = None
     shares: tuple[str, ...] = ()  # axes ("left", "right") holding non-negative shares: drawn from 0
-    smooth: bool = False      # raw values faint, a rolling mean on top
+    smooth: bool = False  # raw values faint, a rolling mean on top
     legend_top: bool = False  # many series on two axes: the legend above the data (headroom), not over it
 
     def has_data(self) -> bool:
@@ -83,9 +93,13 @@ class Panel:
 
 # ---------------------------------------------------------------------------------------------- panels
 
+
 def _series(rows: list[dict], key: str, label: str | None = None, positive: bool = False, **kw) -> Series:
-    pts = [(int(r["step"]), float(r[key])) for r in rows
-           if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and (not positive or r[key] > 0)]
+    pts = [
+        (int(r["step"]), float(r[key]))
+        for r in rows
+        if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and (not positive or r[key] > 0)
+    ]
     return Series(label or _LABELS.get(key, key), [p[0] for p in pts], [p[1] for p in pts], **kw)
 
 
@@ -104,18 +118,22 @@ def build_panels(rows: list[dict]) -> list[Panel]:
 
     p = Panel("reward", "Reward and accuracy (training samples)", "mean over samples", smooth=True)
     p.series += [_series(train, "reward_mean"), _series(train, "accuracy", style="--")]
-    terms = [k for k in keys if k.startswith("reward/rewards/") and k.endswith("/mean")
-             and k != "reward/rewards/total/mean"]
+    terms = [
+        k for k in keys if k.startswith("reward/rewards/") and k.endswith("/mean") and k != "reward/rewards/total/mean"
+    ]
     if len(terms) > 1:  # one term is the total itself: drawing it again says nothing
         p.series += [_series(train, k, f"term: {k.split('/')[2]}", style=":") for k in terms]
     panels.append(p)
 
-    modes = [k[len("eval_accuracy_"):] for k in _keys(rows) if k.startswith("eval_accuracy_")]
+    modes = [k[len("eval_accuracy_") :] for k in _keys(rows) if k.startswith("eval_accuracy_")]
     p = Panel("eval_accuracy", "Held-out greedy accuracy by decode mode", "accuracy", ylim=(0.0, 1.0))
     p.series += [_series(rows, f"eval_accuracy_{m}", m, marker="o") for m in modes]
     # the lenient read (last number in the response): a gain in the answer format alone opens a gap to it
-    p.series += [_series(rows, f"eval_lenient_accuracy_{m}", f"{m} (lenient read)", marker="x", style="--")
-                 for m in modes if f"eval_lenient_accuracy_{m}" in _keys(rows)]
+    p.series += [
+        _series(rows, f"eval_lenient_accuracy_{m}", f"{m} (lenient read)", marker="x", style="--")
+        for m in modes
+        if f"eval_lenient_accuracy_{m}" in _keys(rows)
+    ]
     panels.append(p)
 
     p = Panel("loss", "Policy loss", "loss", right_label="grad norm")
@@ -124,8 +142,11 @@ def build_panels(rows: list[dict]) -> list[Panel]:
     panels.append(p)
 
     p = Panel("kl_entropy", "KL and entropy", "KL", right_label="entropy (nats/token)", shares=("left", "right"))
-    kls = [k for k in keys if k.startswith("learner/") and "kl" in k.split("/")[-1] and "mismatch" not in k
-           and "latent" not in k]
+    kls = [
+        k
+        for k in keys
+        if k.startswith("learner/") and "kl" in k.split("/")[-1] and "mismatch" not in k and "latent" not in k
+    ]
     p.series += [_series(train, k) for k in kls]
     p.series.append(_series(train, "learner/entropy", right=True, style="--"))
     panels.append(p)
@@ -134,8 +155,7 @@ def build_panels(rows: list[dict]) -> list[Panel]:
     p.series += [_series(train, k) for k in keys if k.startswith("learner/pg_clipfrac_")]
     panels.append(p)
 
-    p = Panel("length", "Response length and truncation", "tokens", right_label="truncated share",
-              shares=("right",))
+    p = Panel("length", "Response length and truncation", "tokens", right_label="truncated share", shares=("right",))
     p.series += [_series(train, "response_len_mean"), _series(train, "truncation_rate", right=True, style="--")]
     panels.append(p)
 
@@ -148,25 +168,45 @@ def build_panels(rows: list[dict]) -> list[Panel]:
 
     # the three parts of the mismatch (and their sum) on the diagnostic rows; an exact 0 (staleness at s = 0, the
     # exact estimator) has no place on a log axis and is left out
-    p = Panel("mismatch_parts", "Mismatch taken apart (diagnostic rows)", "mean |Δ log p| per token (log scale)",
-              log=True)
-    p.series += [_series(train, f"mismatch_parts/{part}", positive=True, style=":" if part == "total" else "-")
-                 for part in ("engine", "staleness", "estimator", "total")]
+    p = Panel(
+        "mismatch_parts", "Mismatch taken apart (diagnostic rows)", "mean |Δ log p| per token (log scale)", log=True
+    )
+    p.series += [
+        _series(train, f"mismatch_parts/{part}", positive=True, style=":" if part == "total" else "-")
+        for part in ("engine", "staleness", "estimator", "total")
+    ]
     panels.append(p)
 
     p = Panel("step_time", "Step time by phase", "seconds", stacked=True)
     p.series += [_series(train, f"time_{ph}_s", ph) for ph in PHASES if f"time_{ph}_s" in keys]
-    other = [(int(r["step"]), r["time_step_s"] - sum(r.get(f"time_{ph}_s") or 0.0 for ph in PHASES))
-             for r in train if isinstance(r.get("time_step_s"), (int, float))]
+    other = [
+        (int(r["step"]), r["time_step_s"] - sum(r.get(f"time_{ph}_s") or 0.0 for ph in PHASES))
+        for r in train
+        if isinstance(r.get("time_step_s"), (int, float))
+    ]
     if other:
         p.series.append(Series("other (eval, checkpoint)", [o[0] for o in other], [max(o[1], 0.0) for o in other]))
     panels.append(p)
 
     latent = [k for k in keys if k.startswith("learner/latent/")]  # rl/report/latent_metrics.py
-    p = Panel("latent", "Latent channel", "weight norm (Frobenius)", right_label="share / log-prob shift",
-              shares=("left", "right"), legend_top=True)
-    p.series += [_series(train, k, _LABELS.get(k, k.split("/")[-1]), right=not k.split("/")[-1].startswith("w_"),
-                         style="-" if k.split("/")[-1].startswith("w_") else "--") for k in latent]
+    p = Panel(
+        "latent",
+        "Latent channel",
+        "weight norm (Frobenius)",
+        right_label="share / log-prob shift",
+        shares=("left", "right"),
+        legend_top=True,
+    )
+    p.series += [
+        _series(
+            train,
+            k,
+            _LABELS.get(k, k.split("/")[-1]),
+            right=not k.split("/")[-1].startswith("w_"),
+            style="-" if k.split("/")[-1].startswith("w_") else "--",
+        )
+        for k in latent
+    ]
     panels.append(p)
 
     for panel in panels:
@@ -175,6 +215,7 @@ def build_panels(rows: list[dict]) -> list[Panel]:
 
 
 # ---------------------------------------------------------------------------------------------- drawing
+
 
 def _same(a: Series, b: Series) -> bool:
     return a.xs == b.xs and all(abs(x - y) <= 1e-12 for x, y in zip(a.ys, b.ys))
@@ -197,7 +238,7 @@ def _tidy(panel: Panel) -> None:
 
 
 def _rolling(ys: list[float], w: int) -> list[float]:
-    return [sum(ys[max(0, i - w + 1):i + 1]) / len(ys[max(0, i - w + 1):i + 1]) for i in range(len(ys))]
+    return [sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))]
 
 
 def _draw(ax, panel: Panel, skipped: list[int], max_step: int) -> None:
@@ -213,8 +254,17 @@ def _draw(ax, panel: Panel, skipped: list[int], max_step: int) -> None:
     if panel.stacked:
         bottom: dict[int, float] = {}
         for s in panel.series:
-            handles.append(ax.bar(s.xs, s.ys, bottom=[bottom.get(x, 0.0) for x in s.xs], width=0.8, label=s.label,
-                                  color=_PHASE_COLORS.get(s.label.split(" ")[0]), linewidth=0))
+            handles.append(
+                ax.bar(
+                    s.xs,
+                    s.ys,
+                    bottom=[bottom.get(x, 0.0) for x in s.xs],
+                    width=0.8,
+                    label=s.label,
+                    color=_PHASE_COLORS.get(s.label.split(" ")[0]),
+                    linewidth=0,
+                )
+            )
             for x, y in zip(s.xs, s.ys):
                 bottom[x] = bottom.get(x, 0.0) + y
         ax.set_ylim(0, 1.35 * max(bottom.values()))  # headroom for the legend
@@ -231,8 +281,9 @@ def _draw(ax, panel: Panel, skipped: list[int], max_step: int) -> None:
         if panel.smooth and len(s.ys) >= 12:  # noisy per-step means: faint raw values, a rolling mean on top
             w = max(3, len(s.ys) // 8)
             target.plot(s.xs, s.ys, s.style, lw=0.8, alpha=0.35, color=color)
-            handles += target.plot(s.xs, _rolling(s.ys, w), s.style, lw=1.8, color=color,
-                                   label=f"{s.label} ({w}-step mean)")
+            handles += target.plot(
+                s.xs, _rolling(s.ys, w), s.style, lw=1.8, color=color, label=f"{s.label} ({w}-step mean)"
+            )
         else:
             handles += target.plot(s.xs, s.ys, s.style, marker=s.marker, ms=4, lw=1.4, color=color, label=s.label)
     if panel.log:
@@ -249,11 +300,17 @@ def _draw(ax, panel: Panel, skipped: list[int], max_step: int) -> None:
     ax.grid(alpha=0.3, lw=0.5)
     if skipped:
         from matplotlib.patches import Patch
+
         handles.append(Patch(color="0.88", label="update skipped"))
     if handles:
-        ax.legend(handles=handles, labels=[h.get_label() for h in handles], fontsize=7, framealpha=0.85,
-                  loc="upper center" if panel.stacked or panel.legend_top else "best",
-                  ncol=3 if panel.stacked else 2 if panel.legend_top else 1)
+        ax.legend(
+            handles=handles,
+            labels=[h.get_label() for h in handles],
+            fontsize=7,
+            framealpha=0.85,
+            loc="upper center" if panel.stacked or panel.legend_top else "best",
+            ncol=3 if panel.stacked else 2 if panel.legend_top else 1,
+        )
 
 
 def _figure(panels: list[Panel], rows: list[dict], ncols: int, title: str | None, dpi: int):
@@ -269,11 +326,11 @@ def _figure(panels: list[Panel], rows: list[dict], ncols: int, title: str | None
     for ax, panel in zip(axes, panels):
         _tidy(panel)
         _draw(ax, panel, skipped, max_step)
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
     if title:
         fig.suptitle(title, fontsize=11)
-    return fig, axes[:len(panels)]
+    return fig, axes[: len(panels)]
 
 
 def render(rows: list[dict], out_dir: str | Path, title: str | None = None, dpi: int = 120) -> list[Path]:
@@ -297,7 +354,7 @@ def render(rows: list[dict], out_dir: str | Path, title: str | None = None, dpi:
         boxes = [a.get_tightbbox(renderer) for a in (ax, getattr(ax, "_fbrl_right", None)) if a is not None]
         x0, y0 = min(b.x0 for b in boxes), min(b.y0 for b in boxes)
         x1, y1 = max(b.x1 for b in boxes), max(b.y1 for b in boxes)
-        crop = pixels[max(0, int(height - y1) - pad):int(height - y0) + pad, max(0, int(x0) - pad):int(x1) + pad]
+        crop = pixels[max(0, int(height - y1) - pad) : int(height - y0) + pad, max(0, int(x0) - pad) : int(x1) + pad]
         written.append(_save(crop, out / f"{panel.name}.png"))
     return written
 

@@ -12,6 +12,7 @@ Owns:
   process exit code).
 The end-of-run summary that reports them is actors/console.py `summary_lines`.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,9 +22,9 @@ from collections import Counter
 from rl.report.metrics import reward_failures
 
 # Process exit codes of `fbrl train` (documented in docs/RELIABILITY.md).
-EXIT_BAD_INPUT = 2        # a config, data, reward or checkpoint problem found before anything started
-EXIT_STOPPED = 3          # a stop rule fired, a restart bound was reached, or the run trained nothing
-EXIT_SIGNAL_BASE = 128    # SIGTERM / SIGINT: 128 + the signal number, after checkpointing the last step
+EXIT_BAD_INPUT = 2  # a config, data, reward or checkpoint problem found before anything started
+EXIT_STOPPED = 3  # a stop rule fired, a restart bound was reached, or the run trained nothing
+EXIT_SIGNAL_BASE = 128  # SIGTERM / SIGINT: 128 + the signal number, after checkpointing the last step
 
 
 class RunStopped(RuntimeError):
@@ -63,7 +64,7 @@ class RunGuard:
 
     def __init__(self, fcfg, faults: FaultLog):
         self.cfg, self.faults = fcfg, faults
-        self.nonfinite_run: list[int] = []          # the current run of steps with non-finite loss / gradients
+        self.nonfinite_run: list[int] = []  # the current run of steps with non-finite loss / gradients
         self.reward_runs: dict[str, list[int]] = {}  # per reward, the current run of steps over the error share
 
     def check(self, step: int, nonfinite: bool | None, reward_metrics: dict[str, float], rows: int) -> None:
@@ -71,8 +72,11 @@ class RunGuard:
         step the learner did not run (no reward signal): it neither extends nor ends a run of non-finite steps."""
         if nonfinite:
             self.nonfinite_run.append(step)
-            self.faults.record("nonfinite_steps", f"step {step}: loss or gradients not finite; optimizer step "
-                                                  f"skipped ({len(self.nonfinite_run)} in a row)")
+            self.faults.record(
+                "nonfinite_steps",
+                f"step {step}: loss or gradients not finite; optimizer step "
+                f"skipped ({len(self.nonfinite_run)} in a row)",
+            )
         elif nonfinite is not None:
             self.nonfinite_run = []
         if len(self.nonfinite_run) >= self.cfg.max_nonfinite_steps:
@@ -80,7 +84,8 @@ class RunGuard:
                 f"loss or gradients were not finite in {len(self.nonfinite_run)} steps in a row (steps "
                 f"{self.nonfinite_run[0]}-{self.nonfinite_run[-1]}; faults.max_nonfinite_steps="
                 f"{self.cfg.max_nonfinite_steps}); every one was skipped, so the weights are those before step "
-                f"{self.nonfinite_run[0]}. Lower learner.lr, check the rewards' scale, or look for a bad batch")
+                f"{self.nonfinite_run[0]}. Lower learner.lr, check the rewards' scale, or look for a bad batch"
+            )
         failures = reward_failures(reward_metrics)
         for name in sorted(set(failures) | set(self.reward_runs)):  # a reward absent from this step failed nowhere
             share = failures.get(name, 0.0) / rows if rows else 0.0
@@ -95,7 +100,8 @@ class RunGuard:
                     f"{share:.0%} of the rows at step {step}, and on more than {self.cfg.reward_error_share:.0%} "
                     f"of the rows in each of the {len(run)} steps {run[0]}-{run[-1]} "
                     f"(faults.reward_error_share, faults.reward_error_steps); its errors are in the log above. "
-                    f"Fix it and continue with `fbrl train --resume RUN_DIR`")
+                    f"Fix it and continue with `fbrl train --resume RUN_DIR`"
+                )
 
 
 def is_nonfinite(learner_metrics: dict) -> bool:
@@ -118,9 +124,12 @@ def nonfinite_update(learner_metrics: dict, step: int, faults: FaultLog) -> bool
     """The update was not finite and changed nothing. Some of its optimizer steps applied (mini_batches /
     ppo_epochs > 1): the weights moved, so it is a new version like any update (synced, tagged), counted."""
     if partly_applied(learner_metrics):
-        faults.record("partly_nonfinite_steps", f"step {step}: loss or gradients not finite in "
-                      f"{learner_metrics['nonfinite_steps']:.0f} of {learner_metrics['optimizer_steps']:.0f} "
-                      f"optimizer steps; those skipped, the others applied: the weights are a new version")
+        faults.record(
+            "partly_nonfinite_steps",
+            f"step {step}: loss or gradients not finite in "
+            f"{learner_metrics['nonfinite_steps']:.0f} of {learner_metrics['optimizer_steps']:.0f} "
+            f"optimizer steps; those skipped, the others applied: the weights are a new version",
+        )
         return False
     return is_nonfinite(learner_metrics)
 

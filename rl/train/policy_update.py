@@ -20,6 +20,7 @@ The reference model (kl_coef > 0) is scored with its own recurrence (`likelihood
 policy's recorded states: an FBT's latent states are the model's own, and feeding the policy's to the reference
 biases the KL (k3 0.0017 against a true 0.0036 at 1 % weight noise, 0.070 vs 0.349 at 5 %).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -72,6 +73,7 @@ class TorchBackend:
 @dataclass
 class UpdatePlan:
     """Rows of each optimizer step, and each rank's micro-batches within it (same count on every rank)."""
+
     minibatches: list[list[int]]
     micro: list[list[list[list[int]]]]  # [mini-batch][rank] -> micro-batches (row lists; [] = empty)
 
@@ -82,9 +84,15 @@ class UpdatePlan:
         return [r for rows in self.micro[mini][rank] for r in rows]
 
 
-def plan_update(lengths: list[int], mini_batches: int, world_size: int, max_rows: int | None,
-                max_tokens: int | None, response_lengths: list[int] | None = None,
-                max_response_tokens: int | None = None) -> UpdatePlan:
+def plan_update(
+    lengths: list[int],
+    mini_batches: int,
+    world_size: int,
+    max_rows: int | None,
+    max_tokens: int | None,
+    response_lengths: list[int] | None = None,
+    max_response_tokens: int | None = None,
+) -> UpdatePlan:
     """Mini-batches are contiguous row ranges (a prompt's group stays together); each is spread over the ranks by
     tokens (longest row first, to the rank with the fewest tokens), and each rank's rows, longest first, are cut
     into micro-batches of at most `max_rows` rows, `max_tokens` padded tokens (rows x longest prompt + response:
@@ -95,7 +103,7 @@ def plan_update(lengths: list[int], mini_batches: int, world_size: int, max_rows
     mini_batches = max(1, min(mini_batches, n_rows))
     rows = list(range(n_rows))
     per = -(-n_rows // mini_batches)
-    minis = [rows[i * per:(i + 1) * per] for i in range(mini_batches) if rows[i * per:(i + 1) * per]]
+    minis = [rows[i * per : (i + 1) * per] for i in range(mini_batches) if rows[i * per : (i + 1) * per]]
     micro = []
     for mini in minis:
         by_length = sorted(mini, key=lambda r: (-lengths[r], r))
@@ -110,17 +118,26 @@ def plan_update(lengths: list[int], mini_batches: int, world_size: int, max_rows
     return UpdatePlan(minis, micro)
 
 
-def _cut(rows: list[int], lengths: list[int], resp: list[int], max_rows: int | None, max_tokens: int | None,
-         max_response: int | None) -> list[list[int]]:
+def _cut(
+    rows: list[int],
+    lengths: list[int],
+    resp: list[int],
+    max_rows: int | None,
+    max_tokens: int | None,
+    max_response: int | None,
+) -> list[list[int]]:
     """Rows sorted longest first -> consecutive micro-batches within every budget (greedy: each micro-batch is
     filled up to a budget, so a step's peak is the budget's, whatever the rollout batch)."""
     out: list[list[int]] = []
     n_resp = 0
     for r in rows:
         cur = out[-1] if out else None
-        if cur is not None and (max_rows is None or len(cur) < max_rows) and \
-                (max_tokens is None or (len(cur) + 1) * lengths[cur[0]] <= max_tokens) and \
-                (max_response is None or n_resp + resp[r] <= max_response):
+        if (
+            cur is not None
+            and (max_rows is None or len(cur) < max_rows)
+            and (max_tokens is None or (len(cur) + 1) * lengths[cur[0]] <= max_tokens)
+            and (max_response is None or n_resp + resp[r] <= max_response)
+        ):
             cur.append(r)
             n_resp += resp[r]
         else:
@@ -133,9 +150,15 @@ def plan_for(samples: list[Sample], cfg, world_size: int) -> UpdatePlan:
     """The update plan of a batch under `cfg` (a function of row lengths and config only: the learner group
     computes the same plan before anything is fetched, see `rows_read`)."""
     lcfg = cfg.learner
-    return plan_update([s.prompt_len + s.response_len for s in samples], cfg.algo.mini_batches, world_size,
-                       lcfg.micro_batch_size, lcfg.max_tokens_per_micro_batch, [s.response_len for s in samples],
-                       lcfg.max_response_tokens_per_micro_batch)
+    return plan_update(
+        [s.prompt_len + s.response_len for s in samples],
+        cfg.algo.mini_batches,
+        world_size,
+        lcfg.micro_batch_size,
+        lcfg.max_tokens_per_micro_batch,
+        [s.response_len for s in samples],
+        lcfg.max_response_tokens_per_micro_batch,
+    )
 
 
 def rows_read(samples: list[Sample], cfg, world_size: int, rank: int) -> list[int]:
@@ -151,11 +174,18 @@ def policy_loss_config(algo_cfg, max_tokens: int) -> algos.PolicyLossConfig:
     one_update = algo_cfg.ppo_epochs == 1 and algo_cfg.mini_batches == 1
     return algos.PolicyLossConfig(
         loss_type="reinforce" if one_update and algo_cfg.clip_ratio_c is None else "ppo",
-        eps_low=algo_cfg.eps_low, eps_high=algo_cfg.eps_high, clip_ratio_c=algo_cfg.clip_ratio_c,
-        agg_mode=algo_cfg.loss_agg, max_length=max_tokens, kl_coef=algo_cfg.kl_coef,
-        kl_estimator=algo_cfg.kl_estimator, is_mode=is_correction_mode(algo_cfg), is_level=algo_cfg.tis_level,
+        eps_low=algo_cfg.eps_low,
+        eps_high=algo_cfg.eps_high,
+        clip_ratio_c=algo_cfg.clip_ratio_c,
+        agg_mode=algo_cfg.loss_agg,
+        max_length=max_tokens,
+        kl_coef=algo_cfg.kl_coef,
+        kl_estimator=algo_cfg.kl_estimator,
+        is_mode=is_correction_mode(algo_cfg),
+        is_level=algo_cfg.tis_level,
         is_cap=algo_cfg.tis_cap if isinstance(algo_cfg.tis_cap, (int, float)) else 2.0,
-        is_bounds=tuple(algo_cfg.tis_bounds))
+        is_bounds=tuple(algo_cfg.tis_bounds),
+    )
 
 
 def is_correction_mode(algo_cfg) -> str | None:
@@ -185,33 +215,42 @@ class PolicyUpdater:
 
     def _logprobs(self, model, batch: LearnerBatch, estimator=None, with_entropy=False, **overrides):
         r = self.cfg.rollout
-        kw = dict(passes=self.cfg.likelihood.passes, temperature=r.temperature or 1.0, with_entropy=with_entropy,
-                  top_k=max(r.top_k, 0), top_p=r.top_p)
+        kw = dict(
+            passes=self.cfg.likelihood.passes,
+            temperature=r.temperature or 1.0,
+            with_entropy=with_entropy,
+            top_k=max(r.top_k, 0),
+            top_p=r.top_p,
+        )
         return (estimator or self.estimator)(model, batch, r.decode_mode, **{**kw, **overrides})
 
     def _collate(self, samples: list[Sample], rows: list[int], advantages: torch.Tensor) -> LearnerBatch:
         """A micro-batch of `rows`; an empty one (a rank short of rows) is row 0 as a stand-in, with zero states:
         its loss is multiplied by 0, and row 0's states may be another rank's, never fetched here."""
-        micro = collate([samples[i] for i in rows or [0]], self.pad_id, with_states=self.replay,
-                        state_rows=None if rows else [])
+        micro = collate(
+            [samples[i] for i in rows or [0]], self.pad_id, with_states=self.replay, state_rows=None if rows else []
+        )
         micro.extras["advantages"] = advantages[rows or [0]]
         return micro
 
-    def update(self, samples: list[Sample], advantages: list[float], backend: Backend,
-               rank: int = 0) -> dict[str, float]:
+    def update(
+        self, samples: list[Sample], advantages: list[float], backend: Backend, rank: int = 0
+    ) -> dict[str, float]:
         """`samples` / `advantages` are the whole batch (every rank gets the same list and takes its rows)."""
         plan = plan_for(samples, self.cfg, backend.world_size)
         adv = torch.tensor(advantages, dtype=torch.float32)
         R = max(max(s.response_len for s in samples), 1)
         extra_metrics: dict[str, float] = {}
         # behaviour (old) and reference log-probs of this rank's rows, [B, R] (other ranks' rows stay 0)
-        old_logp = self._rank_logprobs(samples, plan, rank, adv, R, self.model, self.estimator, True) \
-            if self.multiple_updates else None
+        old_logp = (
+            self._rank_logprobs(samples, plan, rank, adv, R, self.model, self.estimator, True)
+            if self.multiple_updates
+            else None
+        )
         ref_logp = None
         if self.loss_cfg.kl_coef > 0:
             with self.ref_scope():
-                ref_logp = self._rank_logprobs(samples, plan, rank, adv, R, self.ref_model, self.ref_estimator,
-                                               False)
+                ref_logp = self._rank_logprobs(samples, plan, rank, adv, R, self.ref_model, self.ref_estimator, False)
                 extra_metrics.update(self._ref_check(samples, plan, rank, adv, ref_logp))
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
@@ -224,7 +263,7 @@ class PolicyUpdater:
                     micro = self._collate(samples, rows, adv)
                     for key, full in (("old_logp", old_logp), ("ref_logp", ref_logp)):
                         if full is not None:
-                            micro.extras[key] = full[rows or [0], :micro.response_mask.shape[1]]
+                            micro.extras[key] = full[rows or [0], : micro.response_mask.shape[1]]
                     loss, metrics = self._micro_loss(micro, tokens, seqs, empty=not rows)
                     backend.backward(loss)
                     w = float(micro.response_mask.sum()) if rows else 0.0
@@ -241,13 +280,16 @@ class PolicyUpdater:
         out["optimizer_steps"] = float(len(grad_norms))
         out["nonfinite_steps"] = float(sum(not math.isfinite(g) for g in grad_norms))  # skipped (Backend.step)
         out["replay_approximate"] = float(self.replay and self.multiple_updates)
-        out["_tokens"] = float(self.cfg.algo.ppo_epochs * sum(
-            samples[i].response_len for m in range(len(plan.minibatches)) for i in plan.rank_rows(m, rank)))
+        out["_tokens"] = float(
+            self.cfg.algo.ppo_epochs
+            * sum(samples[i].response_len for m in range(len(plan.minibatches)) for i in plan.rank_rows(m, rank))
+        )
         return out
 
     @torch.no_grad()
-    def _rank_logprobs(self, samples, plan: UpdatePlan, rank: int, adv, R: int, model, estimator,
-                       collective: bool) -> torch.Tensor:
+    def _rank_logprobs(
+        self, samples, plan: UpdatePlan, rank: int, adv, R: int, model, estimator, collective: bool
+    ) -> torch.Tensor:
         """[B, R] log-probs of this rank's rows (0 elsewhere), micro-batch by micro-batch. `collective`: the model
         may be partitioned over ranks (ZeRO-3), so an empty micro-batch still runs a forward (on row 0)."""
         out = None
@@ -259,7 +301,7 @@ class PolicyUpdater:
                 if out is None:  # the estimators' dtype: fp32, or fp64 for fp64 models
                     out = torch.zeros(len(samples), R, dtype=lp.dtype)
                 if rows:
-                    out[rows, :lp.shape[1]] = lp
+                    out[rows, : lp.shape[1]] = lp
         return out if out is not None else torch.zeros(len(samples), R)
 
     @torch.no_grad()
@@ -273,7 +315,7 @@ class PolicyUpdater:
         micro = self._collate(samples, rows, adv)
         exact = self._logprobs(self.ref_model, micro, get_estimator("exact")).logprobs.cpu()
         mask = micro.response_mask
-        diff = (ref_logp[rows, :mask.shape[1]] - exact).abs() * mask
+        diff = (ref_logp[rows, : mask.shape[1]] - exact).abs() * mask
         return {"ref_kpass_abs_err": float(diff.sum() / mask.sum().clamp_min(1))}
 
     def _micro_loss(self, micro: LearnerBatch, tokens: int, seqs: int, empty: bool = False):
@@ -284,9 +326,17 @@ class PolicyUpdater:
         pick = lambda key: micro.extras[key].to(dev) if key in micro.extras else None  # noqa: E731
         mask = micro.response_mask.to(dev)
         loss, metrics = algos.compute_policy_loss(
-            out.logprobs, pick("old_logp"), micro.extras["advantages"].to(dev), mask,
-            self.loss_cfg, ref_logp=pick("ref_logp"), engine_logp=micro.engine_logprobs.to(dev),
-            entropy=out.entropy, global_token_count=tokens, global_seq_count=seqs)
+            out.logprobs,
+            pick("old_logp"),
+            micro.extras["advantages"].to(dev),
+            mask,
+            self.loss_cfg,
+            ref_logp=pick("ref_logp"),
+            engine_logp=micro.engine_logprobs.to(dev),
+            entropy=out.entropy,
+            global_token_count=tokens,
+            global_seq_count=seqs,
+        )
         if self.cfg.algo.entropy_coef and out.entropy is not None:
             loss = loss - self.cfg.algo.entropy_coef * (out.entropy * mask).sum() / max(tokens, 1)
         return loss, metrics

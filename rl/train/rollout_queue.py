@@ -29,6 +29,7 @@ learner's weights before the loop hands anything to the learner (counted as `sam
 schedule above that never fires; it guards the cases the schedule does not see (a replaced engine answering with
 older weights, a restored learner). Pure Python threading: no Ray, vLLM or DeepSpeed here.
 """
+
 from __future__ import annotations
 
 import threading
@@ -54,11 +55,12 @@ if TYPE_CHECKING:
 @dataclass
 class RolloutBatch:
     """Step `step`'s rollouts (steps 1-2 of the loop): prompts, samples, and their scores once scored."""
+
     step: int
-    rows: list[dict]                     # the step's prompt rows (dataset rows)
-    samples: list[Sample]                # preempted samples already removed
-    version: int                         # the policy version the batch was requested from (min_version)
-    sampler_state: dict                  # the prompt sampler's position after this batch's prompts
+    rows: list[dict]  # the step's prompt rows (dataset rows)
+    samples: list[Sample]  # preempted samples already removed
+    version: int  # the policy version the batch was requested from (min_version)
+    sampler_state: dict  # the prompt sampler's position after this batch's prompts
     preempted: int = 0
     rewards: list[float] = field(default_factory=list)
     correct: list[bool] | None = None
@@ -69,10 +71,20 @@ class RolloutBatch:
 
     def select(self, keep: list[int]) -> RolloutBatch:
         """The same batch with only the samples (and their scores) at `keep`."""
-        return RolloutBatch(self.step, self.rows, [self.samples[i] for i in keep], self.version, self.sampler_state,
-                            self.preempted, [self.rewards[i] for i in keep],
-                            None if self.correct is None else [self.correct[i] for i in keep], self.reward_metrics,
-                            self.failures, self.time_rollout_s, self.time_reward_s)
+        return RolloutBatch(
+            self.step,
+            self.rows,
+            [self.samples[i] for i in keep],
+            self.version,
+            self.sampler_state,
+            self.preempted,
+            [self.rewards[i] for i in keep],
+            None if self.correct is None else [self.correct[i] for i in keep],
+            self.reward_metrics,
+            self.failures,
+            self.time_rollout_s,
+            self.time_reward_s,
+        )
 
 
 def gate_step(k: int, max_staleness: int, checkpoint_every: int = 0) -> int:
@@ -96,8 +108,10 @@ def split_stale(samples: list[Sample], version: int, max_staleness: int) -> tupl
     ahead = [i for i, g in enumerate(gaps) if g < 0]
     if ahead:
         i = ahead[0]
-        raise ValueError(f"sample {i} carries policy version {samples[i].policy_version}, newer than the learner's "
-                         f"{version}: versions are out of step")
+        raise ValueError(
+            f"sample {i} carries policy version {samples[i].policy_version}, newer than the learner's "
+            f"{version}: versions are out of step"
+        )
     keep = [i for i, g in enumerate(gaps) if g <= max_staleness]
     return keep, len(samples) - len(keep)
 
@@ -129,16 +143,26 @@ class RolloutQueue:
     rewards. `published_step` / `version`: the last step whose weights the engines already hold, and their version.
     Use as a context manager: leaving it stops the producer."""
 
-    def __init__(self, generate: Callable[[int, int], RolloutBatch], score: Callable[[RolloutBatch], RolloutBatch],
-                 rollout: Serialized, first_step: int, last_step: int, max_staleness: int, checkpoint_every: int,
-                 published_step: int, version: int, background: bool | None = None):
+    def __init__(
+        self,
+        generate: Callable[[int, int], RolloutBatch],
+        score: Callable[[RolloutBatch], RolloutBatch],
+        rollout: Serialized,
+        first_step: int,
+        last_step: int,
+        max_staleness: int,
+        checkpoint_every: int,
+        published_step: int,
+        version: int,
+        background: bool | None = None,
+    ):
         self._generate, self._score, self._rollout = generate, score, rollout
         self.first, self.last = first_step, last_step
         self.max_staleness, self.checkpoint_every = max_staleness, checkpoint_every
         self.background = max_staleness > 0 if background is None else background
         self._cond = threading.Condition()
         self._published, self._version = published_step, version
-        self._started = first_step - 1          # the last batch whose generation holds or held the engines
+        self._started = first_step - 1  # the last batch whose generation holds or held the engines
         self._ready: dict[int, RolloutBatch] = {}
         self._error: BaseException | None = None
         self._closed = False
@@ -167,8 +191,14 @@ class RolloutQueue:
         weights has started (it then finishes on them: the sync takes the engines' lock after it)."""
         if not self.background:
             return
-        due = max((k for k in range(step + 1, min(step + self.max_staleness, self.last) + 1)
-                   if gate_step(k, self.max_staleness, self.checkpoint_every) < step), default=step)
+        due = max(
+            (
+                k
+                for k in range(step + 1, min(step + self.max_staleness, self.last) + 1)
+                if gate_step(k, self.max_staleness, self.checkpoint_every) < step
+            ),
+            default=step,
+        )
         with self._cond:
             while self._started < due:
                 self._raise_if_failed()
@@ -228,8 +258,7 @@ class RolloutQueue:
         if isinstance(self._error, RunStopped):  # a clear stop (a restart bound, a lost engine) stays one
             raise self._error
         if self._error is not None:
-            raise RuntimeError(f"rollout producer failed: {type(self._error).__name__}: {self._error}") \
-                from self._error
+            raise RuntimeError(f"rollout producer failed: {type(self._error).__name__}: {self._error}") from self._error
         if self._closed:
             raise RuntimeError("rollout queue used after close()")
 
@@ -242,8 +271,15 @@ def staleness_metrics(samples: list[Sample], version: int) -> dict[str, float]:
     return {"staleness_mean": float(gaps.mean()), "staleness_max": int(gaps.max())}
 
 
-def generate_batch(cfg: Config, fitter: PromptFitter, sampler: PromptSampler, rollout: RolloutWorkers, eos: int,
-                   step: int, version: int) -> RolloutBatch:
+def generate_batch(
+    cfg: Config,
+    fitter: PromptFitter,
+    sampler: PromptSampler,
+    rollout: RolloutWorkers,
+    eos: int,
+    step: int,
+    version: int,
+) -> RolloutBatch:
     """Step `step`'s prompts and G samples per prompt from policy `version` (or newer), preempted ones removed
     (their recurrent state was lost: never train on them)."""
     rows = sampler.next(cfg.train.prompts_per_step)
@@ -254,8 +290,9 @@ def generate_batch(cfg: Config, fitter: PromptFitter, sampler: PromptSampler, ro
     samples = rollout.generate(prompts, sampling_params(cfg, eos, seed=seed), min_version=version)
     elapsed = time.perf_counter() - t0
     kept = [s for s in samples if not s.preempted]
-    return RolloutBatch(step, rows, kept, version, sampler_state, preempted=len(samples) - len(kept),
-                        time_rollout_s=elapsed)
+    return RolloutBatch(
+        step, rows, kept, version, sampler_state, preempted=len(samples) - len(kept), time_rollout_s=elapsed
+    )
 
 
 def score_batch(tokenizer, rewards: RewardWorkers, batch: RolloutBatch) -> RolloutBatch:
@@ -264,8 +301,13 @@ def score_batch(tokenizer, rewards: RewardWorkers, batch: RolloutBatch) -> Rollo
     samples = batch.samples
     completions = [tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
     sample_rows = [batch.rows[s.group_id] for s in samples]
-    scored = rewards.score([r["prompt"] for r in sample_rows], completions, [r["answer"] for r in sample_rows],
-                           [s.finish_reason for s in samples], reward_columns(sample_rows))
+    scored = rewards.score(
+        [r["prompt"] for r in sample_rows],
+        completions,
+        [r["answer"] for r in sample_rows],
+        [s.finish_reason for s in samples],
+        reward_columns(sample_rows),
+    )
     batch.rewards, batch.correct, batch.reward_metrics = list(scored.rewards), scored.correct, dict(scored.metrics)
     batch.failures = list(scored.failures)
     batch.time_reward_s = time.perf_counter() - t0

@@ -16,6 +16,7 @@ any point leaves the previous checkpoint and pointer intact.
 run there; `RunDir.existing` (resume) refuses a directory that is not a run with a checkpoint, and creates nothing.
 Values under secret-looking keys (`api_key`, `token`, ...) are never written to config.yaml (`redacted`).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -40,8 +41,18 @@ if TYPE_CHECKING:
     from rl.train.workers import LearnerWorkers
 
 # What a run directory holds (RunDir.new --overwrite deletes these and nothing else).
-RUN_FILES = ("config.yaml", "metrics.jsonl", "checkpoints", "weights", "plots", "wandb", "policy", "eval",
-             "summary.md", "summary.json")
+RUN_FILES = (
+    "config.yaml",
+    "metrics.jsonl",
+    "checkpoints",
+    "weights",
+    "plots",
+    "wandb",
+    "policy",
+    "eval",
+    "summary.md",
+    "summary.json",
+)
 
 
 class RunDirError(InputError):
@@ -49,8 +60,15 @@ class RunDirError(InputError):
 
 
 POLICY_CONFIG_FILES = ("config.json", "generation_config.json")
-POLICY_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                          "vocab.json", "merges.txt", "tokenizer.model")
+POLICY_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
 
 
 RUNS_ENV = "FBRL_RUNS_DIR"  # where a run without train.run_dir goes inside `ray job submit` (default ~/fbrl-runs)
@@ -70,10 +88,12 @@ def durable_run_dir(run_dir: str | None, cwd: str | Path, env=os.environ) -> str
     if not in_ray_working_dir(cwd) or (run_dir and Path(run_dir).is_absolute()):
         return run_dir
     if run_dir:
-        raise RunDirError(f"train.run_dir={run_dir} is relative, and this job runs in Ray's copy of its working "
-                          f"directory ({Path(cwd).resolve()}), which Ray deletes when the cluster restarts: give an "
-                          f"absolute path on storage that lasts (shared by the nodes for rollout.weight_sync: file), or "
-                          f"leave it unset for ${RUNS_ENV}/<time> (default ~/fbrl-runs/<time>)")
+        raise RunDirError(
+            f"train.run_dir={run_dir} is relative, and this job runs in Ray's copy of its working "
+            f"directory ({Path(cwd).resolve()}), which Ray deletes when the cluster restarts: give an "
+            f"absolute path on storage that lasts (shared by the nodes for rollout.weight_sync: file), or "
+            f"leave it unset for ${RUNS_ENV}/<time> (default ~/fbrl-runs/<time>)"
+        )
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return str((Path(env.get(RUNS_ENV) or Path.home() / "fbrl-runs")).expanduser().absolute() / stamp)
 
@@ -100,12 +120,15 @@ class RunDir:
                 raise RunDirError(
                     f"train.run_dir={path} is not empty ({', '.join(held[:6])}{', ...' if len(held) > 6 else ''}): "
                     f"continue that run with `fbrl train --resume {path}`, choose another run_dir, or pass "
-                    f"--overwrite to replace it")
+                    f"--overwrite to replace it"
+                )
             if held:
                 strangers = [n for n in held if n not in RUN_FILES and not n.startswith(".")]
                 if strangers or not (p / "config.yaml").exists():
-                    raise RunDirError(f"--overwrite: {path} does not look like an fbrl run directory (it holds "
-                                      f"{', '.join(strangers or held)}); nothing was deleted")
+                    raise RunDirError(
+                        f"--overwrite: {path} does not look like an fbrl run directory (it holds "
+                        f"{', '.join(strangers or held)}); nothing was deleted"
+                    )
                 for name in held:
                     if (p / name).is_dir():
                         shutil.rmtree(p / name)
@@ -124,8 +147,10 @@ class RunDir:
             raise RunDirError(f"--resume {path}: not an fbrl run directory (no config.yaml)")
         pointer = p / "checkpoints" / "latest"
         if not pointer.is_file() or not (p / "checkpoints" / pointer.read_text().strip()).is_dir():
-            raise RunDirError(f"--resume {path}: the run has no complete checkpoint yet (checkpoints/latest); "
-                              f"start it again as a new run (--overwrite)")
+            raise RunDirError(
+                f"--resume {path}: the run has no complete checkpoint yet (checkpoints/latest); "
+                f"start it again as a new run (--overwrite)"
+            )
         return cls(path)
 
     # ---- config ----------------------------------------------------------------------------------------
@@ -198,8 +223,13 @@ class RunDir:
         return state
 
     # ---- the policy, for the user to take away -------------------------------------------------------------
-    def export_policy(self, weights_file: str | Path, model_dir: str | Path, tokenizer_dir: str | Path | None = None,
-                      decode_modes: list[str] | None = None) -> Path:
+    def export_policy(
+        self,
+        weights_file: str | Path,
+        model_dir: str | Path,
+        tokenizer_dir: str | Path | None = None,
+        decode_modes: list[str] | None = None,
+    ) -> Path:
         """`RUN_DIR/policy/`: the weights file the learner exported (one safetensors file, named as
         save_pretrained names them) as `model.safetensors`, beside the starting checkpoint's config (with
         `fbt_decode_modes` set to `decode_modes` when given: rl/decode_modes.py), generation config and tokenizer.
@@ -217,6 +247,7 @@ class RunDir:
                     shutil.copy2(Path(src) / name, tmp / name)
         if decode_modes is not None and (tmp / "config.json").is_file():
             from rl.decode_modes import CONFIG_KEY
+
             config = json.loads((tmp / "config.json").read_text())
             (tmp / "config.json").write_text(json.dumps({**config, CONFIG_KEY: decode_modes}, indent=2) + "\n")
         shutil.rmtree(old, ignore_errors=True)
@@ -230,6 +261,7 @@ class RunDir:
     def plot(self, title: str | None = None) -> list[Path]:
         """Draw plots/summary.png and one PNG per panel from metrics.jsonl (rl/report/plots.py); returns the paths."""
         from rl.report.plots import render
+
         return render(self.read_metrics(), self.path / "plots", title)
 
 
@@ -265,8 +297,9 @@ def save_step(run: RunDir, cfg: Config, learner, step: int, state: dict) -> bool
         # exported here: only the file transport writes the weights file at every sync
         path = learner.export_weights(weights_file(run))
         if path and os.path.isfile(path):  # (a learner stand-in in tests may export no file)
-            run.export_policy(path, cfg.model.path, cfg.model.tokenizer,
-                              rl_modes(cfg.model.path, cfg.rollout.decode_mode))
+            run.export_policy(
+                path, cfg.model.path, cfg.model.tokenizer, rl_modes(cfg.model.path, cfg.rollout.decode_mode)
+            )
         if cfg.learner.lora is not None:
             learner.export_adapter(str(run.path / "policy_adapter"))
     return checkpointed
@@ -276,8 +309,13 @@ def stop_after_step(stop, run: RunDir, learner: LearnerWorkers, step: int, unsav
     """End the job after step `step` (checkpointed now when it was not: `unsaved` is its state)."""
     if unsaved is not None:
         run.save_checkpoint(step, learner, unsaved)
-    raise stop if isinstance(stop, RunStopped) else RunStopped(
-        f"{stop}: stopped after step {step}, which is checkpointed; `fbrl train --resume {run.path}` continues")
+    raise (
+        stop
+        if isinstance(stop, RunStopped)
+        else RunStopped(
+            f"{stop}: stopped after step {step}, which is checkpointed; `fbrl train --resume {run.path}` continues"
+        )
+    )
 
 
 def stopped_before_step(stop: RunStopped, run: RunDir, learner: LearnerWorkers, last: int, unsaved) -> RunStopped:

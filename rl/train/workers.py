@@ -7,6 +7,7 @@ and on a cluster. Arguments and results are plain Python / tensors so they cross
 Faults: rollout and reward workers replace a dead actor and redo its call themselves; a learner method may raise
 `rl.train.faults.LearnerRebuilt` (the group was rebuilt at its initial weights: the caller restores a checkpoint).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class Scores:
     `failures`: one line per reward call that failed (raised, timed out, returned a wrong shape), naming it and
     saying why; the loop prints each kind once (the reward may run in another process, whose log nobody reads).
     """
+
     rewards: list[float]
     correct: list[bool] | None
     metrics: dict[str, float]
@@ -53,8 +55,14 @@ class Scores:
 
 
 class RewardWorkers(Protocol):
-    def score(self, prompts: list[str], completions: list[str], answers: list[str], finish_reasons: list[str],
-              columns: dict[str, list] | None = None) -> Scores:
+    def score(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        answers: list[str],
+        finish_reasons: list[str],
+        columns: dict[str, list] | None = None,
+    ) -> Scores:
         """Score completions. `columns` are the dataset's other columns, one list per column aligned with the
         completions (`rl.data.loaders.reward_columns`); every reward receives them as keyword arguments."""
 
@@ -81,8 +89,7 @@ class LearnerWorkers(Protocol):
     def save_checkpoint(self, directory: str) -> None:
         """Model (save_pretrained), optimizer / DeepSpeed state into `directory` (caller makes it atomic)."""
 
-    def load_checkpoint(self, directory: str) -> None:
-        ...
+    def load_checkpoint(self, directory: str) -> None: ...
 
 
 def tensor_checksums(named_tensors) -> dict[str, float]:

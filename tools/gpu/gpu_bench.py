@@ -28,6 +28,7 @@ vocab 128,256, tied head) as an FBT (gate_product fusion), bf16, on cuda:0.
 Torch-only: vllm, ray, deepspeed, math_verify, wandb, datasets and gguf are blocked on import (a torch-only machine has
 none of them), so a dependency on them fails here and in CI, not on the GPU.
 """
+
 from __future__ import annotations
 
 import sys
@@ -58,16 +59,30 @@ from rollout.torch_engine import TorchEngine  # noqa: E402
 GOALS = {"replay/standard": 1.1, "kpass3/standard": 2.0}  # bench/likelihood.py's CPU goals
 
 FULL = {
-    "model": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                  head_dim=64, intermediate_size=8192, vocab_size=128256),
+    "model": dict(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        vocab_size=128256,
+    ),
     "dtype": "bfloat16",
     "decode": dict(batch=256, prompt_min=64, prompt_max=256, new_tokens=128, reps=3),
     "learner": dict(rows=8, group=8, prompt=256, response=1024, reps=5),
     "exact": dict(rows=2, prompt=64, responses=(256, 1024)),
 }
 DRY = {  # fp32: bf16 matmuls are emulated (slow) on CPUs without bf16 units, such as CI's
-    "model": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                  head_dim=64, intermediate_size=256, vocab_size=512),
+    "model": dict(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        intermediate_size=256,
+        vocab_size=512,
+    ),
     "dtype": "float32",
     "decode": dict(batch=8, prompt_min=4, prompt_max=12, new_tokens=8, reps=2),
     "learner": dict(rows=4, group=2, prompt=16, response=16, reps=2),
@@ -120,8 +135,14 @@ def gib(n):
 
 
 def build_model(spec: dict, device: torch.device) -> torch.nn.Module:
-    cfg = FBTLlamaConfig(tie_word_embeddings=True, bos_token_id=1, eos_token_id=None, pad_token_id=0,
-                         max_position_embeddings=2048, **spec["model"])
+    cfg = FBTLlamaConfig(
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=None,
+        pad_token_id=0,
+        max_position_embeddings=2048,
+        **spec["model"],
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = FBTLlamaForCausalLM(cfg)
@@ -153,6 +174,7 @@ def bench_decode(model, spec: dict, clock: Clock, budget: Budget, emit) -> dict:
         end.record()
         events.append((start, end))
         return out
+
     engine._next_input = timed_next_input
 
     times = {m: [] for m in modes}
@@ -163,7 +185,7 @@ def bench_decode(model, spec: dict, clock: Clock, budget: Budget, emit) -> dict:
     for r in range(d["reps"]):
         if budget.left() < 0:
             break
-        for m in modes[r % 3:] + modes[:r % 3]:
+        for m in modes[r % 3 :] + modes[: r % 3]:
             events.clear()
             t, _ = clock.time(lambda: engine.generate(prompts, params[m]))
             times[m].append(t)
@@ -178,7 +200,9 @@ def bench_decode(model, spec: dict, clock: Clock, budget: Budget, emit) -> dict:
     mean_prompt = sum(lens) / len(lens)
     predicted = fusion_flops_per_token(cfg) / flops_per_decode_token(cfg, mean_prompt + (d["new_tokens"] + 1) / 2)
     out = {
-        "batch": d["batch"], "new_tokens": d["new_tokens"], "mean_prompt_len": round(mean_prompt, 1),
+        "batch": d["batch"],
+        "new_tokens": d["new_tokens"],
+        "mean_prompt_len": round(mean_prompt, 1),
         "timed_runs_per_mode": len(times["standard"]),
         "predicted_fusion_overhead": round(predicted, 5),
         "goal_soft_over_standard_max": round(1 + 1.2 * predicted, 5),
@@ -199,8 +223,9 @@ def bench_decode(model, spec: dict, clock: Clock, budget: Budget, emit) -> dict:
 
 
 # ---- learner ------------------------------------------------------------------------------------------------
-def build_batch(model, rows: int, prompt: int, response: int, group: int, device: torch.device,
-                seed: int = 0) -> LearnerBatch:
+def build_batch(
+    model, rows: int, prompt: int, response: int, group: int, device: torch.device, seed: int = 0
+) -> LearnerBatch:
     """Right-padded rows (BOS + prompt + response, random tokens; `group` consecutive rows share their prompt, as
     a GRPO group does), on the host like a collated rollout batch; the recorded states (replay) are the states of
     a no-grad forward, in host memory as they arrive from the engines."""
@@ -210,11 +235,17 @@ def build_batch(model, rows: int, prompt: int, response: int, group: int, device
     ids[:, :prompt] = ids[::group, :prompt].repeat_interleave(group, dim=0)[:rows]
     ids[:, 0] = model.config.bos_token_id
     am = torch.ones(rows, L, dtype=torch.long)
-    batch = LearnerBatch(ids, am, torch.full((rows,), prompt), torch.full((rows,), response),
-                         torch.ones(rows, response), torch.zeros(rows, response))
+    batch = LearnerBatch(
+        ids,
+        am,
+        torch.full((rows,), prompt),
+        torch.full((rows,), response),
+        torch.ones(rows, response),
+        torch.zeros(rows, response),
+    )
     with torch.no_grad():
         h, _ = model.run_stack(model.embed(ids.to(device)), am.to(device))
-    batch.states = h[:, prompt - 1:L - 1].to("cpu", torch.float32)  # row j = state at P + j - 1
+    batch.states = h[:, prompt - 1 : L - 1].to("cpu", torch.float32)  # row j = state at P + j - 1
     batch.extras["advantages"] = torch.randn(rows, generator=g)
     return batch
 
@@ -247,20 +278,24 @@ def bench_learner(model, spec: dict, clock: Clock, budget: Budget, emit, device)
             emit(f"learner {key} rep {r}: {1000 * t:.1f} ms")
     model.zero_grad(set_to_none=True)
     if not times["standard"]:
-        return {"skipped": "budget spent before the first timed run", "peak_gib_above_weights": {
-            k: gib(v) for k, v in peaks.items()}}
+        return {
+            "skipped": "budget spent before the first timed run",
+            "peak_gib_above_weights": {k: gib(v) for k, v in peaks.items()},
+        }
     med = {k: statistics.median(v) for k, v in times.items()}
     best = {k: min(v) for k, v in times.items()}
     ratios = {f"{k}/standard": round(med[k] / med["standard"], 4) for k in runs if k != "standard"}
     return {
         "micro_batch": f"{s['rows']} rows x ({s['prompt']} prompt + {s['response']} response), "
-                       f"{s['group']} rows per prompt",
-        "tokens": s["rows"] * (s["prompt"] + s["response"]), "timed_reps": len(times["standard"]),
+        f"{s['group']} rows per prompt",
+        "tokens": s["rows"] * (s["prompt"] + s["response"]),
+        "timed_reps": len(times["standard"]),
         "median_ms": {k: round(1000 * v, 2) for k, v in med.items()},
         "best_ms": {k: round(1000 * v, 2) for k, v in best.items()},
         "ratios_of_medians": ratios,
         "ratios_of_best": {f"{k}/standard": round(best[k] / best["standard"], 4) for k in runs if k != "standard"},
-        "cpu_goals": GOALS, "meets_cpu_goals": {k: ratios[k] <= g for k, g in GOALS.items()},
+        "cpu_goals": GOALS,
+        "meets_cpu_goals": {k: ratios[k] <= g for k, g in GOALS.items()},
         "peak_gib_above_weights": {k: gib(v) for k, v in peaks.items()},
     }
 
@@ -285,9 +320,13 @@ def bench_exact(model, spec: dict, clock: Clock, budget: Budget, emit, device) -
             out[f"R{R}"] = {"error": f"out of memory: {str(e).splitlines()[0]}"}
             emit(f"exact R={R}: out of memory")
             continue
-        out[f"R{R}"] = {"fwd_bwd_s": round(t, 3), "ms_per_response_token": round(1000 * t / R, 3),
-                        "peak_gib_above_weights": gib(peak), "replay_fwd_bwd_s": round(t_replay, 4),
-                        "exact_over_replay": round(t / t_replay, 1)}
+        out[f"R{R}"] = {
+            "fwd_bwd_s": round(t, 3),
+            "ms_per_response_token": round(1000 * t / R, 3),
+            "peak_gib_above_weights": gib(peak),
+            "replay_fwd_bwd_s": round(t_replay, 4),
+            "exact_over_replay": round(t / t_replay, 1),
+        }
         emit(f"exact R={R}: {t:.2f} s (replay {t_replay:.3f} s), peak {gib(peak)} GiB")
     model.zero_grad(set_to_none=True)
     return out
@@ -295,24 +334,42 @@ def bench_exact(model, spec: dict, clock: Clock, budget: Budget, emit, device) -
 
 # ---- main ---------------------------------------------------------------------------------------------------
 def environment(device: torch.device, spec: dict, args) -> dict:
-    env = {"command": "python -m tools.gpu.gpu_bench " + " ".join(sys.argv[1:]), "dry_run": args.dry_run,
-           "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "device": str(device), "dtype": spec["dtype"], "model_shape": spec["model"],
-           "torch_threads": torch.get_num_threads()}
+    env = {
+        "command": "python -m tools.gpu.gpu_bench " + " ".join(sys.argv[1:]),
+        "dry_run": args.dry_run,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(device),
+        "dtype": spec["dtype"],
+        "model_shape": spec["model"],
+        "torch_threads": torch.get_num_threads(),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(gpu=props.name, gpu_memory_gib=gib(props.total_memory), cuda=torch.version.cuda,
-                   tf32_matmul=torch.backends.cuda.matmul.allow_tf32)
+        env.update(
+            gpu=props.name,
+            gpu_memory_gib=gib(props.total_memory),
+            cuda=torch.version.cuda,
+            tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+        )
     return env
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny model on the CPU (seconds): the CI check")
-    ap.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"),
-                    help="the output directory (default: $OUT, else ./gpu_check_out)")
-    ap.add_argument("--budget-s", type=float, default=300.0,
-                    help="seconds for the timed sections; a section stops repeating (or is skipped) past it")
+    ap.add_argument(
+        "--out",
+        default=os.environ.get("OUT", "gpu_check_out"),
+        help="the output directory (default: $OUT, else ./gpu_check_out)",
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=300.0,
+        help="seconds for the timed sections; a section stops repeating (or is skipped) past it",
+    )
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     args = ap.parse_args(argv)
     sections = args.sections.split(",")

@@ -10,6 +10,7 @@ greedy outputs (tokens, log-probs, recorded states) to match the torch engine ho
 tiny FBT of tests/test_vllm_engine.py. `--dry-run` (throughput only) runs a tiny model on the CPU.
 Run from the repository root with it on PYTHONPATH (the shell script does both).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,10 @@ def check_against_torch(engine, new, prompts, version) -> None:
 
     assert engine.version == version
     for mode in ("soft", "fused"):
-        assert_same(engine.generate(prompts, greedy(mode), min_version=version),
-                    TorchEngine(new).generate(prompts, greedy(mode)))
+        assert_same(
+            engine.generate(prompts, greedy(mode), min_version=version),
+            TorchEngine(new).generate(prompts, greedy(mode)),
+        )
 
 
 def ipc() -> None:
@@ -68,13 +71,15 @@ def ipc() -> None:
     from rollout.vllm_engine import VLLMEngine
 
     ckpt, hf, prompts = tiny_checkpoint()
-    engine = VLLMEngine(str(ckpt), max_model_len=128, max_num_seqs=16, dtype="float32",
-                        weight_transfer_backend="ipc", **SMALL_ENGINE)
+    engine = VLLMEngine(
+        str(ckpt), max_model_len=128, max_num_seqs=16, dtype="float32", weight_transfer_backend="ipc", **SMALL_ENGINE
+    )
     try:
         print("engine runner:", engine.info["model_runner"])
         new = new_weights(hf)
-        trainer = IPCTrainerWeightTransferEngine.trainer_init(IPCTrainerInitInfo(rank=0), client=engine,
-                                                              source=ModuleSource(copy.deepcopy(new).cuda()))
+        trainer = IPCTrainerWeightTransferEngine.trainer_init(
+            IPCTrainerInitInfo(rank=0), client=engine, source=ModuleSource(copy.deepcopy(new).cuda())
+        )
         engine.load_weights(trainer, 1)
         check_against_torch(engine, new, prompts, 1)
         print("IPC weight transfer: soft and fused outputs match the torch engine with the new weights")
@@ -141,8 +146,9 @@ def nccl() -> None:
     from rollout.vllm_engine import VLLMEngine
 
     ckpt, hf, prompts = tiny_checkpoint()
-    engine = VLLMEngine(str(ckpt), max_model_len=128, max_num_seqs=16, dtype="float32",
-                        weight_transfer_backend="nccl", **SMALL_ENGINE)
+    engine = VLLMEngine(
+        str(ckpt), max_model_len=128, max_num_seqs=16, dtype="float32", weight_transfer_backend="nccl", **SMALL_ENGINE
+    )
     authkey = secrets.token_hex(16)
     try:
         print("engine runner:", engine.info["model_runner"])
@@ -151,8 +157,10 @@ def nccl() -> None:
                 s.bind(("127.0.0.1", 0))
                 rdv_port = s.getsockname()[1]
             env = dict(os.environ, CUDA_VISIBLE_DEVICES=os.environ.get("FBRL_TRAINER_GPU", "0"))
-            child = subprocess.Popen([sys.executable, __file__, "nccl-trainer", str(listener.address[1]),
-                                      str(rdv_port), authkey, str(ckpt)], env=env)
+            child = subprocess.Popen(
+                [sys.executable, __file__, "nccl-trainer", str(listener.address[1]), str(rdv_port), authkey, str(ckpt)],
+                env=env,
+            )
             conn = listener.accept()
             while True:  # serve the trainer's client calls on the engine, one at a time
                 method, args, kwargs = conn.recv()
@@ -174,13 +182,33 @@ def nccl() -> None:
 
 
 SHAPES = {  # SmolLM2-135M and Llama-3.2-1B shapes (random weights)
-    "135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                 intermediate_size=1536, vocab_size=49152),
-    "1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-               intermediate_size=8192, vocab_size=128256),
+    "135m": dict(
+        hidden_size=576,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        intermediate_size=1536,
+        vocab_size=49152,
+    ),
+    "1b": dict(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=128256,
+    ),
 }
-DRY_SHAPE = {"tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
-                          intermediate_size=256, vocab_size=512)}
+DRY_SHAPE = {
+    "tiny": dict(
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        vocab_size=512,
+    )
+}
 
 
 def throughput(dry_run: bool) -> None:
@@ -200,8 +228,14 @@ def throughput(dry_run: bool) -> None:
         shapes, batch, new, reps, dtype, device = SHAPES, 256, 128, 3, "bfloat16", "cuda"
         sizing = {"gpu_memory_utilization": 0.6}
     for name, shape in shapes.items():
-        cfg = LlamaConfig(tie_word_embeddings=True, bos_token_id=1, eos_token_id=None, pad_token_id=0,
-                          max_position_embeddings=2048, **shape)
+        cfg = LlamaConfig(
+            tie_word_embeddings=True,
+            bos_token_id=1,
+            eos_token_id=None,
+            pad_token_id=0,
+            max_position_embeddings=2048,
+            **shape,
+        )
         torch.manual_seed(0)
         with torch.device(device):
             fbt = convert_to_fbt(LlamaForCausalLM(cfg).to(getattr(torch, dtype)))
@@ -212,8 +246,9 @@ def throughput(dry_run: bool) -> None:
         lo, hi = (4, 12) if dry_run else (64, 256)
         lens = torch.randint(lo, hi + 1, (batch,), generator=g).tolist()
         prompts = [[1] + torch.randint(4, cfg.vocab_size, (n - 1,), generator=g).tolist() for n in lens]
-        engine = VLLMEngine(ckpt, max_model_len=max(128, hi + new), max_num_seqs=batch, dtype=dtype,
-                            eos_token_ids=(), **sizing)
+        engine = VLLMEngine(
+            ckpt, max_model_len=max(128, hi + new), max_num_seqs=batch, dtype=dtype, eos_token_ids=(), **sizing
+        )
         modes = ["standard", "soft", "fused"]
         params = {m: SamplingParams(temperature=0.0, max_tokens=new, decode_mode=m) for m in modes}
         times = {m: [] for m in modes}
@@ -221,7 +256,7 @@ def throughput(dry_run: bool) -> None:
             for m in modes:
                 engine.generate(prompts, params[m])  # warm-up (and the soft / fused token tables)
             for r in range(reps):
-                for m in modes[r % 3:] + modes[:r % 3]:
+                for m in modes[r % 3 :] + modes[: r % 3]:
                     t = time.perf_counter()
                     engine.generate(prompts, params[m])  # returns host lists: the device work is done
                     times[m].append(time.perf_counter() - t)
@@ -231,15 +266,26 @@ def throughput(dry_run: bool) -> None:
         best = {m: min(v) for m, v in times.items()}
         med = {m: statistics.median(v) for m, v in times.items()}
         predicted = fusion_flops_per_token(cfg) / flops_per_decode_token(cfg, sum(lens) / batch + (new + 1) / 2)
-        print("THROUGHPUT " + json.dumps({
-            "model": name, "dtype": dtype, "batch": batch, "new_tokens": new, "model_runner": runner,
-            "predicted_fusion_overhead": round(predicted, 5),
-            "goal_soft_over_standard_max": round(1 + 1.2 * predicted, 5),
-            "soft_over_standard": round(best["soft"] / best["standard"], 4),
-            "soft_over_standard_medians": round(med["soft"] / med["standard"], 4),
-            "fused_over_standard": round(best["fused"] / best["standard"], 4),
-            "tokens_per_s": {m: round(batch * new / best[m], 1) for m in modes},
-            "wall_s_best": {m: round(v, 3) for m, v in best.items()}}), flush=True)
+        print(
+            "THROUGHPUT "
+            + json.dumps(
+                {
+                    "model": name,
+                    "dtype": dtype,
+                    "batch": batch,
+                    "new_tokens": new,
+                    "model_runner": runner,
+                    "predicted_fusion_overhead": round(predicted, 5),
+                    "goal_soft_over_standard_max": round(1 + 1.2 * predicted, 5),
+                    "soft_over_standard": round(best["soft"] / best["standard"], 4),
+                    "soft_over_standard_medians": round(med["soft"] / med["standard"], 4),
+                    "fused_over_standard": round(best["fused"] / best["standard"], 4),
+                    "tokens_per_s": {m: round(batch * new / best[m], 1) for m in modes},
+                    "wall_s_best": {m: round(v, 3) for m, v in best.items()},
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":  # the engines spawn worker processes

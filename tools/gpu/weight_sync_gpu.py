@@ -11,6 +11,7 @@ checksum sums run on the GPU in another order); then times `--reps` pushes. `ipc
 (ray.colocate), `nccl` needs two GPUs (NCCL refuses two ranks on one device). Prints one JSON line per transport; exits
 1 on a mismatch. Not run yet (it needs a GPU): docs/CLUSTER.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,11 +36,19 @@ def check(transport: str, model: str, reps: int) -> dict:
     from rl.train.workers import tensor_checksums
 
     colocate = transport == "ipc"
-    cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [
-        f"model.path={model}", "learner.num_workers=1", "learner.zero_stage=3", f"rollout.weight_sync={transport}",
-        "rollout.num_gpus_per_engine=1" if not colocate else "rollout.num_gpus_per_engine=0.5",
-        "learner.num_gpus_per_worker=1" if not colocate else "learner.num_gpus_per_worker=0.5",
-        f"ray.colocate={str(colocate).lower()}", "rollout.vllm.gpu_memory_utilization=0.3"])
+    cfg = load_config(
+        str(ROOT / "configs" / "tiny.yaml"),
+        [
+            f"model.path={model}",
+            "learner.num_workers=1",
+            "learner.zero_stage=3",
+            f"rollout.weight_sync={transport}",
+            "rollout.num_gpus_per_engine=1" if not colocate else "rollout.num_gpus_per_engine=0.5",
+            "learner.num_gpus_per_worker=1" if not colocate else "learner.num_gpus_per_worker=0.5",
+            f"ray.colocate={str(colocate).lower()}",
+            "rollout.vllm.gpu_memory_utilization=0.3",
+        ],
+    )
     rollout, learner, rewards = build_workers(cfg, use_ray=True)
     try:
         ref = {n: p.detach() for n, p in load_policy(model).named_parameters()}
@@ -55,7 +64,8 @@ def check(transport: str, model: str, reps: int) -> dict:
             first_s = time.perf_counter() - t0
             got = rollout.all_weight_checksums()
             ok = versions == [v + 1] and all(
-                abs(g[k] - want[k]) <= 1e-6 * max(1.0, abs(want[k])) for g in got for k in want)
+                abs(g[k] - want[k]) <= 1e-6 * max(1.0, abs(want[k])) for g in got for k in want
+            )
             times = []
             for i in range(reps):
                 t0 = time.perf_counter()
@@ -75,6 +85,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     import torch
+
     if not torch.cuda.is_available():
         print("weight_sync_gpu: no CUDA device; the CPU check of this path is tests/test_cluster.py (native_ray)")
         return 2
