@@ -22,22 +22,19 @@ persists. `stop_requested()` (a signal arrived) ends the job after the current s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from rl import algos
 from rl.config import Config
-from rl.data.loaders import PromptSampler, load_task_split, reward_columns
-from rl.data.prompts import PromptFitter, prompt_token_limit
+from rl.data.loaders import PromptSampler
 from rl.estimators.mismatch_parts import measure_parts
-from rl.report.console import console_line, eval_line, report_failures
-from rl.report.metrics import eval_metrics, step_row
+from rl.report.console import report_failures
+from rl.report.metrics import PhaseClock, sample_row, update_row
 from rl.train.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, nonfinite_update
-from rl.train.heldout import heldout_accuracy
-from rl.train.rollout_queue import RolloutQueue, Serialized, generate_batch, score_batch, split_stale, staleness_metrics
-from rl.train.run_dir import RunDir, restore_step, save_step, stop_after_step, stopped_before_step, weights_file
+from rl.train.job import JobParts, JobState, heldout, log_step, start_pass, sync_weights
+from rl.train.rollout_queue import RolloutQueue, generate_batch, score_batch, split_stale, staleness_metrics
+from rl.train.run_dir import RunDir, save_step, stop_after_step, stopped_before_step
 from rl.train.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
 
 
@@ -60,34 +57,8 @@ def train(
     `background_rollouts`: make batches in a producer thread (default: when `train.max_staleness` > 0; tests
     force it at 0 to check that the thread changes nothing)."""
     faults = faults if faults is not None else FaultLog(log)
-    fitter = PromptFitter(tokenizer, prompt_token_limit(cfg), cfg.data.overlong_prompts)
-    train_rows = fitter.fit_reported(load_task_split(cfg.data, "train", tokenizer=tokenizer), "train data", faults, log)
-    eval_rows = (
-        fitter.fit_reported(
-            load_task_split(cfg.data, "test", n=cfg.train.eval_n, tokenizer=tokenizer), "eval data", faults, log
-        )
-        if cfg.train.eval_every > 0
-        else []
-    )
-    reward_columns(train_rows + eval_rows)  # a column that would shadow a reward argument fails now, not at step 1
-    # rollout and reward calls from the loop and from the producer thread take turns (new weights reach the
-    # engines between requests: rl/train/rollout_queue.py); one lock per worker object for the whole job, so a
-    # generation still in flight from a pass that a rebuilt learner ended finishes before the next pass syncs
-    parts = _Parts(
-        cfg,
-        tokenizer,
-        fitter,
-        train_rows,
-        eval_rows,
-        Serialized(rollout),
-        learner,
-        Serialized(rewards),
-        run,
-        log,
-        progress,
-        faults,
-    )
-    job = _Job(
+    parts = JobParts.load(cfg, tokenizer, rollout, learner, rewards, run, log, progress, faults)
+    job = JobState(
         restore="resume" if cfg.train.resume else None,
         guard=RunGuard(cfg.faults, faults),
         stop_requested=stop_requested or (lambda: None),
@@ -102,42 +73,10 @@ def train(
             job.restore = "rebuild"
 
 
-@dataclass
-class _Parts:
-    """What one job runs with: the config, the data, the workers, where it writes and how it reports."""
-
-    cfg: Config
-    tokenizer: object
-    fitter: PromptFitter
-    train_rows: list[dict]
-    eval_rows: list[dict]
-    rollout: RolloutWorkers
-    learner: LearnerWorkers
-    rewards: RewardWorkers
-    run: RunDir
-    log: Callable[[str], None]
-    progress: Callable[[dict], None] | None
-    faults: FaultLog
-
-
-@dataclass
-class _Job:
-    """What outlives one pass of `_run_steps` when the learner is rebuilt mid-job."""
-
-    restore: str | None  # "resume" / "rebuild": start from the run's last checkpoint
-    guard: RunGuard
-    stop_requested: object  # () -> a reason to stop (str) or None
-    step: int = 0  # the last step completed
-    version: int = 0  # the newest policy version pushed to the engines (versions only increase)
-    background_rollouts: bool | None = (
-        None  # rl/train/rollout_queue.py's producer thread (None: when max_staleness > 0)
-    )
-
-
-def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
-    cfg, learner, run, log = p.cfg, p.learner, p.run, p.log
+def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
+    cfg, learner, run = p.cfg, p.learner, p.run
     sampler = PromptSampler(p.train_rows, seed=cfg.train.seed)
-    step, version = _start(p, job, sampler, history)
+    step, version = start_pass(p, job, sampler, history)
     reported = set()  # (reward, kind of failure) already printed with its message (report_failures)
     max_staleness = cfg.train.max_staleness
     # Steps 1-2 of every step (rollouts, rewards) come from this queue: made now (synchronous), or made ahead by a
@@ -171,8 +110,8 @@ def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
             fresh, stale_dropped = split_stale(batch.samples, version, max_staleness)
             batch = batch.select(fresh)
             samples = batch.samples
-            ages = staleness_metrics(samples, version)  # against the weights that train on them, before the update
-            report_failures(batch.failures, reported, log)
+            report_failures(batch.failures, reported, p.log)
+            clock = PhaseClock(rollout=batch.time_rollout_s, reward=batch.time_reward_s, wait=time_wait)
             reward = torch.tensor(batch.rewards, dtype=torch.float32)
             lengths = torch.tensor([s.response_len for s in samples], dtype=torch.float32)
             reward_metrics = dict(batch.reward_metrics)
@@ -182,6 +121,8 @@ def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
                 )
                 reward = reward + penalty
                 reward_metrics["rewards/overlong_penalty/mean"] = float(penalty.mean()) if len(samples) else 0.0
+            ages = staleness_metrics(samples, version)  # against the weights that train on them, before the update
+            metrics = sample_row(step, batch, reward, lengths, stale_dropped, ages, reward_metrics)
 
             # 3. advantages per prompt group; groups with no signal are dropped if asked
             groups = torch.tensor([s.group_id for s in samples], dtype=torch.long)
@@ -193,52 +134,27 @@ def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
             skip = len(samples) == 0 or algos.no_usable_signal(has_signal, (lengths > 0)[:, None])
 
             # 4. the mismatch taken apart on a diagnostic subset (engine / staleness / estimator), before the update
-            t0 = time.perf_counter()
-            parts = measure_parts(cfg, learner, samples, version, step)
-            time_parts = time.perf_counter() - t0
+            with clock("mismatch_parts"):
+                parts = measure_parts(cfg, learner, samples, version, step)
 
             # 5. learner update, then the new weights go to every engine as version + 1, between requests (a
             # request in flight finishes on the version it started with)
-            t0 = time.perf_counter()
-            kept = keep.nonzero().flatten().tolist()
-            learner_metrics = {} if skip else learner.update([samples[i] for i in kept], advantages[kept].tolist())
-            time_learner = time.perf_counter() - t0
+            with clock("learner"):
+                kept = keep.nonzero().flatten().tolist()
+                learner_metrics = {} if skip else learner.update([samples[i] for i in kept], advantages[kept].tolist())
             nonfinite = nonfinite_update(learner_metrics, step, p.faults)
             skip = skip or nonfinite
-            t0 = time.perf_counter()
-            if not skip:
-                version += 1
-                batches.before_sync(step)  # the batches owed the old weights have started on them
-                job.version = _sync(learner, p.rollout, run, version)
-            batches.publish(step, version)  # batches up to step + 1 + max_staleness may be generated now
-            time_sync = time.perf_counter() - t0
+            with clock("sync"):
+                if not skip:
+                    version += 1
+                    batches.before_sync(step)  # the batches owed the old weights have started on them
+                    job.version = sync_weights(p, version)
+                batches.publish(step, version)  # batches up to step + 1 + max_staleness may be generated now
 
             # 6. metrics, the held-out eval when due, the checkpoint and RUN_DIR/policy/ when due
-            metrics = step_row(
-                step,
-                version,
-                batch,
-                reward,
-                lengths,
-                skipped=skip,
-                nonfinite=nonfinite,
-                dropped=dropped,
-                stale_dropped=stale_dropped,
-                ages=ages,
-                reward_metrics=reward_metrics,
-                learner_metrics=learner_metrics,
-                parts=parts,
-                times={
-                    "rollout": batch.time_rollout_s,
-                    "reward": batch.time_reward_s,
-                    "wait": time_wait,
-                    "mismatch_parts": time_parts,
-                    "learner": time_learner,
-                    "sync": time_sync,
-                },
-            )
+            metrics |= update_row(version, skip, nonfinite, dropped, learner_metrics, parts, clock.times)
             if cfg.train.eval_every > 0 and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
-                metrics.update(_heldout(p, version, step)[0])
+                metrics |= heldout(p, version, step)[0]
             # the sampler position after this step's prompts (the producer may have drawn later batches)
             state = {"version": version, "sampler": batch.sampler_state}
             checkpointed = save_step(run, cfg, learner, step, state)
@@ -249,60 +165,6 @@ def _run_steps(p: _Parts, job: _Job, history: list[dict]) -> None:
                 stop = job.stop_requested()
             except RunStopped as e:
                 stop = e
-            _log_step(p, job, history, {**metrics, **p.faults.metrics()})
+            log_step(p, job, history, {**metrics, **p.faults.metrics()})
             if stop:
                 stop_after_step(stop, run, learner, step, None if checkpointed else state)
-
-
-def _start(p: _Parts, job: _Job, sampler: PromptSampler, history: list[dict]) -> tuple[int, int]:
-    """(step, version) this pass starts from: a new run's step 0, or the last checkpoint's step on resume and after
-    a rebuilt learner (its lost steps run again with the same prompts). The learner's weights are pushed to the
-    engines once (they start from the checkpoint file), and a new run is evaluated before step 1."""
-    step, version = 0, job.version
-    if job.restore:
-        step, version = restore_step(p.run, p.cfg, p.learner, sampler, version)
-        if job.restore == "rebuild":  # completed steps after the checkpoint are lost and run again
-            p.faults.add("steps_lost", max(job.step - step, 0))
-            history[:] = [m for m in history if m["step"] <= step]
-            p.log(
-                f"learner restored to step {step} (policy version {version + 1}); the next steps run again "
-                f"with the same prompts"
-            )
-            job.step = step
-        else:
-            p.log(f"resumed {p.run.path} at step {step} (policy version {version})")
-    else:
-        p.run.write_config(p.cfg)
-    version += 1
-    job.version = _sync(p.learner, p.rollout, p.run, version)
-    if step == 0 and p.cfg.train.eval_every > 0:
-        row, strict, lenient = _heldout(p, version, 0)
-        p.run.log_metrics({"step": 0, **row})
-        p.log(eval_line(0, p.cfg.train.steps, strict, lenient, len(p.eval_rows)))
-    return step, version
-
-
-def _heldout(p: _Parts, version: int, step: int) -> tuple[dict, dict, dict]:
-    """The held-out eval at `step`: (its metrics row fields, strict and lenient accuracy per mode)."""
-    strict, lenient = heldout_accuracy(
-        p.cfg, p.eval_rows, p.tokenizer, p.rollout, p.rewards, version, p.fitter.encode, p.run, step, p.log
-    )
-    return eval_metrics(strict, lenient, p.cfg.train.eval_decode_modes[0]), strict, lenient
-
-
-def _log_step(p: _Parts, job: _Job, history: list[dict], metrics: dict) -> None:
-    p.run.log_metrics(metrics)
-    history.append(metrics)
-    job.step = metrics["step"]
-    p.log(console_line(metrics, p.cfg.train.steps))
-    if p.progress is not None:
-        p.progress(metrics)
-
-
-def _sync(learner: LearnerWorkers, rollout: RolloutWorkers, run: RunDir, version: int) -> int:
-    """The learner's weights onto every engine as `version`, by the workers' transport (`rollout.weight_sync`:
-    the file `rl.train.run_dir.weights_file`, Ray's object store, vLLM's NCCL / IPC transfer; actors/weight_sync.py)."""
-    versions = rollout.sync_weights(learner, version, weights_file(run))
-    if any(v != version for v in versions):
-        raise RuntimeError(f"weight sync: engines report versions {versions}, expected {version}")
-    return version
