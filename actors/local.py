@@ -134,7 +134,7 @@ class TorchLearner:
         self.backend.optimizer.load_state_dict(opt)
 
     def _load_model(self, model_dir: Path) -> None:
-        from rollout.torch_engine import load_state_dict_from  # safetensors only, never pickle
+        from rollout.base import load_state_dict_from  # safetensors only, never pickle
 
         state = load_state_dict_from(model_dir)
         with torch.no_grad():

@@ -38,7 +38,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # 
 
 from rl.model import convert_to_fbt  # noqa: E402
 from rollout.base import SamplingParams  # noqa: E402
-from rollout.torch_engine import TorchEngine, left_pad  # noqa: E402
+from rollout.prompt_batch import left_pad  # noqa: E402
+from rollout.torch_engine import TorchEngine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_CKPT = REPO / "checkpoints" / "tiny-arith"

@@ -1,4 +1,5 @@
-"""The one interface every rollout engine implements, and the validation they share.
+"""The one interface every rollout engine implements, the validation they share, and how they read weights
+(`load_state_dict_from`: safetensors only).
 
 Token ids in, token ids out: an engine never re-tokenizes text. Each call returns `rl.batch.Sample`s carrying
 engine log-probs under the log-prob contract (rl/estimators/logprob_contract.py: log-probs of the distribution sampled
@@ -10,6 +11,8 @@ predicted response token j).
 from __future__ import annotations
 
 import abc
+import os
+from pathlib import Path
 
 # re-exported: engines import these from here
 from rl.batch import Sample  # noqa: F401
@@ -58,3 +61,22 @@ class RolloutEngine(abc.ABC):
     def _check_new_version(self, version: int) -> None:
         if version <= self.version and not (version == 0 and self.version == 0):
             raise ValueError(f"load_weights: version {version} is not newer than the engine's {self.version}")
+
+
+def load_state_dict_from(path: str | os.PathLike) -> dict:
+    """Tensors of a safetensors file, or of every `*.safetensors` file of a save_pretrained directory.
+
+    Only safetensors: never torch.load / pickle, which can run code from the file.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    if not files or not all(f.suffix == ".safetensors" and f.is_file() for f in files):
+        raise ValueError(
+            f"load_weights: {str(path)!r} is neither a .safetensors file nor a directory holding *.safetensors files"
+        )
+    state = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state

@@ -42,9 +42,6 @@ Design choices (bench/decode.py measures them; docs/BENCHMARKS.md has the figure
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
@@ -52,67 +49,10 @@ from transformers import DynamicCache
 import rl.estimators.states as state_formats
 from rl.batch import Sample
 from rl.model import rms_normalize, rms_value
-from rollout.base import RolloutEngine, SamplingParams, validate_prompts
+from rollout.base import RolloutEngine, SamplingParams, load_state_dict_from, validate_prompts
 from rollout.kv_cache import preallocate
+from rollout.prompt_batch import left_pad, prefill_groups
 from rollout.sampling import row_keys, sample_tokens, uniforms
-
-
-def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, P] token ids and attention mask of left-padded prompts."""
-    P = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(prompts), P, dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, P - len(p) :] = torch.tensor(p, dtype=torch.long)
-        mask[b, P - len(p) :] = 1
-    return ids.to(device), mask.to(device)
-
-
-def prefill_groups(lengths: list[int], call_cost: float, max_distinct: int = 128) -> list[list[int]]:
-    """Partition prompt indices into groups of similar length for prefill (each group left-padded on its own).
-
-    Groups are ranges of the sorted lengths minimizing Σ rows × longest + call_cost × groups (dynamic
-    programming): padding costs compute, every extra group costs one more forward call.
-    """
-    step = -(-max(lengths) // max_distinct)  # coarsen to ≤ max_distinct distinct lengths: the DP is quadratic
-    keyed = [-(-n // step) * step for n in lengths]
-    vals = sorted(set(keyed))
-    counts = [0] * (len(vals) + 1)  # counts[j] = prompts with coarse length <= vals[j - 1]
-    where = {v: j for j, v in enumerate(vals)}
-    for k in keyed:
-        counts[where[k] + 1] += 1
-    for j in range(1, len(counts)):
-        counts[j] += counts[j - 1]
-    best, cut = [0.0] + [float("inf")] * len(vals), [0] * (len(vals) + 1)
-    for j in range(1, len(vals) + 1):
-        for i in range(j):
-            cost = best[i] + (counts[j] - counts[i]) * vals[j - 1] + call_cost
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-    bounds, j = [], len(vals)
-    while j > 0:
-        bounds.append((vals[cut[j]], vals[j - 1]))
-        j = cut[j]
-    return [[i for i, k in enumerate(keyed) if lo <= k <= hi] for lo, hi in reversed(bounds)]
-
-
-def load_state_dict_from(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Tensors of a safetensors file, or of every `*.safetensors` file of a save_pretrained directory.
-
-    Only safetensors: never torch.load / pickle, which can run code from the file.
-    """
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
-    if not files or not all(f.suffix == ".safetensors" and f.is_file() for f in files):
-        raise ValueError(
-            f"load_weights: {str(path)!r} is neither a .safetensors file nor a directory holding *.safetensors files"
-        )
-    state = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state
 
 
 class TorchEngine(RolloutEngine):

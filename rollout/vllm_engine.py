@@ -26,7 +26,6 @@ deleted as soon as it is read; never bulk tensors through RPC between processes)
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import uuid
 from collections.abc import Mapping
@@ -37,7 +36,7 @@ from safetensors.torch import load_file, save_file
 from rl.batch import Sample
 from rl.model import PROMPT_MODES
 from rollout.base import RolloutEngine, SamplingParams, StaleWeightsError, validate_prompts
-from rollout.vllm_env import FORCED_OPTIONS, apply_environment, engine_environment, scratch_dir, use_eager_token_ranks
+from rollout.vllm_env import apply_environment, engine_environment, engine_options, scratch_dir, use_eager_token_ranks
 
 FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
 
@@ -105,7 +104,9 @@ class VLLMEngine(RolloutEngine):
         elif isinstance(eos_token_ids, int):
             eos_token_ids = {eos_token_ids}
         self.eos_token_ids = tuple(sorted(int(t) for t in eos_token_ids))
-        kwargs = self._engine_options(
+        kwargs = engine_options(
+            self.config,
+            self.on_cpu,
             engine_kwargs,
             decode_mode,
             max_model_len,
@@ -141,74 +142,6 @@ class VLLMEngine(RolloutEngine):
         self._weights_invalid = False
 
     # ---- construction helpers ----------------------------------------------------------------------------
-    def _engine_options(
-        self,
-        extra,
-        decode_mode,
-        max_model_len,
-        max_num_seqs,
-        kv_cache_gib,
-        seed,
-        dtype,
-        tp,
-        gpu_util,
-        wt_backend,
-        blocks_override,
-    ) -> dict:
-        for name, value in extra.items():
-            if name in FORCED_OPTIONS and value != FORCED_OPTIONS[name][0]:
-                forced, why = FORCED_OPTIONS[name]
-                raise ValueError(
-                    f"VLLMEngine: engine option {name}={value!r} is incompatible with latent-feedback "
-                    f"decoding ({why}); it must be {forced!r}"
-                )
-        mnbt = extra.pop("max_num_batched_tokens", max(max_model_len, 4096))
-        if mnbt < max_model_len:
-            raise ValueError(
-                f"VLLMEngine: engine option max_num_batched_tokens={mnbt} is incompatible with "
-                f"latent-feedback decoding: it must be >= max_model_len={max_model_len} so no prompt "
-                f"is chunked"
-            )
-        hf_overrides = dict(extra.pop("hf_overrides", None) or {})
-        for key in ("architectures", "model_type"):
-            if key in hf_overrides:
-                raise ValueError(
-                    f"VLLMEngine: engine option hf_overrides[{key!r}] is incompatible: the checkpoint's "
-                    f"own {key} selects the FBT plugin"
-                )
-        hf_overrides["fbt_decode_mode"] = decode_mode
-        opts = {name: forced for name, (forced, _) in FORCED_OPTIONS.items()}
-        opts.update(
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=mnbt,
-            seed=seed,
-            dtype=dtype,
-            tensor_parallel_size=tp,
-            hf_overrides=hf_overrides,
-        )
-        if kv_cache_gib is None and self.on_cpu:
-            kv_cache_gib = self._kv_gib_needed(max_model_len, max_num_seqs, dtype)
-        if kv_cache_gib is not None:  # on GPU, None: vLLM sizes the cache from gpu_memory_utilization
-            opts["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
-        if blocks_override is not None:
-            opts["num_gpu_blocks_override"] = int(blocks_override)
-        if self.on_cpu:
-            opts["distributed_executor_backend"] = "uni"
-            if wt_backend is not None:
-                raise ValueError(
-                    f"VLLMEngine: weight_transfer_backend={wt_backend!r} needs a GPU; on CPU weights "
-                    f"go through load_weights(path, version)"
-                )
-        else:
-            opts["gpu_memory_utilization"] = gpu_util
-            if wt_backend is not None:
-                from vllm.config import WeightTransferConfig
-
-                opts["weight_transfer_config"] = WeightTransferConfig(backend=wt_backend)
-        opts.update(extra)
-        return opts
-
     def _config_eos(self, checkpoint_dir) -> set[int]:
         from transformers import GenerationConfig
 
@@ -222,26 +155,6 @@ class VLLMEngine(RolloutEngine):
             if eos is not None:
                 ids.update([eos] if isinstance(eos, int) else eos)
         return ids
-
-    def _kv_gib_needed(self, max_model_len, max_num_seqs, dtype) -> float:
-        """KV bytes for max_num_seqs full-length sequences, with head-room for vLLM's hybrid page padding and
-        the state slots."""
-        c = self.config
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        nbytes = (
-            2
-            if (
-                dtype in ("bfloat16", "float16", "half")
-                or (dtype == "auto" and str(getattr(c, "dtype", "float32")) in ("bfloat16", "float16"))
-            )
-            else 4
-        )
-        per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * nbytes
-        # vLLM CPU pages a hybrid model's KV in 128-token blocks, and each request also holds one state page of a
-        # block's size: ceil(L / 128) + 1 blocks (2 x L alone fell short at L = 140: 53 of 64 sequences fit)
-        tokens = max(2 * max_model_len, (math.ceil(max_model_len / 128) + 1) * 128)
-        need = per_token * tokens * max_num_seqs
-        return max(0.25, math.ceil(1.1 * need / 2**30 * 8) / 8)
 
     def _check_no_preemption(self) -> None:
         cc = self.llm.llm_engine.vllm_config.cache_config

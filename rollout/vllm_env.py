@@ -1,10 +1,12 @@
 """What a vLLM engine needs around it to decode an FBT with latent feedback: the `vllm.LLM` options it forces
 (`FORCED_OPTIONS`, each with the reason), the process environment it sets before vLLM starts
-(`engine_environment`, `apply_environment`), the eager token-rank count on CPU (`use_eager_token_ranks`) and
-where scratch files go (`scratch_dir`)."""
+(`engine_environment`, `apply_environment`), the eager token-rank count on CPU (`use_eager_token_ranks`),
+where scratch files go (`scratch_dir`), and the options an engine is built with (`engine_options`, with the KV
+cache size `kv_gib_needed`)."""
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 
@@ -106,3 +108,98 @@ def use_eager_token_ranks() -> None:
 def scratch_dir() -> str:
     """Shared memory when the machine has it (files there never touch a disk)."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def engine_options(
+    config,
+    on_cpu: bool,
+    extra,
+    decode_mode,
+    max_model_len,
+    max_num_seqs,
+    kv_cache_gib,
+    seed,
+    dtype,
+    tp,
+    gpu_util,
+    wt_backend,
+    blocks_override,
+) -> dict:
+    """The `vllm.LLM` options of a `VLLMEngine` (rollout/vllm_engine.py has what each argument means): the forced
+    ones, the KV cache size (on CPU: what `max_num_seqs` full-length sequences need), the executor and the
+    native weight transfer; `extra` (more `vllm.LLM` options) last. An option that contradicts `FORCED_OPTIONS`,
+    or a transfer backend on CPU, is a ValueError naming it."""
+    for name, value in extra.items():
+        if name in FORCED_OPTIONS and value != FORCED_OPTIONS[name][0]:
+            forced, why = FORCED_OPTIONS[name]
+            raise ValueError(
+                f"VLLMEngine: engine option {name}={value!r} is incompatible with latent-feedback "
+                f"decoding ({why}); it must be {forced!r}"
+            )
+    mnbt = extra.pop("max_num_batched_tokens", max(max_model_len, 4096))
+    if mnbt < max_model_len:
+        raise ValueError(
+            f"VLLMEngine: engine option max_num_batched_tokens={mnbt} is incompatible with "
+            f"latent-feedback decoding: it must be >= max_model_len={max_model_len} so no prompt "
+            f"is chunked"
+        )
+    hf_overrides = dict(extra.pop("hf_overrides", None) or {})
+    for key in ("architectures", "model_type"):
+        if key in hf_overrides:
+            raise ValueError(
+                f"VLLMEngine: engine option hf_overrides[{key!r}] is incompatible: the checkpoint's "
+                f"own {key} selects the FBT plugin"
+            )
+    hf_overrides["fbt_decode_mode"] = decode_mode
+    opts = {name: forced for name, (forced, _) in FORCED_OPTIONS.items()}
+    opts.update(
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=mnbt,
+        seed=seed,
+        dtype=dtype,
+        tensor_parallel_size=tp,
+        hf_overrides=hf_overrides,
+    )
+    if kv_cache_gib is None and on_cpu:
+        kv_cache_gib = kv_gib_needed(config, max_model_len, max_num_seqs, dtype)
+    if kv_cache_gib is not None:  # on GPU, None: vLLM sizes the cache from gpu_memory_utilization
+        opts["kv_cache_memory_bytes"] = int(kv_cache_gib * 2**30)
+    if blocks_override is not None:
+        opts["num_gpu_blocks_override"] = int(blocks_override)
+    if on_cpu:
+        opts["distributed_executor_backend"] = "uni"
+        if wt_backend is not None:
+            raise ValueError(
+                f"VLLMEngine: weight_transfer_backend={wt_backend!r} needs a GPU; on CPU weights "
+                f"go through load_weights(path, version)"
+            )
+    else:
+        opts["gpu_memory_utilization"] = gpu_util
+        if wt_backend is not None:
+            from vllm.config import WeightTransferConfig
+
+            opts["weight_transfer_config"] = WeightTransferConfig(backend=wt_backend)
+    opts.update(extra)
+    return opts
+
+
+def kv_gib_needed(config, max_model_len, max_num_seqs, dtype) -> float:
+    """KV bytes for max_num_seqs full-length sequences, with head-room for vLLM's hybrid page padding and
+    the state slots."""
+    c = config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    nbytes = (
+        2
+        if (
+            dtype in ("bfloat16", "float16", "half")
+            or (dtype == "auto" and str(getattr(c, "dtype", "float32")) in ("bfloat16", "float16"))
+        )
+        else 4
+    )
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * nbytes
+    # vLLM CPU pages a hybrid model's KV in 128-token blocks, and each request also holds one state page of a
+    # block's size: ceil(L / 128) + 1 blocks (2 x L alone fell short at L = 140: 53 of 64 sequences fit)
+    tokens = max(2 * max_model_len, (math.ceil(max_model_len / 128) + 1) * 128)
+    need = per_token * tokens * max_num_seqs
+    return max(0.25, math.ceil(1.1 * need / 2**30 * 8) / 8)

@@ -482,7 +482,8 @@ def test_engine_part_of_a_vllm_rollout_is_tiny(tmp_path):
 
 
 def test_the_plot_shows_the_parts(tmp_path):
-    from rl.report.plots import build_panels, render
+    from rl.report.panels import build_panels
+    from rl.report.plots import render
 
     rows = [
         {

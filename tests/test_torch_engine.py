@@ -16,7 +16,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from rl.model import convert_to_fbt
 from rollout.base import SamplingParams, StaleWeightsError
-from rollout.torch_engine import TorchEngine, prefill_groups
+from rollout.prompt_batch import prefill_groups
+from rollout.torch_engine import TorchEngine
 
 PROMPTS = [[1, 5, 9, 13, 17, 21, 25, 29], [1, 7, 3], [30, 31, 32, 33, 34]]  # different lengths, one without BOS
 TOL = 1e-5

@@ -22,7 +22,7 @@ from vllm import envs  # noqa: E402
 import rollout.vllm_plugin as plugin  # noqa: E402
 from rollout.base import SamplingParams  # noqa: E402
 from rollout.vllm_engine import VLLMEngine  # noqa: E402
-from rollout.vllm_env import apply_environment, engine_environment  # noqa: E402
+from rollout.vllm_env import apply_environment, engine_environment, engine_options  # noqa: E402
 
 ENV_VARS = (
     "VLLM_USE_V2_MODEL_RUNNER",
@@ -144,9 +144,8 @@ def test_gpu_engine_options_carry_memory_share_and_transfer_backend(tmp_path):
     from transformers import AutoConfig
 
     random_tiny_fbt(tmp_path)
-    eng = object.__new__(VLLMEngine)
-    eng.on_cpu, eng.config = False, AutoConfig.from_pretrained(tmp_path)
-    opts = eng._engine_options({}, "soft", 64, 4, 0.5, 0, "float32", 1, 0.05, "ipc", None)
+    config = AutoConfig.from_pretrained(tmp_path)
+    opts = engine_options(config, False, {}, "soft", 64, 4, 0.5, 0, "float32", 1, 0.05, "ipc", None)
     assert opts["gpu_memory_utilization"] == 0.05
     assert opts["kv_cache_memory_bytes"] == 2**29
     assert opts["weight_transfer_config"].backend == "ipc"
