@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import torch
@@ -57,6 +56,7 @@ from actors.deepspeed_setup import (
     set_dist_env,
     use_gpu,
 )
+from actors.policy_io import copy_tokenizer_files, load_policy, pad_id_of, write_safetensors_atomic
 from rl.batch import collate
 from rl.decode_modes import record_rl_mode
 from rl.estimators.mismatch_parts import MismatchProbe
@@ -68,32 +68,8 @@ from rl.train.workers import tensor_checksums
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
 DS_SUBDIR, MODEL_SUBDIR, DS_TAG = "deepspeed", "model", "state"
 ADAPTER_SUBDIR = "adapter"  # a LoRA learner's adapters in peft's format, beside model/ (rl/model/lora.py)
-
-
-def load_policy(path: str, dtype=torch.float32):
-    """The FBT checkpoint as a torch module (importing `rl.model` registers the FBT classes with the Auto classes)."""
-    from transformers import AutoModelForCausalLM
-
-    import rl.model  # noqa: F401
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-
-
-def pad_id_of(model) -> int:
-    """Padding id for collate: any id works (padding is masked); the config's pad id when it has one."""
-    pid = getattr(model.config, "pad_token_id", None)
-    return int(pid) if pid is not None else 0
 
 
 def compute_latent_metrics(policy, cfg, samples) -> dict[str, float]:
@@ -109,27 +85,6 @@ def compute_latent_metrics(policy, cfg, samples) -> dict[str, float]:
     finally:
         policy.train(was_training)
     return {f"latent/{k}": v for k, v in found.items()}
-
-
-# ---- files ----------------------------------------------------------------------------------------------------
-def write_safetensors_atomic(tensors: dict, path: str) -> str:
-    """One safetensors file written under a temporary name and renamed into place (readers never see half)."""
-    from safetensors.torch import save_file
-
-    path = str(path)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"format": "pt"})
-    os.replace(tmp, path)
-    return path
-
-
-def copy_tokenizer_files(src: str, dst: str) -> None:
-    """So a checkpoint's model/ directory loads on its own (AutoTokenizer, vLLM)."""
-    for name in TOKENIZER_FILES:
-        f = Path(src) / name
-        if f.is_file():
-            shutil.copy2(f, Path(dst) / name)
 
 
 class _Routed(nn.Module):
@@ -164,23 +119,6 @@ class _EngineUpdater(PolicyUpdater):
             loss, _ = self.engine(super()._micro_loss, micro, tokens, seqs)
             return loss * 0.0, {}
         return self.engine(super()._micro_loss, micro, tokens, seqs)
-
-
-class MergedWeights:
-    """A LoRA learner's merged weights as the `WeightSource` vLLM's native trainer transfer iterates (duck-typed as
-    actors/weight_sync.py's `GatheredWeights`: `metadata()` and `__iter__`, the same names and order)."""
-
-    def __init__(self, lora):
-        self.lora = lora  # rl.model.lora.LoraPolicy
-
-    def metadata(self) -> list:
-        from actors.weight_sync import ParamMeta
-
-        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.lora.merged_tensors()]
-
-    def __iter__(self):
-        for name, t in self.lora.merged_tensors():
-            yield name, t.clone()
 
 
 # ---- one rank ---------------------------------------------------------------------------------------------------
@@ -382,7 +320,7 @@ class LearnerRank:
     def start_native_sync(self, backend: str, client, init: dict, master: tuple[str, int]) -> None:
         """Set up vLLM's trainer-side weight transfer (`backend`: nccl, ipc, native_ray) on this rank; rank 0 opens
         it with the engines (`client`) and is the sender; every rank iterates the same `GatheredWeights`."""
-        from actors.weight_sync import GatheredWeights, trainer_transfer
+        from actors.weight_transfer import GatheredWeights, MergedWeights, trainer_transfer
 
         source = MergedWeights(self.lora) if self.lora is not None else GatheredWeights(self.policy, self._gathered)
         self.transfer = trainer_transfer(backend, self.rank, client, source, init, master)

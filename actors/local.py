@@ -13,16 +13,9 @@ from pathlib import Path
 
 import torch
 
-from actors.learner import (
-    ADAPTER_SUBDIR,
-    LearnerRank,
-    compute_latent_metrics,
-    copy_tokenizer_files,
-    load_policy,
-    pad_id_of,
-    write_safetensors_atomic,
-)
+from actors.learner import ADAPTER_SUBDIR, LearnerRank, compute_latent_metrics
 from actors.learner_group import merge_rank_metrics
+from actors.policy_io import copy_tokenizer_files, load_policy, pad_id_of, write_safetensors_atomic
 from actors.reward_workers import RewardHost
 from actors.rollout import EngineHost, chunk_params, merge_chunks, split_prompts
 from rl.decode_modes import record_rl_mode

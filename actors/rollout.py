@@ -43,7 +43,7 @@ def make_engine(cfg, index: int = 0, weight_sync: str = "file"):
     if r.engine == "torch":
         import torch
 
-        from actors.learner import load_policy
+        from actors.policy_io import load_policy
         from rollout.torch_engine import TorchEngine
 
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]

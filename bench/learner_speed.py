@@ -90,7 +90,7 @@ def plain_llama(path: str):
     FBT is its backbone)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from actors.learner import load_policy
+    from actors.policy_io import load_policy
 
     fbt = load_policy(path)
     conf = {k: v for k, v in fbt.config.to_dict().items() if not k.startswith("fbt_")}

@@ -160,7 +160,7 @@ def vllm_rows(cfg, prompts, plain_dir):
 
 
 def torch_rows(cfg, prompts):
-    from actors.learner import load_policy
+    from actors.policy_io import load_policy
     from rollout.torch_engine import TorchEngine
 
     engine = TorchEngine(load_policy(cfg.model.path), eos_token_ids=())

@@ -37,7 +37,7 @@ def make_135m(directory: Path) -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from actors.learner import copy_tokenizer_files
+    from actors.policy_io import copy_tokenizer_files
     from rl.model import convert_to_fbt
 
     if (directory / "config.json").exists():

@@ -218,7 +218,7 @@ def test_deepspeed_checkpoint_resume_is_exact(tiny_ckpt, tmp_path, stage):
     """Save after step 1, take step 2; a fresh rank that loads the checkpoint takes the identical step 2
     (weights, fp32 master copy and Adam moments restored; loaded with torch.load(weights_only=True)). Stage 0 is
     the one-machine default (no ZeRO: the client optimizer's own state)."""
-    from actors.learner import load_policy
+    from actors.policy_io import load_policy
 
     cfg = make_cfg(tiny_ckpt, f"learner.zero_stage={stage}")
     at_save, want, got = step_save_step_resume(cfg, *synthetic_batch(6, seed=1), tmp_path / "ckpt")

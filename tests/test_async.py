@@ -180,7 +180,7 @@ def test_diagnostic_rows():
 def test_rows_of_the_current_version_run_the_exact_recurrence_once():
     """Rows drawn with the current weights take exact(θ_v) = exact(θ_V) from the one recurrence under those
     weights (their staleness part is exactly 0); a row from an older version still gets its own."""
-    from actors.learner import load_policy, pad_id_of
+    from actors.policy_io import load_policy, pad_id_of
     from rl.config import load_config
     from rl.estimators.mismatch_parts import MismatchProbe
     from rl.train.sampling import SamplingParams

@@ -35,13 +35,13 @@ from safetensors.torch import save_file
 from actors.placement import plan_bundles
 from actors.weight_sync import (
     FileSync,
-    GatheredWeights,
     RayBuckets,
     make_transport,
     pack_bucket,
     resolve_transport,
     unpack_bucket,
 )
+from actors.weight_transfer import GatheredWeights
 from rl.config import ConfigError, load_config
 from rl.train.workers import tensor_checksums
 
@@ -226,8 +226,8 @@ class TestLocalRun:
     def run(self):
         import ray
 
-        from actors.learner import load_policy
         from actors.placement import build_workers
+        from actors.policy_io import load_policy
 
         cfg = load_config(
             str(ROOT / "configs" / "tiny.yaml"),

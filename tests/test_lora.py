@@ -279,7 +279,8 @@ def test_deepspeed_lora_rank_equals_torch_adamw_on_the_peft_model(tiny_ckpt, tmp
     torch AdamW on the same peft model (tolerances of tests/test_actors.py: grad norm rel 1e-5, weights LR/100)."""
     from safetensors.torch import load_file
 
-    from actors.learner import LearnerRank, load_policy
+    from actors.learner import LearnerRank
+    from actors.policy_io import load_policy
 
     cfg = rank_cfg(tiny_ckpt, "algo.kl_coef=0.05", "algo.ppo_epochs=2")
     samples, adv = synthetic_batch()
@@ -309,7 +310,7 @@ def test_deepspeed_lora_checkpoint_resume_is_exact(tiny_ckpt, tmp_path):
     the identical step 2. The checkpoint's model/ is the merged model, adapter/ the peft adapters."""
     from peft import PeftModel
 
-    from actors.learner import load_policy
+    from actors.policy_io import load_policy
     from tests.test_actors import step_save_step_resume
 
     cfg = rank_cfg(tiny_ckpt)
@@ -350,7 +351,7 @@ def test_pretrain_trains_adapters_and_fusion_and_saves_merged_plus_adapter(tmp_p
     import json
 
     from actors.cli import main
-    from actors.learner import load_policy
+    from actors.policy_io import load_policy
 
     rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(200)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

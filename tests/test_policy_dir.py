@@ -29,7 +29,7 @@ def policy(tmp_path_factory) -> tuple[Path, Path]:
     """(the starting checkpoint, RUN_DIR/policy after one "update" that moved every weight)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actors.learner import write_safetensors_atomic
+    from actors.policy_io import write_safetensors_atomic
     from rl.decode_modes import rl_modes
     from rl.train.run_dir import RunDir
 

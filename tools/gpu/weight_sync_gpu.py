@@ -30,8 +30,8 @@ def check(transport: str, model: str, reps: int) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    from actors.learner import load_policy
     from actors.placement import build_workers
+    from actors.policy_io import load_policy
     from rl.config import load_config
     from rl.train.workers import tensor_checksums
 
