@@ -1,6 +1,9 @@
 """rl.config: strict typed loading from YAML + dotted overrides, error messages, dump/round trip, diffs."""
 
+import dataclasses
+import re
 import textwrap
+import typing
 
 import pytest
 
@@ -154,12 +157,44 @@ def test_diff_and_resume_check():
 
 
 def test_every_section_rule_runs():
-    """A section with two `validate` methods silently loses the first (RewardConfig did: its accuracy rule never
-    ran). Each rule below is from a different method body."""
+    """A section's own rules and its fields' declared bounds both run (a section with two `validate` methods once
+    silently lost the first: RewardConfig's accuracy rule never ran). `accuracy` is a rule of `validate()`,
+    `timeout_s` and `num_workers` are declared bounds."""
+    from rl.config.loading import section_problems
     from rl.config.schema import RewardConfig
 
-    problems = dict(RewardConfig(accuracy="  ", timeout_s=0).validate())
-    assert set(problems) == {"accuracy", "timeout_s"}, problems
+    problems = dict(section_problems(RewardConfig(accuracy="  ", timeout_s=0, num_workers=0)))
+    assert set(problems) == {"accuracy", "timeout_s", "num_workers"}, problems
+    assert problems["timeout_s"] == "must be > 0, got 0" and problems["num_workers"] == "must be >= 1, got 0"
+
+
+def test_every_declared_bound_is_checked_at_load():
+    """Each field with a declared bound, set just outside it, is refused at load with its dotted key. Covers every
+    section, so a bound declared on a field is a bound enforced."""
+    from rl.config.bounds import declared_bounds
+    from rl.config.loading import _hints
+    from rl.config.schema import Config
+
+    def sections(cls, prefix):
+        for name, tp in _hints(cls).items():
+            if typing.get_origin(tp) is list:
+                continue  # reward.fns: a list of sections, not one
+            inner = [t for t in typing.get_args(tp) or (tp,) if dataclasses.is_dataclass(t)]
+            if inner:
+                yield from sections(inner[0], f"{prefix}{name}.")
+        yield prefix, cls
+
+    checked = 0
+    for prefix, cls in sections(Config, ""):
+        if prefix in ("learner.lora.", "model.init."):
+            continue  # optional sections: covered by their own tests
+        for name, (bound, _) in declared_bounds(cls).items():
+            key = f"{prefix}{name}"
+            outside = bound.low - (1 if bound.low_open is False else 0) if bound.low is not None else bound.high + 1
+            with pytest.raises(ConfigError, match=re.escape(key)):
+                load_config(None, [f"{key}={outside}"])
+            checked += 1
+    assert checked >= 40, checked
 
 
 def test_an_offpolicy_correction_is_on_whenever_samples_can_be_stale():

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import difflib
 import importlib.util
+import itertools
 import re
 import types
 import typing
@@ -19,6 +20,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from rl.config.bounds import bound_problems
 from rl.config.schema import Config, ConfigError
 from rl.config.serialize import is_under, join_key
 
@@ -239,10 +241,16 @@ def _build(cls, raw, path: str, origins: dict[str, str]):
     if missing:
         raise ConfigError(f"{join_key(path, missing[0])}: required{_where(path, origins)}")
     obj = cls(**{k: _coerce(hints[k], v, join_key(path, k), origins) for k, v in raw.items()})
-    for name, msg in getattr(obj, "validate", lambda: ())():
+    for name, msg in section_problems(obj):
         sub = join_key(path, name)
         raise ConfigError(f"{sub}: {msg}{_where(sub, origins)}")
     return obj
+
+
+def section_problems(section):
+    """(field, message) for every problem of one config section: its fields' declared bounds (rl/config/bounds.py),
+    then its own rules (`validate()`)."""
+    return itertools.chain(bound_problems(section), getattr(section, "validate", lambda: ())())
 
 
 def config_from_dict(

@@ -6,7 +6,9 @@ own (a mixin's fields come first in its section when dumped)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
+
+from rl.config.bounds import ge, within
 
 
 @dataclass
@@ -50,18 +52,10 @@ class AsyncTraining:
 
     # Asynchronous training (rl/train/rollout_queue.py): the engines generate the next batches while the learner trains;
     # a sample made by policy version v is trained while the learner holds v..v+s and never later. 0: synchronous.
-    max_staleness: int = 0
+    max_staleness: Annotated[int, ge(0, "(0: synchronous)")] = 0
     # Share of each step's rows on which the mismatch is taken apart (engine / staleness / estimator, exact
-    # log-probs: rl/estimators/mismatch_parts.py); keeps a CPU copy of the last max_staleness + 1 versions' weights. 0:
-    # off.
-    mismatch_parts_frac: float = 0.0625
+    # log-probs: rl/estimators/mismatch_parts.py); keeps a CPU copy of the last max_staleness + 1 versions' weights.
+    # 0: off.
+    mismatch_parts_frac: Annotated[float, within(0, 1)] = 0.0625
     # ... and at most this many response tokens of them (the exact recurrences cost per token; 0: no budget)
-    mismatch_parts_max_tokens: int = 1024
-
-    def validate_async(self):
-        if self.max_staleness < 0:
-            yield "max_staleness", f"must be >= 0 (0: synchronous), got {self.max_staleness}"
-        if self.mismatch_parts_max_tokens < 0:
-            yield "mismatch_parts_max_tokens", f"must be >= 0 (0: no budget), got {self.mismatch_parts_max_tokens}"
-        if not 0.0 <= self.mismatch_parts_frac <= 1.0:
-            yield "mismatch_parts_frac", f"expected a fraction in [0, 1], got {self.mismatch_parts_frac}"
+    mismatch_parts_max_tokens: Annotated[int, ge(0, "(0: no budget)")] = 1024

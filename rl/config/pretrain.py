@@ -6,7 +6,9 @@ they live apart from schema.py, which imports them into `Config` (the keys stay 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
+
+from rl.config.bounds import within
 
 
 @dataclass
@@ -53,9 +55,9 @@ class PretrainConfig:
     fusion_init: Literal["keep", "identity"] = "keep"
     # probability that a step trains the exact recurrence alone (backpropagation through time) instead of K
     # passes: the K -> infinity limit, for tasks whose answer needs the state carried over many tokens
-    exact_prob: float = 0.0
+    exact_prob: Annotated[float, within(0, 1)] = 0.0
     jitter: float = 0.02  # uniform noise on carried states, training only
-    prefix_mixin: float = 0.0  # probability of a plain prefix per document and pass
+    prefix_mixin: Annotated[float, within(0, 1)] = 0.0  # probability of a plain prefix per document and pass
     loss_on: Literal["all", "response"] = "all"  # response: SFT loss mask on the solution tokens only
     # where passes >= 2 fuse the previous pass's state: every position (pretraining, `fused` prompts) or only
     # the loss-masked response positions, the prompt staying plain — exactly what `soft` decoding does
@@ -74,7 +76,3 @@ class PretrainConfig:
             yield "pass_schedule", "every K must be >= 1"
         if any(p < 0 for p in self.mixture_probs) or abs(sum(self.mixture_probs) - 1) > 1e-6:
             yield "mixture_probs", f"must be >= 0 and sum to 1, got {self.mixture_probs}"
-        if not 0 <= self.exact_prob <= 1:
-            yield "exact_prob", f"is a probability, got {self.exact_prob}"
-        if not 0 <= self.prefix_mixin <= 1:
-            yield "prefix_mixin", f"is a probability, got {self.prefix_mixin}"

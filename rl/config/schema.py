@@ -1,17 +1,19 @@
 """The config schema: one nested dataclass per section, and comparing two configs.
 
-Rules inside one section live in its `validate()` (it yields `(field, message)` problems; the loader in
-rl/config/loading.py turns them into errors carrying the key's location). The defaults are the embedded CPU
-default (tiny checkpoint, arithmetic task). The sections of `fbrl pretrain` (`pretrain`, `model.init`) live in
-rl/config/pretrain.py, the plain-data / YAML views of a config in rl/config/serialize.py.
+A field's own bound is declared on it (`Annotated[int, ge(1)]`, rl/config/bounds.py); rules that relate fields of
+one section live in its `validate()` (it yields `(field, message)` problems); rules across sections run at load
+time (rl/config/loading.py), which turns every problem into an error carrying the key's location. The defaults
+are the embedded CPU default (tiny checkpoint, arithmetic task). The sections of `fbrl pretrain` (`pretrain`,
+`model.init`) live in rl/config/pretrain.py, the plain-data / YAML views of a config in rl/config/serialize.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from rl.config.bounds import ge, gt, within
 from rl.config.lora import LoraConfig
 from rl.config.offpolicy import AsyncTraining, OffPolicyCorrection
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
@@ -23,6 +25,7 @@ from rl.errors import InputError
 from rl.estimators.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 
 DecodeMode = Literal[DECODE_MODES]  # rl/decode_modes.py: the one list of decode modes
+_TEMPERATURE_NOTE = "for training rollouts (vLLM's limits, enforced by both engines)"
 
 
 class ConfigError(InputError):
@@ -55,11 +58,12 @@ class DataConfig:
     num_train: int = 20000  # arith: problems generated for the train split
     # word_problems: "small" draws every number from the lowest quarter of its template range
     numbers: Literal["standard", "small"] = "standard"
-    shots: int = 2  # word_problems: worked examples before the problem (0-2)
+    # word_problems: worked examples before the problem (0-2)
+    shots: Annotated[int, within(0, 2, expected="0, 1 or 2 worked examples")] = 2
     seed: int = 0
     # arith: fraction of solutions that give the bare answer instead of the worked steps (pretraining / SFT text
     # only; prompts and rewards are unchanged). The demo checkpoint is trained with both behaviours.
-    direct_answer_frac: float = 0.0
+    direct_answer_frac: Annotated[float, within(0, 1)] = 0.0
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     messages_field: str = "messages"  # a chat (list of {role, content}) used instead of / beside the prompt
@@ -69,57 +73,39 @@ class DataConfig:
     # Prompts longer than this many tokens (null: the rollout engine's context minus rollout.max_tokens, so every
     # prompt has room for a full response) are dropped when the data is loaded, with a count, or truncated; `error`
     # stops at load. An over-long prompt otherwise kills the job whenever it is sampled, possibly hours in.
-    max_prompt_tokens: int | None = None
+    max_prompt_tokens: Annotated[int | None, ge(1)] = None
     overlong_prompts: Literal["drop", "truncate_left", "truncate_right", "error"] = "drop"
 
     def validate(self):
-        if self.max_prompt_tokens is not None and self.max_prompt_tokens < 1:
-            yield "max_prompt_tokens", f"must be >= 1 or null, got {self.max_prompt_tokens}"
         top, what = (4, "levels") if self.task in LEVEL_TASKS else (64, "chain lengths")
         if not self.difficulty or any(not 1 <= d <= top for d in self.difficulty):
             yield "difficulty", f"expected a non-empty list of {what} in 1..{top}, got {self.difficulty}"
-        if not 0 <= self.shots <= 2:
-            yield "shots", f"expected 0, 1 or 2 worked examples, got {self.shots}"
-        if not 0.0 <= self.direct_answer_frac <= 1.0:
-            yield "direct_answer_frac", f"expected a fraction in [0, 1], got {self.direct_answer_frac}"
         if self.task in FILE_TASKS and not self.train_path:
             yield "train_path", f"required when task is {self.task!r}"
 
 
 @dataclass
 class VllmOptions:
-    kv_cache_gib: float = 1.0  # CPU: VLLM_CPU_KVCACHE_SPACE
-    gpu_memory_utilization: float = 0.5
-    max_num_seqs: int = 64
-    max_model_len: int | None = None  # null: prompt + max_tokens bound
+    kv_cache_gib: Annotated[float, gt(0)] = 1.0  # CPU: VLLM_CPU_KVCACHE_SPACE
+    gpu_memory_utilization: Annotated[float, within(0, 1, low_open=True)] = 0.5
+    max_num_seqs: Annotated[int, ge(1)] = 64
+    max_model_len: Annotated[int | None, ge(2)] = None  # null: prompt + max_tokens bound
     enforce_eager: bool = True
     enable_prefix_caching: bool = False  # must stay false (recurrent state); the engine rejects true
-    tensor_parallel_size: int = 1
-
-    def validate(self):
-        if self.kv_cache_gib <= 0:
-            yield "kv_cache_gib", f"must be > 0, got {self.kv_cache_gib}"
-        if not 0 < self.gpu_memory_utilization <= 1:
-            yield "gpu_memory_utilization", f"expected a fraction in (0, 1], got {self.gpu_memory_utilization}"
-        if self.max_num_seqs < 1:
-            yield "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}"
-        if self.max_model_len is not None and self.max_model_len < 2:
-            yield "max_model_len", f"must be >= 2 or null, got {self.max_model_len}"
-        if self.tensor_parallel_size < 1:
-            yield "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}"
+    tensor_parallel_size: Annotated[int, ge(1)] = 1
 
 
 @dataclass
 class RolloutConfig:
     engine: Literal["vllm", "torch"] = "vllm"
-    num_engines: int = 1
-    num_gpus_per_engine: float = 0.0
+    num_engines: Annotated[int, ge(1)] = 1
+    num_gpus_per_engine: Annotated[float, ge(0)] = 0.0
     decode_mode: DecodeMode = "soft"
-    temperature: float = 1.0
-    top_p: float = 1.0
+    temperature: Annotated[float, within(TEMPERATURE_MIN, TEMPERATURE_MAX, note=_TEMPERATURE_NOTE)] = 1.0
+    top_p: Annotated[float, within(0, 1, low_open=True)] = 1.0
     top_k: int = -1  # -1: off (vLLM's convention)
-    max_tokens: int = 48
-    n_samples_per_prompt: int = 8  # G
+    max_tokens: Annotated[int, ge(1)] = 48
+    n_samples_per_prompt: Annotated[int, ge(1)] = 8  # G
     # how recorded states (replay) are stored on their way to the learner (rl/estimators/states.py): auto = bf16 when
     # the engines have GPUs, else fp32; fp8 = e4m3 with a per-row scale (its replay error: fbrl compare-likelihood)
     record_states_dtype: Literal["auto", "fp32", "bf16", "fp8"] = "auto"
@@ -127,32 +113,16 @@ class RolloutConfig:
     # Ray's object store in buckets, vLLM's native NCCL / CUDA-IPC transfer (GPU), or native_ray (vLLM's native
     # lifecycle with the tensors carried by Ray: the CPU check of the nccl / ipc path); auto picks from placement.
     weight_sync: Literal["auto", "file", "ray", "nccl", "ipc", "native_ray"] = "auto"
-    weight_sync_bucket_mb: int = 256  # ray / native_ray: weights per object-store object (and per update call)
+    # ray / native_ray: weights per object-store object (and per update call)
+    weight_sync_bucket_mb: Annotated[int, ge(1)] = 256
     # torch / OpenMP threads of each engine (vLLM's CPU kernels, the torch engine). null: the cores it may use. A
     # synchronous job on one machine (a local Ray, train.max_staleness 0: nothing else computes while the engines
     # generate) shares all the machine's cores among the engines; otherwise an engine takes the CPUs Ray reserved
     # for it (at least 1).
-    num_threads: int | None = None
+    num_threads: Annotated[int | None, ge(1)] = None
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
     def validate(self):
-        if not 0 < self.top_p <= 1:
-            yield "top_p", f"expected a value in (0, 1], got {self.top_p}"
-        if not TEMPERATURE_MIN <= self.temperature <= TEMPERATURE_MAX:
-            yield (
-                "temperature",
-                (
-                    f"must be in [{TEMPERATURE_MIN}, {TEMPERATURE_MAX}] for training rollouts (vLLM's "
-                    f"limits, enforced by both engines), got {self.temperature}"
-                ),
-            )
-        for name in ("num_engines", "max_tokens", "n_samples_per_prompt", "weight_sync_bucket_mb"):
-            if getattr(self, name) < 1:
-                yield name, f"must be >= 1, got {getattr(self, name)}"
-        if self.num_gpus_per_engine < 0:
-            yield "num_gpus_per_engine", f"must be >= 0, got {self.num_gpus_per_engine}"
-        if self.num_threads is not None and self.num_threads < 1:
-            yield "num_threads", f"must be >= 1 or null, got {self.num_threads}"
         if self.top_k == 0 or self.top_k < -1:
             yield "top_k", f"expected -1 (off) or >= 1, got {self.top_k}"
 
@@ -160,26 +130,22 @@ class RolloutConfig:
 @dataclass
 class AlgoConfig(OffPolicyCorrection):
     adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
-    adv_eps: float = 1e-6
+    adv_eps: Annotated[float, ge(0)] = 1e-6
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    clip_ratio_c: float | None = None  # dual clip (> 1); null: off
-    kl_coef: float = 0.0  # 0: no reference model
+    eps_low: Annotated[float, ge(0)] = 0.2
+    eps_high: Annotated[float, ge(0)] = 0.28
+    clip_ratio_c: Annotated[float | None, gt(1, "(dual clip)")] = None  # dual clip; null: off
+    kl_coef: Annotated[float, ge(0)] = 0.0  # 0: no reference model
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = 0.0
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal
-    overlong_buffer: int = 0  # tokens before max_tokens where the penalty ramps in; 0: off
-    overlong_factor: float = 1.0
+    overlong_buffer: Annotated[int, ge(0)] = 0  # tokens before max_tokens where the penalty ramps in; 0: off
+    overlong_factor: Annotated[float, ge(0)] = 1.0
     # algo.tis_cap / tis_mode / tis_level / tis_bounds: the off-policy correction (rl/config/offpolicy.py)
-    ppo_epochs: int = 1
-    mini_batches: int = 1  # optimizer steps per rollout batch per epoch
+    ppo_epochs: Annotated[int, ge(1)] = 1
+    mini_batches: Annotated[int, ge(1)] = 1  # optimizer steps per rollout batch per epoch
 
     def validate(self):
-        if self.clip_ratio_c is not None and self.clip_ratio_c <= 1:
-            yield "clip_ratio_c", f"must be > 1 (dual clip), got {self.clip_ratio_c}"
-        if self.eps_low < 0 or self.eps_high < 0:
-            yield "eps_low", "clip ranges must be >= 0"
         if self.kl_coef > 0 and self.kl_estimator == "k1":
             yield (
                 "kl_estimator",
@@ -188,46 +154,36 @@ class AlgoConfig(OffPolicyCorrection):
                     "use k2 (the gradient of KL(pi||ref)) or k3 with kl_coef > 0"
                 ),
             )
-        for name in ("ppo_epochs", "mini_batches"):
-            if getattr(self, name) < 1:
-                yield name, f"must be >= 1, got {getattr(self, name)}"
-        for name in ("adv_eps", "kl_coef", "overlong_buffer", "overlong_factor"):
-            if getattr(self, name) < 0:
-                yield name, f"must be >= 0, got {getattr(self, name)}"
         yield from self.validate_correction()
 
 
 @dataclass
 class LikelihoodConfig:
     estimator: Literal["replay", "kpass", "exact", "standard"] = "replay"
-    passes: int = 3  # K for kpass (the policy's and a kpass reference's)
+    passes: Annotated[int, ge(1)] = 3  # K for kpass (the policy's and a kpass reference's)
     # the reference model's log-probs (algo.kl_coef > 0) come from its own recurrence, never the policy's recorded
     # states: exact, or kpass (cheaper for long responses; its error against exact is logged, ref_kpass_abs_err)
     ref_estimator: Literal["exact", "kpass"] = "exact"
 
-    def validate(self):
-        if self.passes < 1:
-            yield "passes", f"must be >= 1, got {self.passes}"
-
 
 @dataclass
 class LearnerConfig:
-    num_workers: int = 1
-    num_gpus_per_worker: float = 0.0
-    zero_stage: int = 2
+    num_workers: Annotated[int, ge(1)] = 1
+    num_gpus_per_worker: Annotated[float, ge(0)] = 0.0
+    zero_stage: Annotated[int, within(0, 3, expected="0, 1, 2 or 3")] = 2
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
-    lr: float = 1e-5
-    weight_decay: float = 0.0
+    lr: Annotated[float, gt(0)] = 1e-5
+    weight_decay: Annotated[float, ge(0)] = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0
-    grad_clip: float = 1.0
+    warmup_steps: Annotated[int, ge(0)] = 0
+    grad_clip: Annotated[float, ge(0)] = 1.0
     # A micro-batch holds at most: this many rows,
-    micro_batch_size: int = 8
+    micro_batch_size: Annotated[int, ge(1)] = 8
     # this many padded tokens (rows x longest prompt + response: the decoder stack's activations; null: no bound),
-    max_tokens_per_micro_batch: int | None = 4096
+    max_tokens_per_micro_batch: Annotated[int | None, ge(1)] = 4096
     # and this many response tokens (the [tokens, vocab] fp32 log-softmax; null: no bound). The same micro-batches
     # compute old, reference and policy log-probs, so these set a step's peak memory, not the rollout batch.
-    max_response_tokens_per_micro_batch: int | None = 2048
+    max_response_tokens_per_micro_batch: Annotated[int | None, ge(1)] = 2048
     bf16: bool = False
     torch_adam: bool = True  # DeepSpeed's CPU FusedAdam JIT-compiles for minutes
     # LoRA adapters on the backbone, fusion weights in full (rl/config/lora.py); null: every weight trains
@@ -235,25 +191,9 @@ class LearnerConfig:
     # torch threads of each learner rank (its intra-op pool). null: the cores it may use. A synchronous job on one
     # machine (a local Ray, train.max_staleness 0: nothing else computes while the learner trains) shares all the
     # machine's cores among the ranks; otherwise a rank takes the CPUs Ray reserved for it (at least 1).
-    num_threads: int | None = None
+    num_threads: Annotated[int | None, ge(1)] = None
 
     def validate(self):
-        if not 0 <= self.zero_stage <= 3:
-            yield "zero_stage", f"expected 0, 1, 2 or 3, got {self.zero_stage}"
-        if self.micro_batch_size < 1:
-            yield "micro_batch_size", f"must be >= 1, got {self.micro_batch_size}"
-        for name in ("max_tokens_per_micro_batch", "max_response_tokens_per_micro_batch"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                yield name, f"must be >= 1 or null, got {getattr(self, name)}"
-        if self.num_workers < 1:
-            yield "num_workers", f"must be >= 1, got {self.num_workers}"
-        if self.num_threads is not None and self.num_threads < 1:
-            yield "num_threads", f"must be >= 1 or null, got {self.num_threads}"
-        if not self.lr > 0:
-            yield "lr", f"must be > 0, got {self.lr}"
-        for name in ("num_gpus_per_worker", "weight_decay", "warmup_steps", "grad_clip"):
-            if getattr(self, name) < 0:
-                yield name, f"must be >= 0, got {getattr(self, name)}"
         if not all(0 <= b < 1 for b in self.adam_betas):
             yield "adam_betas", f"expected two values in [0, 1), got {list(self.adam_betas)}"
         if self.lora is not None and self.zero_stage == 3:
@@ -267,7 +207,7 @@ class RewardFn:
 
     fn: str  # built-in name ("math", "format"), "path/to/file.py:fn" or "pkg.mod:fn"
     weight: float = 1.0
-    timeout_s: float | None = None  # null: reward.timeout_s (math: its pool's per-item deadline)
+    timeout_s: Annotated[float | None, gt(0)] = None  # null: reward.timeout_s (math: its pool's per-item deadline)
     name: str = ""
     options: dict[str, Any] = field(default_factory=dict)  # keyword arguments for the reward
 
@@ -277,15 +217,13 @@ class RewardFn:
                 "fn",
                 (f"expected a built-in reward name, 'path/to/file.py:fn' or 'package.module:fn', got {self.fn!r}"),
             )
-        if self.timeout_s is not None and not self.timeout_s > 0:
-            yield "timeout_s", f"must be > 0 or null, got {self.timeout_s}"
 
 
 @dataclass
 class RewardConfig:
     fns: list[RewardFn] = field(default_factory=lambda: [RewardFn("math")])
-    timeout_s: float = 5.0  # default per-call deadline of user rewards
-    num_workers: int = 2
+    timeout_s: Annotated[float, gt(0)] = 5.0  # default per-call deadline of user rewards
+    num_workers: Annotated[int, ge(1)] = 2
     # The correctness check behind `accuracy`, `eval_accuracy` and the run's summary, separate from the training
     # reward (docs/REWARDS.md): "auto" (the `math` entry of `fns`, else the math check run beside them at weight
     # 0; strict for the arith task), "none", the name of one of `fns`, or a reward spec run at weight 0.
@@ -296,10 +234,6 @@ class RewardConfig:
             yield "accuracy", "expected 'auto', 'none', the name of a reward in fns, or a reward spec"
         if not self.fns:
             yield "fns", "needs at least one reward"
-        if not self.timeout_s > 0:
-            yield "timeout_s", f"must be > 0, got {self.timeout_s}"
-        if self.num_workers < 1:
-            yield "num_workers", f"must be >= 1, got {self.num_workers}"
 
     def entries(self) -> list[dict]:
         """`fns` as the dicts `rewards.loader.build_reward_set` takes (unset timeouts left out)."""
@@ -310,28 +244,21 @@ class RewardConfig:
 class TrainConfig(AsyncTraining):
     """The RL job (`fbrl train`)."""
 
-    steps: int = 30
-    prompts_per_step: int = 16  # B
+    steps: Annotated[int, ge(1)] = 30
+    prompts_per_step: Annotated[int, ge(1)] = 16  # B
     seed: int = 0
-    eval_every: int = 10
-    eval_n: int = 500
+    eval_every: Annotated[int, ge(0, "(0: off)")] = 10
+    eval_n: Annotated[int, ge(1)] = 500
     eval_decode_modes: list[DecodeMode] = field(default_factory=lambda: ["soft"])
-    checkpoint_every: int = 10
+    checkpoint_every: Annotated[int, ge(0, "(0: off)")] = 10
     latent_metrics_rows: int = 4  # rows per step for the latent-channel metrics (rl/report/latent_metrics.py); 0: off
     # train.max_staleness / mismatch_parts_frac: asynchronous training (rl/config/offpolicy.py)
     run_dir: str | None = None  # null: runs/<date-time>/
     resume: str | None = None  # a run dir to continue
 
     def validate(self):
-        for name in ("steps", "prompts_per_step", "eval_n"):
-            if getattr(self, name) < 1:
-                yield name, f"must be >= 1, got {getattr(self, name)}"
-        for name in ("eval_every", "checkpoint_every"):
-            if getattr(self, name) < 0:
-                yield name, f"must be >= 0 (0: off), got {getattr(self, name)}"
         if not self.eval_decode_modes:
             yield "eval_decode_modes", "needs at least one decode mode"
-        yield from self.validate_async()
 
 
 @dataclass
