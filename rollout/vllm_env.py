@@ -53,7 +53,7 @@ def engine_environment(on_cpu: bool, dtype: str, weight_transfer_backend: str | 
         # vLLM's CPU GEMMs (onednn_mm) build a oneDNN primitive per batch size M, and oneDNN keeps up to 1024 of them
         # in its process-wide cache: a rollout actor's heap grew by ~250 MiB over its first ~40 steps (a new M at
         # almost every decode step) before it levelled off. vLLM's per-layer handlers keep their own 32 per weight
-        # shape, so a small global cache costs no speed (bench/engine_memory.py; docs/RELIABILITY.md, "What grew
+        # shape, so a small global cache costs no speed (tools/engine_memory.py; docs/RELIABILITY.md, "What grew
         # in the rollout actor"). Read by oneDNN at its first primitive, i.e. when vLLM builds the model.
         defaults["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = ("64", "bounds the memory oneDNN's primitive cache holds")
     else:

@@ -261,7 +261,7 @@ def test_heap_stays_flat_as_batch_shapes_change(engine):
     actor's heap grew ~250 MiB over its first ~40 steps of a real job (docs/RELIABILITY.md). The engine caps that
     cache (ONEDNN_PRIMITIVE_CACHE_CAPACITY=64). Calls with new prompt counts and lengths each time make new batch
     sizes; once vLLM's own per-layer caches (32 batch sizes per weight shape) have filled, the heap in use (after
-    gc and malloc_trim, bench/engine_memory.py) must not follow them. Measured here: flat (+0.1 MiB) over calls
+    gc and malloc_trim, tools/engine_memory.py) must not follow them. Measured here: flat (+0.1 MiB) over calls
     20-100 with the cap; with oneDNN's default (ONEDNN_PRIMITIVE_CACHE_CAPACITY=1024) +10-14 MiB per 10 calls."""
     import importlib.util
     import random
@@ -269,7 +269,7 @@ def test_heap_stays_flat_as_batch_shapes_change(engine):
     if torch.cuda.is_available():
         pytest.skip("oneDNN's cache is the CPU engine's; on GPU vLLM's linears do not use it")
     spec = importlib.util.spec_from_file_location(
-        "engine_memory", Path(__file__).resolve().parents[1] / "bench" / "engine_memory.py"
+        "engine_memory", Path(__file__).resolve().parents[1] / "tools" / "engine_memory.py"
     )
     engine_memory = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(engine_memory)

@@ -1,7 +1,7 @@
 """Does the vLLM engine itself keep memory across generate calls? The default job's rollout shape, no Ray.
 
-    python -m bench.engine_memory --steps 90 --every 10 [--no-record] [--reload] [--vary]
-    python -m bench.engine_memory --steps 80 --every 10 --vary --alternate-trim
+    python -m tools.engine_memory --steps 90 --every 10 [--no-record] [--reload] [--vary]
+    python -m tools.engine_memory --steps 80 --every 10 --vary --alternate-trim
 
 Builds one in-process `VLLMEngine` on checkpoints/tiny-arith (the tiny job's engine settings: 256 sequences,
 fp32) and calls `generate` with 32 prompts x 8 samples per step (states recorded unless --no-record; --reload
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 from actors.memory import release_freed_heap  # noqa: E402
-from bench.soak import memory_mib  # noqa: E402
+from tools.soak import memory_mib  # noqa: E402
 
 
 class _MallInfo2(ctypes.Structure):

@@ -1,7 +1,7 @@
 """The rollout of a job in one process, request by request: the thing to run under a profiler.
 
-    python -m bench.rollout_profile [--config configs/tiny.yaml] [--threads 1] [--reps 12] [key=value ...]
-    py-spy record -r 200 -f raw -o rollout.ss -- python -m bench.rollout_profile --reps 12 \\
+    python -m tools.rollout_profile [--config configs/tiny.yaml] [--threads 1] [--reps 12] [key=value ...]
+    py-spy record -r 200 -f raw -o rollout.ss -- python -m tools.rollout_profile --reps 12 \\
         rollout.decode_mode=standard likelihood.estimator=standard
 
 Builds the engine as the rollout actor does (`actors.rollout.make_engine`: vLLM or torch, per `rollout.engine`),

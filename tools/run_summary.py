@@ -1,7 +1,7 @@
 """Summarize an RL run directory for docs/BENCHMARKS.md: held-out accuracy start → end with a binomial interval,
 the reward curve (per step and 5-step means), the latent-channel metrics over steps, and the step-time breakdown.
 
-    python -m bench.run_summary RUN_DIR [--memory memory.json]      # memory.json: bench/actor_memory.py's output
+    python -m tools.run_summary RUN_DIR [--memory memory.json]      # memory.json: tools/actor_memory.py's output
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Soak test: the default job for many steps with its rollout actor killed every ~50 steps.
 
-    python -m bench.soak                       # 300 steps of configs/tiny.yaml, a SIGKILL every 50 steps
-    python -m bench.soak --steps 60 --kill-every 20 --out runs/soak-short
+    python -m tools.soak                       # 300 steps of configs/tiny.yaml, a SIGKILL every 50 steps
+    python -m tools.soak --steps 60 --kill-every 20 --out runs/soak-short
 
 Runs `fbrl train configs/tiny.yaml rollout.engine=vllm train.steps=N` (the vLLM engine: the one real-model jobs
 decode with, and the one whose memory a long job must keep flat; later overrides win) as a subprocess and, while

@@ -1,7 +1,7 @@
 """Peak resident memory of every process of one `fbrl train` job (driver, Ray actors, vLLM, reward pool).
 
-    python -m bench.actor_memory --pid DRIVER_PID [--every 10] [--out memory.json]
-    python -m bench.actor_memory --match "fbrl train configs/smollm_rl.yaml" ...   # waits for that driver
+    python -m tools.actor_memory --pid DRIVER_PID [--every 10] [--out memory.json]
+    python -m tools.actor_memory --match "fbrl train configs/smollm_rl.yaml" ...   # waits for that driver
 
 Polls the driver's process tree (a local Ray is started by the driver, so its raylet and every actor descend from
 it) and keeps, per process, the kernel's high-water mark of resident memory (`VmHWM` in /proc/PID/status: the
