@@ -119,7 +119,7 @@ def quiet_third_party(verbose: bool) -> None:
 def drop_vllm_noise() -> None:
     """Filter `VLLM_NOISE` out of what reaches the console: the handlers of vLLM's logger (vLLM's loggers do not
     propagate when vLLM configures them) and of the root logger, and Python's last-resort handler (used when nobody
-    configured any). Call it after `import vllm`, before an engine is built (actors/rollout.py)."""
+    configured any). Call it after `import vllm`, before an engine is built (actors/rollout_fleet.py)."""
     if "vllm" not in sys.modules:
         return
     for handler in [*logging.getLogger("vllm").handlers, *logging.getLogger().handlers, logging.lastResort]:

@@ -1,7 +1,7 @@
 """The process and DeepSpeed set-up of a learner rank: the rendezvous (loopback-only on one machine), the rank's
-torch threads, the DeepSpeed config, and the pieces `actors.learner.LearnerRank` hands DeepSpeed (the stage-0 client
+torch threads, the DeepSpeed config, and the pieces `actors.learner_rank.LearnerRank` hands DeepSpeed (the stage-0 client
 optimizer, the `rl.train.policy_update.Backend` a DeepSpeed engine is, a checkpoint engine that loads with
-`weights_only=True`). The gradient and accumulation contract these settings implement is in `actors.learner`'s
+`weights_only=True`). The gradient and accumulation contract these settings implement is in `actors.learner_rank`'s
 docstring."""
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 Start-up is two-phase because the rendezvous address is rank 0's node, which is known only once its actor runs:
 every `RankActor` is created empty (placed by the caller's Ray options: placement-group bundle, CPUs, GPUs),
-rank 0 reports its node IP and a free port, then all ranks build their `actors.learner.LearnerRank` together
+rank 0 reports its node IP and a free port, then all ranks build their `actors.learner_rank.LearnerRank` together
 (deepspeed.initialize is collective).
 
 `update` puts the WHOLE sample list into the object store once and hands the same reference to every rank; each
 rank takes its rows from the plan `rl.train.policy_update` computes on the whole batch, so all ranks make the same
-number of backward/step calls, and gradients are summed over ranks (see actors/learner.py). The samples carry references
+number of backward/step calls, and gradients are summed over ranks (see actors/learner_rank.py). The samples carry references
 to their recorded states, not the states (actors/state_plane.py): the group assigns each rank the rows it reads
 (`rl.train.policy_update.rows_read`, from row lengths) before anything is fetched, and each rank fetches those rows'
 states only. Weight access (export, checksums, checkpoints) is called on every rank because under ZeRO-3 it is
@@ -82,7 +82,7 @@ class RankActor:
         import ray
 
         from actors.deepspeed_setup import learner_threads
-        from actors.learner import LearnerRank
+        from actors.learner_rank import LearnerRank
         from actors.memory import HeapTrimmer
 
         reserved = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)

@@ -1,8 +1,8 @@
 """In-process implementations of the three worker interfaces (no Ray): for tests and for debugging the loop.
 
 - `LocalRollout`: `RolloutWorkers` over engines living in this process (one by default), with the same prompt
-  split, seeds and sample order as the Ray fleet (actors/rollout.py).
-- `LocalLearner`: `LearnerWorkers` with one learner rank — DeepSpeed at world size 1 (`actors.learner.LearnerRank`,
+  split, seeds and sample order as the Ray fleet (actors/rollout_fleet.py).
+- `LocalLearner`: `LearnerWorkers` with one learner rank — DeepSpeed at world size 1 (`actors.learner_rank.LearnerRank`,
   the same code as each Ray rank) or plain torch (`rl.train.policy_update.TorchBackend`, no DeepSpeed at all).
 - `LocalRewards`: `RewardWorkers` scoring in this process (the math reward still uses its process pool).
 """
@@ -13,11 +13,11 @@ from pathlib import Path
 
 import torch
 
-from actors.learner import ADAPTER_SUBDIR, LearnerRank, compute_latent_metrics
 from actors.learner_group import merge_rank_metrics
+from actors.learner_rank import ADAPTER_SUBDIR, LearnerRank, compute_latent_metrics
 from actors.policy_io import copy_tokenizer_files, load_policy, pad_id_of, write_safetensors_atomic
 from actors.reward_workers import RewardHost
-from actors.rollout import EngineHost, chunk_params, merge_chunks, split_prompts
+from actors.rollout_fleet import EngineHost, chunk_params, merge_chunks, split_prompts
 from rl.decode_modes import record_rl_mode
 from rl.estimators.mismatch_parts import MismatchProbe
 from rl.model.lora import maybe_wrap, reference_scope

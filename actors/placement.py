@@ -213,7 +213,7 @@ def create_placement(cfg) -> Placement:
 
 
 def start_rollout_fleet(cfg, placement: Placement, weight_sync: str = "file", supervisor=None):
-    from actors.rollout import RolloutFleet, rollout_actor_class, rollout_threads
+    from actors.rollout_fleet import RolloutFleet, rollout_actor_class, rollout_threads
 
     cls = rollout_actor_class()
     one_machine = cluster_address(cfg) is None  # a private local Ray: every actor is on this machine

@@ -279,7 +279,7 @@ class EngineLost(RuntimeError):
 
 
 class EngineFleetClient:
-    """vLLM's `VLLMWeightSyncClient` protocol over our rollout actors (`actors.rollout.EngineHost`): every call
+    """vLLM's `VLLMWeightSyncClient` protocol over our rollout actors (`actors.rollout_fleet.EngineHost`): every call
     goes to every engine and waits for all. Picklable (actor handles), so learner rank 0 holds it.
 
     NCCL: vLLM computes a worker's rank in the transfer group as rank_offset + its data-parallel index, which is

@@ -15,7 +15,7 @@ Variants (each timed on the whole batch: one optimizer step, as the loop's learn
     cut by the learner's row and token budgets), each right-padded; the decoder stack over prompt + response, the LM
     head and an fp32 log-softmax at the response positions only, loss = -sum(A * log p) / response tokens, backward;
     then clip_grad_norm_ and torch AdamW.
-  * `replay` — fbrl's learner rank as shipped: `actors.learner.LearnerRank` (the DeepSpeed engine, ZeRO stage and
+  * `replay` — fbrl's learner rank as shipped: `actors.learner_rank.LearnerRank` (the DeepSpeed engine, ZeRO stage and
     optimizer of the config, world size 1: the same code each Ray rank runs) taking `update(samples, advantages)`,
     including the latent metrics and every learner metric; the config's estimator (replay in the shipped jobs).
   * `standard` — the same with `likelihood.estimator=standard rollout.decode_mode=standard`.
@@ -164,7 +164,7 @@ class RankStep:
     """One `LearnerRank.update` on the whole batch (world size 1), with the optimizer step timed apart."""
 
     def __init__(self, cfg, samples, advantages, threads: int):
-        from actors.learner import LearnerRank
+        from actors.learner_rank import LearnerRank
 
         self.rank = LearnerRank(cfg, num_threads=threads)
         self.samples, self.adv = samples, advantages
@@ -200,7 +200,7 @@ def variant_config(base_args, extra: list[str]):
 # ---- two ranks in two processes ---------------------------------------------------------------------------------
 def _two_rank_child(rank, port, cfg, samples, adv, threads, reps, out_q):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from actors.learner import LearnerRank
+    from actors.learner_rank import LearnerRank
 
     r = LearnerRank(cfg, rank, 2, "127.0.0.1", port, num_threads=threads)
     times = []

@@ -8,7 +8,7 @@ The batch is real: step 1's prompts of the config's task and `rollout.n_samples_
 the torch engine from the config's checkpoint (with recorded states for replay); `--samples FILE` keeps it (written
 the first time, read afterwards). Advantages: a fixed random draw.
 
-Each variant runs in a fresh process (so its peak RSS is its own): one `actors.learner.LearnerRank` (the DeepSpeed
+Each variant runs in a fresh process (so its peak RSS is its own): one `actors.learner_rank.LearnerRank` (the DeepSpeed
 engine of the config, world size 1: what each Ray rank runs) taking `--updates` updates on the batch. Reported:
 `peak_rss_gib` (ru_maxrss of that process: weights, optimizer state, activations, everything), `s_per_update`
 (median of the updates after the first, which is warm-up), and the fusion norms `latent/w_state_norm` /
@@ -35,7 +35,7 @@ def fusion_norms(rank) -> dict[str, float]:
 
 def run_variant(config: str, overrides: list[str], samples_path: str, updates: int, rows: int | None) -> dict:
     """One LearnerRank in this process, `updates` updates on the saved batch (its first `rows` rows)."""
-    from actors.learner import LearnerRank
+    from actors.learner_rank import LearnerRank
     from rl.config import load_config
 
     cfg = load_config(config, overrides)

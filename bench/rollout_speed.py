@@ -9,7 +9,7 @@ One rollout request of the job (`train.prompts_per_step` prompts of the config's
 `rollout.max_tokens` tokens long (no stop token), so every row does the same work, timed by each path:
 
 - `vllm_standard`, `vllm_soft`: fbrl's vLLM engine (rollout/vllm_engine.py: the FBT plugin, per-request decode
-  mode, log-probs under the contract), as the rollout actor builds it (`actors.rollout.make_engine`);
+  mode, log-probs under the contract), as the rollout actor builds it (`actors.rollout_fleet.make_engine`);
 - `vllm_stock`: stock vLLM (`vllm.LLM`, no fbrl code, the same engine options where they exist: in-process,
   eager, no prefix caching, the same KV cache) on the plain Llama the FBT is in standard mode (`--hf`, else the
   FBT's backbone exported to a temporary directory), with the same sampled-token log-probs requested;
@@ -104,7 +104,7 @@ def keep_set_num_threads(build):
 
 def vllm_rows(cfg, prompts, plain_dir):
     """{row: run(seed) -> response tokens} for fbrl's vLLM engine (both modes: one engine) and stock vLLM."""
-    from actors.rollout import make_engine
+    from actors.rollout_fleet import make_engine
 
     out = {}
     engine = keep_set_num_threads(lambda: make_engine(cfg))

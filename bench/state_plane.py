@@ -7,7 +7,7 @@ each rank, seconds. Prints one JSON record per storage format.
 Runs against whichever fbrl tree is first on PYTHONPATH (run it as a file, not with -m, which would put the
 working directory first), so the same script measures an older tree (before: states inside the samples, through
 the driver) and this one (after: actors/state_plane.py). What runs is the project's own
-transfer code: a local Ray; one rollout actor of `actors.rollout.rollout_actor_class()`; a `LearnerGroup` of
+transfer code: a local Ray; one rollout actor of `actors.rollout_fleet.rollout_actor_class()`; a `LearnerGroup` of
 `--ranks` rank actors; the driver calls `fleet.generate` then `group.update`, as `rl.loop.train` does. Two stand-ins
 keep everything but the transfer out of the timing: the actor's engine returns `--samples` samples of `--tokens`
 response tokens with pre-recorded random `--hidden`-wide states at once (what vLLM's worker hands the engine at
@@ -109,7 +109,7 @@ DTYPES_BY_NAME = {name: dt for name, dt in DTYPES.values() if dt is not None}
 
 
 class ProbeRank:
-    """Stands in for `actors.learner.LearnerRank`: takes its rows (fetching them when the tree's samples carry
+    """Stands in for `actors.learner_rank.LearnerRank`: takes its rows (fetching them when the tree's samples carry
     references) and collates them with their states; records what came in."""
 
     def __init__(self, cfg, rank, world_size, *_):
@@ -175,7 +175,7 @@ def run(args) -> list[dict]:
     import ray
 
     from actors.learner_group import LearnerGroup
-    from actors.rollout import RolloutFleet, rollout_actor_class
+    from actors.rollout_fleet import RolloutFleet, rollout_actor_class
     from rl.config import load_config
     from rl.train.sampling import SamplingParams
 

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 import rl.model  # noqa: F401  (registers the FBT Auto classes)
 from actors.learner_group import merge_rank_metrics
 from actors.local import LocalLearner, LocalRewards, LocalRollout
-from actors.rollout import chunk_params, merge_chunks, split_prompts
+from actors.rollout_fleet import chunk_params, merge_chunks, split_prompts
 from rl.batch import Sample
 from rl.config import load_config
 from rl.data.tokenizer import build_tokenizer
@@ -128,7 +128,7 @@ def test_prompt_split_seeds_and_group_ids():
 
 def test_engine_threads_use_the_cores_a_role_may_use(tiny_ckpt):
     from actors.placement import startup_line
-    from actors.rollout import rollout_threads
+    from actors.rollout_fleet import rollout_threads
 
     cfg = make_cfg(tiny_ckpt)
     assert rollout_threads(cfg, 8, 1.0, one_machine=True) == 8  # synchronous, one machine: every core
@@ -196,7 +196,7 @@ def test_deepspeed_rank_equals_torch_backend(tiny_ckpt, tmp_path):
 def step_save_step_resume(cfg, samples, adv, ckpt_dir):
     """Step 1, save, step 2; then a fresh rank (as a rebuilt learner is) loads the checkpoint and takes step 2:
     the weights at the save, after step 2, and after the resumed step 2."""
-    from actors.learner import LearnerRank
+    from actors.learner_rank import LearnerRank
 
     a = LearnerRank(cfg)
     a.update(samples, adv)

@@ -366,7 +366,7 @@ def test_convert_records_the_modes_it_serves(init, modes, tmp_path, capsys):
 
 
 def test_vllm_noise_is_dropped_where_it_would_print(caplog):
-    """After `import vllm` (actors/rollout.py does it before building an engine), the known-harmless warnings no
+    """After `import vllm` (actors/rollout_fleet.py does it before building an engine), the known-harmless warnings no
     longer reach a handler; other warnings do."""
     import logging
 

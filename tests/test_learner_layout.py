@@ -39,7 +39,7 @@ def test_num_threads_must_be_positive():
 
 
 def test_in_process_rank_sets_its_threads(tiny_ckpt):
-    from actors.learner import LearnerRank
+    from actors.learner_rank import LearnerRank
 
     before = torch.get_num_threads()
     try:
@@ -54,7 +54,7 @@ def test_in_process_rank_sets_its_threads(tiny_ckpt):
 def test_a_rank_builds_again_after_the_world_group_was_destroyed(tiny_ckpt):
     """An in-process vLLM engine destroys torch's world group when it shuts down; a learner rank built after it
     gets a new world, and DeepSpeed must not hand it the groups it cached from the old one."""
-    from actors.learner import LearnerRank
+    from actors.learner_rank import LearnerRank
 
     LearnerRank(make_cfg(tiny_ckpt)).close()
     torch.distributed.destroy_process_group()  # what vLLM's cleanup does
@@ -85,7 +85,7 @@ def test_zero_stage_0_rank_equals_torch_backend(tiny_ckpt, world_reduce):
 
 
 def test_zero_stage_0_skips_a_nonfinite_step(tiny_ckpt):
-    from actors.learner import LearnerRank
+    from actors.learner_rank import LearnerRank
 
     rank = LearnerRank(make_cfg(tiny_ckpt, "learner.zero_stage=0"))
     samples, adv = synthetic_batch(6)

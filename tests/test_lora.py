@@ -279,7 +279,7 @@ def test_deepspeed_lora_rank_equals_torch_adamw_on_the_peft_model(tiny_ckpt, tmp
     torch AdamW on the same peft model (tolerances of tests/test_actors.py: grad norm rel 1e-5, weights LR/100)."""
     from safetensors.torch import load_file
 
-    from actors.learner import LearnerRank
+    from actors.learner_rank import LearnerRank
     from actors.policy_io import load_policy
 
     cfg = rank_cfg(tiny_ckpt, "algo.kl_coef=0.05", "algo.ppo_epochs=2")

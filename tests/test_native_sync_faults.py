@@ -8,7 +8,7 @@ actor death of rank 0 itself). Fakes stand in for the actors: no Ray cluster is 
 import pytest
 from ray.exceptions import ActorDiedError
 
-from actors.rollout import RolloutFleet
+from actors.rollout_fleet import RolloutFleet
 from actors.supervision import Supervisor
 from actors.weight_sync import NativeSync, make_transport
 from rl.config import load_config
@@ -80,7 +80,7 @@ def test_file_ray_and_unstarted_native_transports_still_replace(monkeypatch):
     """The refusal is for a started native transfer only: the others reach the supervisor and make a new actor."""
     import ray
 
-    import actors.rollout as rollout_mod
+    import actors.rollout_fleet as rollout_mod
 
     monkeypatch.setattr(rollout_mod, "kill", lambda actor: None)
     monkeypatch.setattr(ray, "get", lambda ref: ref)

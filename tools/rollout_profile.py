@@ -4,7 +4,7 @@
     py-spy record -r 200 -f raw -o rollout.ss -- python -m tools.rollout_profile --reps 12 \\
         rollout.decode_mode=standard likelihood.estimator=standard
 
-Builds the engine as the rollout actor does (`actors.rollout.make_engine`: vLLM or torch, per `rollout.engine`),
+Builds the engine as the rollout actor does (`actors.rollout_fleet.make_engine`: vLLM or torch, per `rollout.engine`),
 then generates `--reps` requests of the job as the loop makes them (`train.prompts_per_step` prompts drawn by the
 loop's sampler, `rl.train.sampling.sampling_params`: stop at EOS, the estimator's state recording), printing each
 request's wall and CPU seconds and tokens, and the engine's start-up time. The first request carries whatever a
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from actors.rollout import make_engine
+    from actors.rollout_fleet import make_engine
     from bench.rollout_speed import job_prompts
     from rl.config import load_config
     from rl.data.loaders import PromptSampler, load_task_split

@@ -1,7 +1,7 @@
 """The latent channel, made visible: how big the fusion weights are, how much of the fused input the fed-back
 state makes up, and how much feedback moves the policy.
 
-Computed by the learner (where the weights live: `actors/learner.py` calls `latent_metrics` on rank 0 before each
+Computed by the learner (where the weights live: `actors/learner_rank.py` calls `latent_metrics` on rank 0 before each
 update, on the samples the engines just drew with the same weights) and logged per step by the loop under
 `learner/latent/*`; `plot_latent` draws them with the run's other plots.
 

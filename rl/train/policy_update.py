@@ -2,7 +2,7 @@
 
 `PolicyUpdater.update` turns a rank's share of a rollout batch into optimizer steps: log-probs from the
 configured likelihood estimator, the GRPO-family loss from `rl.algos`, backward and step through a small
-`Backend` — plain torch in one process (`TorchBackend`), DeepSpeed in `actors/learner.py`.
+`Backend` — plain torch in one process (`TorchBackend`), DeepSpeed in `actors/learner_rank.py`.
 
 Micro-batches by token budget (`plan_update`). The plan is computed from the whole batch's row lengths before
 sharding, so every rank makes the same number of forward, backward and step calls (a collective backend
