@@ -7,12 +7,13 @@ and comparing two configs field by field (`diff_configs`, `check_resume`).
 
 schema.py holds the sections (runtime.py those of logging, Ray and faults), loading.py the YAML/override loader
 (import them from here), resume.py comparing two configs and the resume rule, secrets.py the
-redaction of secret values before a config is written anywhere, offpolicy.py the fields of off-policy training
-(`algo.tis_*`, `train.max_staleness`, `train.mismatch_parts_frac`) that schema.py's sections mix in.
+redaction of secret values before a config is written anywhere, bounds.py the declared bounds of single fields
+and their validator.
 
 The loader is generic: it reads the dataclasses' annotations, so adding a field is adding one line to a
-section. Rules inside one section live in its `validate()` (it returns `(field, message)` problems; the
-loader turns them into errors carrying the key's location). Rules that need other packages (e.g. vLLM
+section. A field's bound is declared on the field (bounds.py); rules that relate fields of one section live in
+its `validate()` (it returns `(field, message)` problems), rules across sections in the loader; the loader turns
+every problem into an error carrying the key's location. Rules that need other packages (e.g. vLLM
 option compatibility, `enable_prefix_caching` must stay false) are checked where those packages are used.
 The defaults are the embedded CPU default (tiny checkpoint, arithmetic task).
 

@@ -21,7 +21,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from rl.config.bounds import bound_problems
-from rl.config.schema import Config, ConfigError
+from rl.config.schema import AUTO_TIS_CAP, Config, ConfigError
 from rl.config.serialize import is_under, join_key
 
 UNIONS = (Union, types.UnionType)  # Optional[X] and X | None alike
@@ -288,10 +288,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
     origins_after = dict(origins)
     cfg = _config_and_origins(data, overrides, origins_after)
     resolve_packaged_paths(cfg, origins_after, packaged)
-    from rl.config.offpolicy import resolve_auto_correction
-
     resolve_auto_correction(cfg)
     return cfg
+
+
+def resolve_auto_correction(cfg: Config) -> None:
+    """`algo.tis_cap: auto` made concrete from `train.max_staleness` (in place): a rule across two sections."""
+    if cfg.algo.tis_cap == "auto":
+        cfg.algo.tis_cap = AUTO_TIS_CAP if cfg.train.max_staleness >= 1 else None
 
 
 # ---------------------------------------------------------------------------------------------- paths

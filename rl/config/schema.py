@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal
 
 from rl.config.bounds import ge, gt, within
 from rl.config.lora import LoraConfig
-from rl.config.offpolicy import AsyncTraining, OffPolicyCorrection
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
 from rl.config.runtime import FaultsConfig, LoggingConfig, RayConfig
 from rl.config.serialize import flatten, plain, yaml_dump
@@ -128,7 +127,7 @@ class RolloutConfig:
 
 
 @dataclass
-class AlgoConfig(OffPolicyCorrection):
+class AlgoConfig:
     adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
     adv_eps: Annotated[float, ge(0)] = 1e-6
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
@@ -141,7 +140,16 @@ class AlgoConfig(OffPolicyCorrection):
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal
     overlong_buffer: Annotated[int, ge(0)] = 0  # tokens before max_tokens where the penalty ramps in; 0: off
     overlong_factor: Annotated[float, ge(0)] = 1.0
-    # algo.tis_cap / tis_mode / tis_level / tis_bounds: the off-policy correction (rl/config/offpolicy.py)
+    # The off-policy correction of the learner/engine ratio r = pi_learner / pi_engine (the engine's log-prob of
+    # the sampling version is the denominator; rl/algos/mismatch.py): truncate (TIS, w = min(r, tis_cap); on when
+    # tis_cap is set), mask (w = 1 inside tis_bounds, 0 outside), mis (masked IS, w = r inside tis_bounds, 0
+    # outside: IcePop at token level, seq-MIS at sequence level). Levels: token, sequence (r = prod r_t), geometric
+    # (exp(mean log r_t)). `tis_cap: auto`: truncate at AUTO_TIS_CAP when samples can be stale (train.max_staleness
+    # >= 1), off when they cannot; resolved at load, so config.yaml holds the number or null in force. null: off.
+    tis_cap: float | Literal["auto"] | None = "auto"
+    tis_mode: Literal["truncate", "mask", "mis"] = "truncate"
+    tis_level: Literal["token", "sequence", "geometric"] = "token"
+    tis_bounds: tuple[float, float] = (0.5, 2.0)
     ppo_epochs: Annotated[int, ge(1)] = 1
     mini_batches: Annotated[int, ge(1)] = 1  # optimizer steps per rollout batch per epoch
 
@@ -154,7 +162,15 @@ class AlgoConfig(OffPolicyCorrection):
                     "use k2 (the gradient of KL(pi||ref)) or k3 with kl_coef > 0"
                 ),
             )
-        yield from self.validate_correction()
+        if not 0 <= self.tis_bounds[0] < self.tis_bounds[1]:
+            yield "tis_bounds", f"expected [low, high] with 0 <= low < high, got {list(self.tis_bounds)}"
+        if self.tis_cap not in (None, "auto") and self.tis_cap <= 0:
+            yield "tis_cap", f"must be > 0 or null, got {self.tis_cap}"
+
+
+# The truncation cap `tis_cap: auto` means once samples can be stale: verl's rollout correction defaults to a token
+# TIS threshold of 2.0, and so do other GRPO stacks (docs/ARCHITECTURE.md compares it with AReaL's decoupled PPO).
+AUTO_TIS_CAP = 2.0
 
 
 @dataclass
@@ -241,7 +257,7 @@ class RewardConfig:
 
 
 @dataclass
-class TrainConfig(AsyncTraining):
+class TrainConfig:
     """The RL job (`fbrl train`)."""
 
     steps: Annotated[int, ge(1)] = 30
@@ -252,7 +268,14 @@ class TrainConfig(AsyncTraining):
     eval_decode_modes: list[DecodeMode] = field(default_factory=lambda: ["soft"])
     checkpoint_every: Annotated[int, ge(0, "(0: off)")] = 10
     latent_metrics_rows: int = 4  # rows per step for the latent-channel metrics (rl/report/latent_metrics.py); 0: off
-    # train.max_staleness / mismatch_parts_frac: asynchronous training (rl/config/offpolicy.py)
+    # Asynchronous training (rl/train/rollout_queue.py): the engines generate the next batches while the learner
+    # trains; a sample made by policy version v is trained while the learner holds v..v+s and never later.
+    max_staleness: Annotated[int, ge(0, "(0: synchronous)")] = 0
+    # Share of each step's rows on which the mismatch is taken apart (engine / staleness / estimator, exact
+    # log-probs: rl/estimators/mismatch_parts.py); keeps a CPU copy of the last max_staleness + 1 versions' weights.
+    mismatch_parts_frac: Annotated[float, within(0, 1, note="(0: off)")] = 0.0625
+    # ... and at most this many response tokens of them (the exact recurrences cost per token)
+    mismatch_parts_max_tokens: Annotated[int, ge(0, "(0: no budget)")] = 1024
     run_dir: str | None = None  # null: runs/<date-time>/
     resume: str | None = None  # a run dir to continue
 
