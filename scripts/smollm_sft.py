@@ -43,6 +43,11 @@ def fbrl_convert(*args: str) -> None:
     print(f"fbrl convert {' '.join(args)}: {time.time() - t:.0f}s")
 
 
+def extract_hf(out: Path) -> None:
+    """The GGUF as a plain, dequantized Hugging Face checkpoint with its tokenizer (scripts/smollm_rl.py uses it too)."""
+    fbrl_convert(str(gguf_dir() / GGUF), str(out), "--to", "hf")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--work", default=str(ROOT / "runs" / "smollm2"), help="where hf/, fbt/ and sft/ go")
@@ -52,8 +57,8 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     work = Path(args.work)
     hf, fbt = work / "hf", work / "fbt"
-    if not (hf / "config.json").is_file():  # GGUF -> a plain, dequantized Hugging Face checkpoint
-        fbrl_convert(str(gguf_dir() / GGUF), str(hf), "--to", "hf")
+    if not (hf / "config.json").is_file():
+        extract_hf(hf)
     if not (fbt / "config.json").is_file():  # -> an FBT with a fresh gate_product fusion (seed 0)
         fbrl_convert(str(hf), str(fbt), "--fusion-mode", "gate_product")
 
