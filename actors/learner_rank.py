@@ -1,5 +1,5 @@
-"""One DeepSpeed learner rank: the policy, its optimizer state, and the `rl.train.policy_update.Backend` that DeepSpeed
-is.
+"""One DeepSpeed learner rank: the policy, its optimizer state, and the `rl.train.policy_update.Backend` that
+DeepSpeed is.
 
 `LearnerRank` works in-process (world_size 1, e.g. `actors/local.py` and the tests) and as a Ray actor
 (`actors/learner_group.py` wraps it with `ray.remote`). Each rank loads the FBT checkpoint, wraps it in a

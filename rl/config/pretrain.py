@@ -1,7 +1,7 @@
 """Config sections of `fbrl pretrain`: `model.init`, the architecture of a model built from scratch, and
-`pretrain`, multi-pass pretraining / SFT. Only rl/pretrain/trainer.py reads them (the RL job starts from a checkpoint),
-so
-they live apart from schema.py, which imports them into `Config` (the keys stay `pretrain.*` and `model.init.*`)."""
+`pretrain`, multi-pass pretraining / SFT. Only rl/pretrain/trainer.py reads them (the RL job starts from a
+checkpoint), so they live apart from schema.py, which imports them into `Config` (the keys stay `pretrain.*` and
+`model.init.*`)."""
 
 from __future__ import annotations
 
