@@ -16,11 +16,11 @@ evaluation and under the table, and the warning is kept in the JSON's `meta`.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import yaml
 
+from rl.atomic_files import write_text
 from rl.config import DataConfig, config_from_dict
 from rl.data.tasks import GENERATED_TASKS
 from rl.decode_modes import MODES
@@ -248,8 +248,6 @@ def run(args) -> int:
     if args.json_out:
         out = Path(args.json_out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(out_json, indent=1))
-        os.replace(tmp, out)
+        write_text(out, json.dumps(out_json, indent=1))
         print(f"wrote {out}")
     return 0

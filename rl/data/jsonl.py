@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from rl.atomic_files import write_text
 from rl.errors import InputError
 
 
@@ -19,11 +19,7 @@ def write_jsonl(rows: Iterable[dict], path: str | Path) -> None:
     """Write rows as JSON lines, atomically (a half-written file never appears under `path`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

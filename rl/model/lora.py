@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from rl.atomic_files import replace_dir
+
 ADAPTER = "default"  # peft's adapter name
 FUSION = "fusion"  # the FBT's fusion module (rl/model/)
 ADAPTER_FILE = "adapter_model.safetensors"  # peft's file name in an adapter directory
@@ -126,14 +128,10 @@ class LoraPolicy:
         """peft's adapter directory (adapter_config.json + adapter_model.safetensors: A, B and the trained fusion),
         written beside it and swapped in, so a reader never sees half of one."""
         final = Path(directory)
-        tmp, old = final.with_name(f".{final.name}.tmp-{os.getpid()}"), final.with_name(f".{final.name}.old")
+        tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         self.peft_model.save_pretrained(str(tmp))
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, final)
 
     @torch.no_grad()
     def load_adapter(self, directory: str) -> None:

@@ -31,6 +31,7 @@ import torch
 
 from rl import decode_modes
 from rl import model as fbt_model
+from rl.atomic_files import replace_dir
 from rl.config import Config, load_config
 from rl.data.tasks import FILE_TASKS
 from rl.model.lora import maybe_wrap
@@ -186,13 +187,12 @@ def save_checkpoint(
     With LoRA (`learner.lora`; `lora` an rl.model.lora.LoraPolicy) the checkpoint is the merged model, and the adapters
     in peft's format go into its `adapter/` subdirectory.
 
-    A directory cannot be replaced by os.replace while non-empty, so the old one is first renamed aside and
-    removed after the swap; at every moment one complete checkpoint exists under one of the two names.
+    Written in a temporary directory beside `out_dir` and swapped in (`rl.atomic_files.replace_dir`): at every
+    moment one complete checkpoint exists.
     """
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    old = out.with_name(f"{out.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     if lora is None:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -204,10 +204,7 @@ def save_checkpoint(
     tokenizer.save_pretrained(tmp)
     for name, text in (extra_files or {}).items():
         (tmp / name).write_text(text)
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, out)
 
 
 # ----------------------------------------------------------------------------------------------- loop

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import load_file, save_file
 
+from rl.atomic_files import replace_dir, write_text
 from rl.config import Config, check_resume, load_config
 from rl.config.secrets import redacted
 from rl.config.serialize import yaml_dump
@@ -155,7 +156,7 @@ class RunDir:
 
     # ---- config ----------------------------------------------------------------------------------------
     def write_config(self, cfg: Config) -> None:
-        _atomic_write_text(self.path / "config.yaml", yaml_dump(redacted(cfg.to_dict())))
+        write_text(self.path / "config.yaml", yaml_dump(redacted(cfg.to_dict())))
 
     def check_resume_config(self, cfg: Config) -> None:
         """Refuse to resume when a field that changes the experiment differs; the error names the field."""
@@ -173,14 +174,14 @@ class RunDir:
     def truncate_metrics_after(self, step: int) -> None:
         """On resume, drop rows logged after the checkpoint (they will be logged again)."""
         rows = [r for r in self.read_metrics() if r.get("step", 0) <= step]
-        _atomic_write_text(self.path / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        write_text(self.path / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
     def write_eval(self, step: int, record: dict) -> Path:
         """RUN_DIR/eval/step_<step>.json: one held-out evaluation's per-problem outcomes
         (`rl.train.heldout.heldout_accuracy`)."""
         path = self.path / "eval" / f"step_{step:06d}.json"
         path.parent.mkdir(exist_ok=True)
-        _atomic_write_text(path, json.dumps(record))
+        write_text(path, json.dumps(record))
         return path
 
     def read_evals(self) -> list[dict]:
@@ -195,13 +196,13 @@ class RunDir:
         tmp.mkdir(parents=True)
         learner.save_checkpoint(str(tmp / "learner"))
         state = dict(trainer_state, step=step, python_rng=_jsonable(random.getstate()))
-        _atomic_write_text(tmp / "trainer_state.json", json.dumps(state, indent=1, sort_keys=True))
+        write_text(tmp / "trainer_state.json", json.dumps(state, indent=1, sort_keys=True))
         save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
         final = self.ckpt_root / name
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _atomic_write_text(self.ckpt_root / "latest", name)
+        write_text(self.ckpt_root / "latest", name)
         return final
 
     def latest_checkpoint(self) -> Path | None:
@@ -234,7 +235,7 @@ class RunDir:
         save_pretrained names them) as `model.safetensors`, beside the starting checkpoint's config (with
         `fbt_decode_modes` set to `decode_modes` when given: rl/decode_modes.py), generation config and tokenizer.
         Built in a temporary directory, then swapped in (the old one removed after)."""
-        final, tmp, old = self.path / "policy", self.path / f".policy.tmp-{os.getpid()}", self.path / ".policy.old"
+        final, tmp = self.path / "policy", self.path / f".policy.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:  # a hard link costs nothing; the learner replaces (never rewrites) its export file
@@ -250,11 +251,7 @@ class RunDir:
 
             config = json.loads((tmp / "config.json").read_text())
             (tmp / "config.json").write_text(json.dumps({**config, CONFIG_KEY: decode_modes}, indent=2) + "\n")
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, final)
         return final
 
     # ---- plots -----------------------------------------------------------------------------------------
@@ -325,15 +322,6 @@ def stopped_before_step(stop: RunStopped, run: RunDir, learner: LearnerWorkers, 
         run.save_checkpoint(last, learner, unsaved)
     where = f"stopped after step {last}, which is checkpointed" if last else "stopped before step 1"
     return RunStopped(f"{stop.reason}; {where}", stop.resumable, stop.exit_code)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _jsonable(x):
