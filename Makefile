@@ -11,7 +11,7 @@ export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export RAY_AUTH_MODE ?= disabled
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo test test-all lint bench clean-venv smollm smollm-rl
+.PHONY: venv demo test test-all lint bench clean-venv smollm smollm-rl smollm-fbt smollm-fbt-rl
 
 venv: $(STAMP)
 
@@ -36,6 +36,18 @@ smollm: venv
 
 smollm-rl: venv
 	$(BIN)/python scripts/smollm_rl.py
+
+# A real FBT: SmolLM2-135M-Instruct -> identity FBT -> multi-pass continued training on worked math solutions
+# (GSM8K's training split, which fbrl does not ship: GSM8K=path/to/train.jsonl, written as rl/data/gsm8k.py says,
+# beside generated word problems) -> runs/smollm2/fbt-trained with its card.md, and the matched one-pass standard
+# model runs/smollm2/std-trained. Then the three-way RL comparison from those two (docs/PRETRAINING.md).
+GSM8K ?=
+smollm-fbt: venv
+	@test -n "$(GSM8K)" || { echo "make smollm-fbt: set GSM8K=path/to/gsm8k_train.jsonl (rl/data/gsm8k.py says how to write it)"; exit 2; }
+	$(BIN)/python scripts/smollm_fbt.py --gsm8k "$(GSM8K)" --baseline
+
+smollm-fbt-rl: venv
+	$(BIN)/python scripts/smollm_fbt_rl.py --transfer-n 200
 
 # ruff (pinned in the dev extra; its settings are in pyproject.toml): the linter, and the formatter in check mode
 # (`$(BIN)/ruff format .` applies it). CI runs both.

@@ -15,7 +15,7 @@ import json
 import random
 from pathlib import Path
 
-TASKS = ("arith", "cups", "cups_moved", "modsum", "parity", "random")
+TASKS = ("arith", "word_problems", "jsonl", "cups", "cups_moved", "modsum", "parity", "random")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,9 +24,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--task",
         choices=TASKS,
         default="arith",
-        help="prompt source: a generated task's test split (arith, or the state-tracking cups / modsum / "
-        "parity; needs the checkpoint's tokenizer) or random token ids",
+        help="prompt source: a generated task's test split (arith, word_problems, or the state-tracking cups / "
+        "modsum / parity; needs the checkpoint's tokenizer), rows of a JSONL file (jsonl: --data-path; chats "
+        "rendered with the tokenizer's template) or random token ids",
     )
+    p.add_argument("--data-path", default=None, help="JSONL file of the jsonl task (prompt or messages per row)")
     p.add_argument(
         "--difficulty",
         type=int,
@@ -66,12 +68,21 @@ def task_prompts(
     bos_id: int | None = None,
     seed: int = 0,
     difficulty: list[int] | None = None,
+    data_path: str | None = None,
 ) -> list[list[int]]:
     """n prompts as token ids: a generated task's test-split prompts through the tokenizer, or random ids (BOS
     first). `difficulty`: arith levels or state-tracking chain lengths (None: arith 1 2 3, chains of 8)."""
     if task != "random":
         if tokenizer is None:
             raise ValueError(f"--task {task} needs a tokenizer in the checkpoint directory (or use --task random)")
+        if task in ("word_problems", "jsonl"):
+            from rl.config import DataConfig
+            from rl.data.loaders import encode_prompt, load_task_split
+
+            if task == "jsonl" and not data_path:
+                raise ValueError("--task jsonl needs --data-path")
+            data = DataConfig(task=task, train_path=data_path, test_path=data_path, difficulty=difficulty or [1, 2])
+            return [encode_prompt(tokenizer, r) for r in load_task_split(data, "test", n, tokenizer)]
         if task == "arith":
             from rl.data import arith
 
@@ -123,6 +134,7 @@ def run(args) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import rl.model  # noqa: F401  (registers the FBT model types with the Auto classes)
+    from rl.data.jsonl import DataError
     from rl.estimators.compare import compare_samples, format_report, plot_report
 
     if args.n_samples < 1 or args.max_passes < 1:
@@ -152,8 +164,9 @@ def run(args) -> int:
             cfg.bos_token_id,
             args.seed,
             args.difficulty or _trained_difficulty(args.checkpoint, args.task),
+            args.data_path,
         )
-    except ValueError as e:
+    except (ValueError, DataError) as e:
         raise SystemExit(f"compare-likelihood: {e}") from None
     samples = generate_rollouts(
         model, prompts, args.decode_mode, args.temperature, args.max_tokens, args.seed, tokenizer

@@ -40,6 +40,12 @@ class PretrainConfig:
     batch_size: int = 32
     seq_len: int = 96
     lr: float = 1e-3
+    # learning rate of the fusion weights (null: `lr`). Converting a trained model, the fusion is new and the
+    # backbone is not: the fusion learns at 20-200x the backbone's rate (docs/PRETRAINING.md)
+    fusion_lr: float | None = None
+    # false: the backbone is frozen and only the fusion trains. Pass-1 loss (the standard model) then cannot
+    # move, and each step skips the backbone's weight gradients
+    train_backbone: bool = True
     lr_schedule: Literal["cosine", "linear", "constant"] = "cosine"
     min_lr_ratio: float = 0.1
     warmup: int = 100  # steps

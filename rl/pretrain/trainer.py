@@ -117,7 +117,9 @@ def fresh_config(init, fusion_mode: str, tokenizer):
 
 def encode_rows(rows: list[dict], tokenizer, seq_len: int, loss_on: str) -> list[tuple[list[int], list[int]]]:
     """Each row -> (ids, loss mask): prompt (+ BOS if the tokenizer adds one), target, <eos>; cut at seq_len."""
-    prompts = tokenizer([r["prompt"] for r in rows], add_special_tokens=True)["input_ids"]
+    from rl.data.loaders import encode_prompt
+
+    prompts = [encode_prompt(tokenizer, r) for r in rows]  # a templated chat already holds its special tokens
     targets = tokenizer([r.get("solution") or r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     out = []
@@ -126,6 +128,24 @@ def encode_rows(rows: list[dict], tokenizer, seq_len: int, loss_on: str) -> list
         mask = ([0] * len(p) + [1] * (len(t) + len(eos)))[:seq_len] if loss_on == "response" else [1] * len(ids)
         out.append((ids, mask))
     return out
+
+
+def param_groups(model, p) -> list[dict]:
+    """AdamW groups: backbone matrices (weight decay), backbone norms (none: decay would shrink them to 0), and
+    the fusion at `pretrain.fusion_lr`. With `train_backbone: false` the backbone is frozen (no gradients)."""
+    fusion_ids = {id(q) for n, q in model.named_parameters() if ".fusion." in f".{n}"}
+    if not p.train_backbone:
+        for q in model.parameters():
+            q.requires_grad_(id(q) in fusion_ids and q.requires_grad)
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    fusion = [q for q in trainable if id(q) in fusion_ids]
+    backbone = [q for q in trainable if id(q) not in fusion_ids]
+    groups = [
+        {"params": [q for q in backbone if q.ndim >= 2], "weight_decay": p.weight_decay},
+        {"params": [q for q in backbone if q.ndim < 2], "weight_decay": 0.0},
+        {"params": fusion, "weight_decay": p.weight_decay, "lr": p.fusion_lr if p.fusion_lr is not None else p.lr},
+    ]
+    return [g for g in groups if g["params"]]
 
 
 def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int):
@@ -228,24 +248,19 @@ def train(cfg: Config, log=print) -> dict:
     decode_modes.record(model.config, decode_modes.modes_of_pretraining(p))  # saved in every checkpoint's config
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
-    train_rows = load_task_split(cfg.data, "train")
+    # chats (`messages` rows) are rendered with the tokenizer's template, as the RL job renders its prompts
+    train_rows = load_task_split(cfg.data, "train", tokenizer=tokenizer)
     val_n = p.val_batches * p.batch_size
     file_task = cfg.data.task in FILE_TASKS  # generated tasks have their own val split
-    val_rows = load_task_split(cfg.data, "test" if file_task else "val", n=val_n)
+    val_rows = load_task_split(cfg.data, "test" if file_task else "val", n=val_n, tokenizer=tokenizer)
     train_enc = encode_rows(train_rows, tokenizer, p.seq_len, p.loss_on)
     val_enc = encode_rows(val_rows, tokenizer, p.seq_len, p.loss_on)
     val_batches = [collate(val_enc[i : i + p.batch_size], pad_id) for i in range(0, len(val_enc), p.batch_size)]
     sampler = PromptSampler(train_enc, seed=p.seed)  # rows here are encoded (ids, mask) pairs
     k_eval = max(3, max_passes(p))
 
+    opt = torch.optim.AdamW(param_groups(model, p), lr=p.lr, betas=(0.9, 0.95))
     trainable = [q for q in model.parameters() if q.requires_grad]
-    decay = [q for q in trainable if q.ndim >= 2]
-    no_decay = [q for q in trainable if q.ndim < 2]  # norms: weight decay would shrink them to 0
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": p.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=p.lr,
-        betas=(0.9, 0.95),
-    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, p))
     gen = torch.Generator().manual_seed(p.seed)  # jitter and prefix-mixin noise
     n_params = sum(q.numel() for q in model.parameters())
