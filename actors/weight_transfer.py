@@ -71,7 +71,7 @@ class MergedWeights:
         self.lora = lora  # rl.model.lora.LoraPolicy
 
     def metadata(self) -> list:
-        return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in self.lora.merged_tensors()]
+        return [ParamMeta(n, dtype, shape) for n, dtype, shape in self.lora.metadata()]
 
     def __iter__(self):
         for name, t in self.lora.merged_tensors():

@@ -457,3 +457,34 @@ def test_engines_serve_the_base_model_from_a_lora_learner_at_init(engine_ckpt, t
         assert ((lp - engine_lp) * batch.response_mask).abs().max() < tol, mode
     rollout.close()
     learner.close()
+
+
+# ---- what leaves a bf16 learner, tied weights, metadata -------------------------------------------------------
+def test_bf16_merge_keeps_a_small_update():
+    """A bf16 base with adapter entries of ~1e-4 (a few Adam steps): the merge is done and sent in fp32, so it is
+    W + B·A·s to fp32 rounding. Merged in bf16 (the old way) about half of the adapted elements came back equal to
+    the base weight, and the merge error was ~0.5 of the update."""
+    lora = LoraPolicy.wrap(tiny_model().to(torch.bfloat16), lora_cfg())
+    with torch.no_grad():
+        for name, p in lora.model.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 1e-4)
+    adapted = lora._adapted()
+    merged = dict(lora.merged_tensors())
+    for name, layer in adapted.items():
+        base = layer.get_base_layer().weight.detach().float()
+        delta = (layer.lora_B["default"].weight.float() @ layer.lora_A["default"].weight.float()) * layer.scaling[
+            "default"
+        ]
+        got = merged[name]
+        assert got.dtype == torch.float32
+        assert float((got - base - delta).norm() / delta.norm()) < 1e-3, name
+        assert float((got == base).float().mean()) < 0.01, name
+    meta = lora.metadata()
+    assert meta == [(n, t.dtype, tuple(t.shape)) for n, t in merged.items()]
+    assert {n for n, dtype, _ in meta if dtype == torch.float32} == set(adapted)
+
+
+def test_tied_lm_head_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"learner\.lora\.target_modules: 'lm_head' is tied"):
+        wrapped(0, "learner.lora.target_modules=[q_proj, lm_head]")

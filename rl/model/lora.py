@@ -48,6 +48,13 @@ def peft_config(lora_cfg, model):
             f"learner.lora.target_modules: {missing} name no linear layer of the backbone; "
             f"its linear layers are {sorted(leaf_names)}"
         )
+    tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    if tied and "lm_head" in lora_cfg.target_modules:
+        raise ValueError(
+            "learner.lora.target_modules: 'lm_head' is tied to the input embeddings in this model "
+            "(config.tie_word_embeddings), so an adapter on it would also change the embeddings the engines "
+            "never receive as adapted; leave 'lm_head' out"
+        )
     fusion = lora_cfg.train_fusion and hasattr(model, FUSION)
     return LoraConfig(
         r=lora_cfg.rank,
@@ -102,26 +109,59 @@ class LoraPolicy:
         return self.peft_model.disable_adapter()
 
     # -- merged weights ---------------------------------------------------------------------------------------
+    def _adapted(self) -> dict[str, object]:
+        """{merged tensor name: the LoRA layer that adapts it}."""
+        from peft.tuners.lora import LoraLayer
+
+        return {
+            f"{name}.weight": mod
+            for name, mod in self.model.named_modules()
+            if isinstance(mod, LoraLayer) and ADAPTER in mod.lora_A
+        }
+
     @torch.no_grad()
     def merged_tensors(self):
         """(name, tensor) of the merged model in the base checkpoint's parameter order (tied weights once): an
-        adapted weight as W + B·A·scale (peft's `get_delta_weight`), the fusion weights as trained, every other
-        weight as loaded. Tensors are new (merged) or detached views of the parameters: copy before keeping."""
-        from peft.tuners.lora import LoraLayer
+        adapted weight as W + B·A·scale, the fusion weights as trained, every other weight as loaded.
+
+        The merge is computed in fp32 and an adapted weight leaves in fp32 whatever the base's dtype: a few Adam
+        steps make B·A entries of ~1e-4, below half a bf16 ulp of most weights, so a merge rounded to bf16 would
+        give back the base weight while the learner's forward (W x + B A x) has moved. An engine that runs bf16
+        rounds on load; docs/GPU.md has what that costs. Each delta is computed when its tensor is reached (one
+        adapted layer's worth of memory at a time). Tensors are new (merged) or detached views of the parameters:
+        copy before keeping."""
         from peft.utils import ModulesToSaveWrapper
 
-        merged = {}
+        adapted = self._adapted()
+        trained_fusion = {}
         for name, mod in self.model.named_modules():
-            if isinstance(mod, LoraLayer) and ADAPTER in mod.lora_A:
-                w = mod.get_base_layer().weight
-                merged[f"{name}.weight"] = w + mod.get_delta_weight(ADAPTER).to(w.dtype)
-            elif isinstance(mod, ModulesToSaveWrapper) and ADAPTER in mod.modules_to_save:
+            if isinstance(mod, ModulesToSaveWrapper) and ADAPTER in mod.modules_to_save:
                 for sub, p in mod.modules_to_save[ADAPTER].named_parameters():
-                    merged[f"{name}.{sub}"] = p
+                    trained_fusion[f"{name}.{sub}"] = p
+        emitted = set()
         for name, p in self.model.named_parameters():
             out = clean_name(name)
-            if out is not None:
-                yield out, merged.get(out, p).detach()
+            if out is None:
+                continue
+            emitted.add(out)
+            layer = adapted.get(out)
+            if layer is not None:
+                yield out, p.detach().float() + layer.get_delta_weight(ADAPTER).float()
+            else:
+                yield out, trained_fusion.get(out, p).detach()
+        lost = sorted(set(adapted) - emitted)
+        if lost:  # a tied weight is emitted under its other name: that layer's update would never leave
+            raise ValueError(f"learner.lora.target_modules: adapted weights {lost} are tied to another weight")
+
+    def metadata(self) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+        """(name, dtype, shape) of `merged_tensors` without computing a delta."""
+        adapted = self._adapted()
+        out = []
+        for name, p in self.model.named_parameters():
+            clean = clean_name(name)
+            if clean is not None:
+                out.append((clean, torch.float32 if clean in adapted else p.dtype, tuple(p.shape)))
+        return out
 
     # -- files ------------------------------------------------------------------------------------------------
     def save_adapter(self, directory: str) -> None:
