@@ -212,6 +212,20 @@ def test_an_offpolicy_correction_is_on_whenever_samples_can_be_stale():
         load_config(None, ["algo.tis_cap=-1"])
 
 
+def test_a_config_built_in_code_resolves_auto_tis_as_a_loaded_one():
+    """The library use: `Config()` keeps `tis_cap: auto`; the trainer still truncates at the cap from staleness 1."""
+    from rl.config import RolloutConfig, TrainConfig
+    from rl.config.schema import AUTO_TIS_CAP
+    from rl.train.policy_update import PolicyUpdater
+
+    model = __import__("torch").nn.Linear(2, 2)
+    for s, mode in ((0, None), (1, "truncate"), (2, "truncate")):
+        cfg = Config(train=TrainConfig(max_staleness=s), rollout=RolloutConfig())
+        assert cfg.algo.tis_cap == "auto"
+        loss = PolicyUpdater(model, cfg, 0).loss_cfg
+        assert loss.is_mode == mode and (mode is None or loss.is_cap == AUTO_TIS_CAP), s
+
+
 def test_resume_of_an_async_run_locks_the_checkpoint_schedule():
     """At max_staleness >= 1 the checkpoint schedule decides which weights make a batch (a batch never crosses a
     checkpoint), so changing train.checkpoint_every on resume is refused, naming it; at s = 0 it is not."""

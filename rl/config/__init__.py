@@ -22,7 +22,7 @@ includes them), serialize.py a config as plain data, dotted keys and YAML text (
 to_yaml` return; the loader's dotted-key helpers).
 """
 
-from rl.config.loading import config_from_dict, load_config
+from rl.config.loading import config_from_dict, load_config, tis_cap_in_force
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
 from rl.config.resume import RESUME_LOCKED, check_resume, diff_configs
 from rl.config.runtime import FaultsConfig, LoggingConfig, RayConfig
@@ -66,4 +66,5 @@ __all__ = [
     "VllmOptions",
     "check_resume",
     "diff_configs",
+    "tis_cap_in_force",
 ]

@@ -292,10 +292,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
     return cfg
 
 
-def resolve_auto_correction(cfg: Config) -> None:
-    """`algo.tis_cap: auto` made concrete from `train.max_staleness` (in place): a rule across two sections."""
+def tis_cap_in_force(cfg: Config) -> float | None:
+    """`algo.tis_cap` with `auto` made concrete from `train.max_staleness` (a rule across two sections): the cap
+    when samples can be stale, else none. The trainer asks this, so a Config built in code (left at `auto`)
+    behaves as a loaded one."""
     if cfg.algo.tis_cap == "auto":
-        cfg.algo.tis_cap = AUTO_TIS_CAP if cfg.train.max_staleness >= 1 else None
+        return AUTO_TIS_CAP if cfg.train.max_staleness >= 1 else None
+    return cfg.algo.tis_cap
+
+
+def resolve_auto_correction(cfg: Config) -> None:
+    """`algo.tis_cap: auto` made concrete in place (what `--print-config` and the saved config show)."""
+    cfg.algo.tis_cap = tis_cap_in_force(cfg)
 
 
 # ---------------------------------------------------------------------------------------------- paths

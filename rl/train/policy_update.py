@@ -24,6 +24,7 @@ biases the KL (k3 0.0017 against a true 0.0036 at 1 % weight noise, 0.070 vs 0.3
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -32,6 +33,7 @@ import torch
 
 from rl import algos
 from rl.batch import LearnerBatch, Sample, collate
+from rl.config import tis_cap_in_force
 from rl.estimators.likelihood import get_estimator
 
 # Loss metrics of a micro-batch are its share of the mini-batch loss: summed over micro-batches and ranks.
@@ -207,7 +209,8 @@ class PolicyUpdater:
         self.ref_scope = ref_scope
         self.estimator = get_estimator(cfg.likelihood.estimator)
         self.ref_estimator = get_estimator(cfg.likelihood.ref_estimator)
-        self.loss_cfg = policy_loss_config(cfg.algo, cfg.rollout.max_tokens)
+        algo = dataclasses.replace(cfg.algo, tis_cap=tis_cap_in_force(cfg))  # `auto` in a Config built in code
+        self.loss_cfg = policy_loss_config(algo, cfg.rollout.max_tokens)
         if self.loss_cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("algo.kl_coef > 0 needs a reference model")
         self.multiple_updates = cfg.algo.ppo_epochs * cfg.algo.mini_batches > 1
