@@ -488,3 +488,32 @@ def test_bf16_merge_keeps_a_small_update():
 def test_tied_lm_head_is_refused_by_name():
     with pytest.raises(ValueError, match=r"learner\.lora\.target_modules: 'lm_head' is tied"):
         wrapped(0, "learner.lora.target_modules=[q_proj, lm_head]")
+
+
+def test_lora_dropout_stays_out_of_the_scoring_passes():
+    """With learner.lora.dropout > 0 the behaviour log-probs (old_logp: several updates per batch) and kpass's
+    reconstruction passes run without dropout, so they are one value, not a draw: equal to the eval-mode ones."""
+    lora = wrapped(0, "learner.lora.dropout=0.5")
+    samples = rollouts("soft")
+    lora_update(lora, samples, "soft", "exact")  # B != 0: dropout on the adapters' input now changes outputs
+    cfg = load_config(None, ["rollout.decode_mode=soft", "learner.lora={dropout: 0.5}", "algo.ppo_epochs=2"])
+    updater = PolicyUpdater(lora.model, cfg, 0)
+    from rl.train.policy_update import plan_for
+
+    plan = plan_for(samples, cfg, 1)
+    adv = torch.zeros(len(samples))
+    lora.model.eval()
+    want = updater._rank_logprobs(samples, plan, 0, adv, 8, lora.model, updater.estimator, True)
+    lora.model.train()
+    for _ in range(2):
+        got = updater._rank_logprobs(samples, plan, 0, adv, 8, lora.model, updater.estimator, True)
+        assert torch.equal(got, want)
+    assert lora.model.training  # the mode is restored
+    ids = collate(samples).input_ids
+    with torch.no_grad():
+        lora.model.eval()
+        first = lora.model.multipass_forward(ids, 2).hidden[0]
+        lora.model.train()
+        for _ in range(2):
+            assert torch.equal(lora.model.multipass_forward(ids, 2, no_grad_until_last=True).hidden[0], first)
+        assert not torch.equal(lora.model.multipass_forward(ids, 2).hidden[0], first)  # dropout is on in training

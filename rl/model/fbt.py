@@ -29,7 +29,15 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaFor
 from transformers import initialization as hf_init
 
 from rl.decode_modes import MODES as PROMPT_MODES
-from rl.model.fusion import FUSION_MODES, INPUT_SCALES, Fusion, positions_from_mask, rms_value, shift_right
+from rl.model.fusion import (
+    FUSION_MODES,
+    INPUT_SCALES,
+    Fusion,
+    dropout_off,
+    positions_from_mask,
+    rms_value,
+    shift_right,
+)
 
 
 @strict
@@ -160,7 +168,8 @@ class FBTMixin:
 
         jitter: uniform noise in [-jitter, jitter] on the carried states, fresh per pass (training only).
         prefix_mixin: per row and pass, with this probability a random-length prefix keeps the plain input.
-        no_grad_until_last: passes 1..K-1 under no_grad and the last pass fed their detached states (kpass).
+        no_grad_until_last: passes 1..K-1 under no_grad, in eval mode (no dropout: they reconstruct states, they
+        do not train), and the last pass fed their detached states (kpass).
         """
         if num_passes < 1:
             raise ValueError(f"num_passes must be >= 1, got {num_passes}")
@@ -172,7 +181,8 @@ class FBTMixin:
         hidden, h = [], None
         for k in range(num_passes):
             last = k == num_passes - 1
-            with torch.set_grad_enabled(torch.is_grad_enabled() and (last or not no_grad_until_last)):
+            frozen_pass = no_grad_until_last and not last
+            with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen_pass), dropout_off(self, frozen_pass):
                 if k == 0:
                     carried = fixed_carried if has_fixed else None
                     mask = fixed_mask if has_fixed else torch.zeros_like(feedback_mask)

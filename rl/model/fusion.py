@@ -4,6 +4,8 @@ parameter-free RMS norms, shifting states one position right, position ids from 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,3 +66,17 @@ def shift_right(states: torch.Tensor) -> torch.Tensor:
 def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids for left- or right-padded rows: 0 at each row's first real token."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+@contextlib.contextmanager
+def dropout_off(model, active: bool = True):
+    """The model in eval mode inside the block (no dropout), its mode restored after: for the forwards that only
+    score or reconstruct (behaviour log-probs, kpass's first passes), which a dropout mask would make noisy."""
+    was = model.training
+    if active and was:
+        model.eval()
+    try:
+        yield model
+    finally:
+        if active and was:
+            model.train()

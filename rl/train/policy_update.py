@@ -35,6 +35,7 @@ from rl import algos
 from rl.batch import LearnerBatch, Sample, collate
 from rl.config import tis_cap_in_force
 from rl.estimators.likelihood import get_estimator
+from rl.model.fusion import dropout_off
 
 # Loss metrics of a micro-batch are its share of the mini-batch loss: summed over micro-batches and ranks.
 SUMMED_METRICS = ("loss", "pg_loss", "kl_loss")
@@ -300,7 +301,8 @@ class PolicyUpdater:
             for rows in plan.rank_micro_batches(m, rank):
                 if not rows and not collective:
                     continue
-                lp = self._logprobs(model, self._collate(samples, rows, adv), estimator).logprobs.cpu()
+                with dropout_off(model):  # behaviour / reference log-probs: one value, not a dropout draw
+                    lp = self._logprobs(model, self._collate(samples, rows, adv), estimator).logprobs.cpu()
                 if out is None:  # the estimators' dtype: fp32, or fp64 for fp64 models
                     out = torch.zeros(len(samples), R, dtype=lp.dtype)
                 if rows:
