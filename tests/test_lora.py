@@ -517,3 +517,18 @@ def test_lora_dropout_stays_out_of_the_scoring_passes():
         for _ in range(2):
             assert torch.equal(lora.model.multipass_forward(ids, 2, no_grad_until_last=True).hidden[0], first)
         assert not torch.equal(lora.model.multipass_forward(ids, 2).hidden[0], first)  # dropout is on in training
+
+
+def test_load_adapter_refuses_an_incomplete_adapter(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    lora = wrapped()
+    lora.save_adapter(str(tmp_path / "adapter"))
+    other = wrapped()
+    other.load_adapter(str(tmp_path / "adapter"))  # complete: loads
+    path = tmp_path / "adapter" / "adapter_model.safetensors"
+    full = load_file(str(path))
+    for dropped in ("fusion", "layers.1.mlp.up_proj.lora_B"):  # peft itself loads a missing adapter silently
+        save_file({k: v for k, v in full.items() if dropped not in k}, str(path))
+        with pytest.raises(ValueError, match=f"missing .*{dropped}"):
+            other.load_adapter(str(tmp_path / "adapter"))

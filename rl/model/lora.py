@@ -179,11 +179,16 @@ class LoraPolicy:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        result = set_peft_model_state_dict(self.peft_model, load_file(str(Path(directory) / ADAPTER_FILE)))
-        if result.unexpected_keys:
+        try:
+            result = set_peft_model_state_dict(self.peft_model, load_file(str(Path(directory) / ADAPTER_FILE)))
+        except KeyError as e:  # peft's own lookup of a trained module's tensors (the fusion copy)
+            raise ValueError(f"{directory}: adapters do not fit the model: missing {e}") from None
+        # peft loads non-strictly: the frozen base is always "missing"; an adapter or trained-fusion tensor must not be
+        missing = [k for k in result.missing_keys if clean_name(k.removeprefix("base_model.model.")) is None]
+        if result.unexpected_keys or missing:
             raise ValueError(
                 f"{directory}: adapters do not fit the model (learner.lora changed?): "
-                f"unexpected {sorted(result.unexpected_keys)[:4]}"
+                f"unexpected {sorted(result.unexpected_keys)[:4]}, missing {sorted(missing)[:4]}"
             )
 
 
