@@ -110,6 +110,8 @@ def deepspeed_config(lcfg) -> dict:
         "steps_per_print": 2**62,
         "wall_clock_breakdown": False,
     }
+    if lcfg.bf16:  # DeepSpeed's default sums micro-batch gradients in the model's dtype
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     if client_optimizer(lcfg):  # ClippingAdamW clips and reports the norm itself
         del cfg["optimizer"]
         cfg["gradient_clipping"] = 0.0

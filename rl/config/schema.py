@@ -215,6 +215,10 @@ class LearnerConfig:
         if self.lora is not None and self.zero_stage == 3:
             # ZeRO-3 partitions every weight, and the merged export would gather base and adapters per layer
             yield "lora", "LoRA runs under learner.zero_stage 0-2 (the frozen base is small enough to replicate)"
+        if self.bf16 and self.zero_stage == 0:
+            # DeepSpeed without ZeRO sums a step's micro-batch gradients in bf16 (~1 % relative error at 32
+            # micro-batches) and refuses fp32 accumulation there; ZeRO 1-3 accumulate in fp32 (deepspeed_setup.py)
+            yield "zero_stage", "learner.bf16 needs learner.zero_stage >= 1 (gradients then accumulate in fp32)"
 
 
 @dataclass
