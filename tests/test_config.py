@@ -169,8 +169,9 @@ def test_every_section_rule_runs():
 
 
 def test_every_declared_bound_is_checked_at_load():
-    """Each field with a declared bound, set just outside it, is refused at load with its dotted key. Covers every
-    section, so a bound declared on a field is a bound enforced."""
+    """Each field with a declared bound, set just outside it on each side it has, is refused at load with its
+    dotted key. Covers every section, the optional ones (learner.lora, model.init) switched on, so a bound declared
+    on a field is a bound enforced."""
     from rl.config.bounds import declared_bounds
     from rl.config.loading import _hints
     from rl.config.schema import Config
@@ -184,17 +185,23 @@ def test_every_declared_bound_is_checked_at_load():
                 yield from sections(inner[0], f"{prefix}{name}.")
         yield prefix, cls
 
-    checked = 0
+    switch_on = {"learner.lora.": ["learner.lora={}"], "model.init.": ["model.path=null", "model.init={}"]}
+    checked = set()
     for prefix, cls in sections(Config, ""):
-        if prefix in ("learner.lora.", "model.init."):
-            continue  # optional sections: covered by their own tests
         for name, (bound, _) in declared_bounds(cls).items():
             key = f"{prefix}{name}"
-            outside = bound.low - (1 if bound.low_open is False else 0) if bound.low is not None else bound.high + 1
-            with pytest.raises(ConfigError, match=re.escape(key)):
-                load_config(None, [f"{key}={outside}"])
-            checked += 1
-    assert checked >= 40, checked
+            sides = []
+            if bound.low is not None:
+                sides.append(("low", bound.low if bound.low_open else bound.low - 1))
+            if bound.high is not None:
+                sides.append(("high", bound.high if bound.high_open else bound.high + 1))
+            for side, outside in sides:
+                with pytest.raises(ConfigError, match=re.escape(key)):
+                    load_config(None, [*switch_on.get(prefix, []), f"{key}={outside}"])
+                checked.add((key, side))
+    assert len(checked) >= 60, len(checked)
+    assert {("learner.lora.rank", "low"), ("learner.lora.dropout", "high"), ("algo.eps_low", "low")} <= checked
+    assert sum(side == "high" for _, side in checked) >= 10
 
 
 def test_an_offpolicy_correction_is_on_whenever_samples_can_be_stale():
