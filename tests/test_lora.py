@@ -274,15 +274,17 @@ def synthetic_batch(n=9, seed=0, d=64):
     return samples, torch.randn(n, generator=g).tolist()
 
 
-def test_deepspeed_lora_rank_equals_torch_adamw_on_the_peft_model(tiny_ckpt, tmp_path):
-    """ZeRO-2 over the trainable parameters only, with the KL reference = adapters off: the same step as plain
-    torch AdamW on the same peft model (tolerances of tests/test_actors.py: grad norm rel 1e-5, weights LR/100)."""
+@pytest.mark.parametrize("zero", [2, 0])
+def test_deepspeed_lora_rank_equals_torch_adamw_on_the_peft_model(tiny_ckpt, tmp_path, zero):
+    """ZeRO-2 over the trainable parameters only, and one ZeRO-0 rank (the layout the project ships: DeepSpeed steps
+    `ClippingAdamW`), with the KL reference = adapters off: the same step as plain torch AdamW on the same peft
+    model (tolerances of tests/test_actors.py: grad norm rel 1e-5, weights LR/100)."""
     from safetensors.torch import load_file
 
     from actors.learner_rank import LearnerRank
     from actors.policy_io import load_policy
 
-    cfg = rank_cfg(tiny_ckpt, "algo.kl_coef=0.05", "algo.ppo_epochs=2")
+    cfg = rank_cfg(tiny_ckpt, "algo.kl_coef=0.05", "algo.ppo_epochs=2", f"learner.zero_stage={zero}")
     samples, adv = synthetic_batch()
     ref = LoraPolicy.wrap(load_policy(tiny_ckpt), cfg.learner.lora, cfg.train.seed)
     ref.model.train()
@@ -305,7 +307,8 @@ def test_deepspeed_lora_rank_equals_torch_adamw_on_the_peft_model(tiny_ckpt, tmp
     rank.close()
 
 
-def test_deepspeed_lora_checkpoint_resume_is_exact(tiny_ckpt, tmp_path):
+@pytest.mark.parametrize("zero", [2, 0])
+def test_deepspeed_lora_checkpoint_resume_is_exact(tiny_ckpt, tmp_path, zero):
     """Save after step 1, take step 2; a fresh LoRA rank (as a rebuilt learner is) that loads the checkpoint takes
     the identical step 2. The checkpoint's model/ is the merged model, adapter/ the peft adapters."""
     from peft import PeftModel
@@ -313,7 +316,7 @@ def test_deepspeed_lora_checkpoint_resume_is_exact(tiny_ckpt, tmp_path):
     from actors.policy_io import load_policy
     from tests.test_actors import step_save_step_resume
 
-    cfg = rank_cfg(tiny_ckpt)
+    cfg = rank_cfg(tiny_ckpt, f"learner.zero_stage={zero}")
     at_save, want, got = step_save_step_resume(cfg, *synthetic_batch(6, seed=1), tmp_path / "ckpt")
     assert all(torch.equal(want[k], got[k]) for k in want)
     assert any(not torch.equal(want[k], at_save[k]) for k in want)
