@@ -342,7 +342,14 @@ class LearnerRank:
             self.policy.save_pretrained(str(model_dir), state_dict=state, safe_serialization=True)
             copy_tokenizer_files(self.cfg.model.tokenizer or self.cfg.model.path, str(model_dir))
             self.export_adapter(str(Path(directory) / ADAPTER_SUBDIR))
-        self.engine.save_checkpoint(str(Path(directory) / DS_SUBDIR), tag=DS_TAG, save_latest=False)
+        # a LoRA learner's frozen base comes from `model.path` at load (and model/ holds the merged weights):
+        # DeepSpeed's copy of it would be a second full base in every checkpoint
+        self.engine.save_checkpoint(
+            str(Path(directory) / DS_SUBDIR),
+            tag=DS_TAG,
+            save_latest=False,
+            exclude_frozen_parameters=self.lora is not None,
+        )
 
     def export_adapter(self, directory: str) -> str | None:
         """A LoRA learner's adapters in peft's format at `directory` (rank 0; None elsewhere or without LoRA)."""
@@ -357,7 +364,11 @@ class LearnerRank:
         if not (ds_dir / DS_TAG).is_dir():
             raise FileNotFoundError(f"{directory}: no DeepSpeed state under {ds_dir / DS_TAG}")
         path, _ = self.engine.load_checkpoint(
-            str(ds_dir), tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+            str(ds_dir),
+            tag=DS_TAG,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+            load_module_strict=self.lora is None,  # LoRA: the frozen base is not in it (save_checkpoint)
         )
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load the checkpoint in {ds_dir}")

@@ -325,6 +325,19 @@ def test_deepspeed_lora_checkpoint_resume_is_exact(tiny_ckpt, tmp_path, zero):
     adapted = PeftModel.from_pretrained(load_policy(tiny_ckpt), str(tmp_path / "ckpt" / "adapter"))
     merged = dict(LoraPolicy(adapted).merged_tensors())
     assert max(float((merged[k] - at_save[k]).abs().max()) for k in at_save) < 1e-6
+    # DeepSpeed's state holds what trains (adapters, fusion) and not a second copy of the frozen base
+    from safetensors.torch import load_file
+
+    ds_files = [p for p in (tmp_path / "ckpt" / "deepspeed").rglob("*") if p.is_file()]
+    module = [p for p in ds_files if p.name.startswith("mp_rank_")]
+    assert len(module) == 1
+    held = torch.load(module[0], map_location="cpu", weights_only=False)["module"]
+    frozen_kept = sorted(k for k in held if ".lora_" not in k and "modules_to_save" not in k)
+    assert held and frozen_kept == ["policy.lm_head.weight"]  # only the tied alias, which DeepSpeed cannot tell
+    base_bytes = sum(
+        t.numel() * t.element_size() for t in load_file(str(tmp_path / "ckpt" / "model" / "model.safetensors")).values()
+    )
+    assert sum(p.stat().st_size for p in ds_files) < base_bytes
 
 
 def test_torch_learner_lora_checkpoint_resume_is_exact(tiny_ckpt, tmp_path):
