@@ -47,7 +47,7 @@ smollm-fbt: venv
 	$(BIN)/python scripts/smollm_fbt.py --gsm8k "$(GSM8K)" --baseline
 
 smollm-fbt-rl: venv
-	$(BIN)/python scripts/smollm_fbt_rl.py --transfer-n 200
+	$(BIN)/python scripts/smollm_fbt_rl.py --transfer-n 200 --channel-rows 64
 
 # ruff (pinned in the dev extra; its settings are in pyproject.toml): the linter, and the formatter in check mode
 # (`$(BIN)/ruff format .` applies it). CI runs both.

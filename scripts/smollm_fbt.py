@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     ap.add_argument("--word-problems", type=int, default=2000, help="generated problems added to the train rows")
     ap.add_argument("--baseline", action="store_true", help="also train the matched one-pass standard model")
     ap.add_argument("--skip-fbt", action="store_true", help="only the baseline (the FBT exists)")
-    ap.add_argument("--card-rows", type=int, default=200, help="held-out rows the card measures on")
+    ap.add_argument("--card-rows", type=int, default=128, help="held-out rows the card measures on")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides of the continued training's config")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))

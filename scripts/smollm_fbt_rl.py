@@ -93,6 +93,29 @@ def run_summary(run_dir: Path, mode: str, tokenizer) -> dict:
     }
 
 
+def decoding_pairs(out: Path, names: list[str]) -> dict:
+    """Greedy held-out accuracy of the starting models, paired on the same problems: the FBT soft vs its own
+    standard decoding, and vs the matched standard model; at the start and after RL."""
+    from rl.train.run_dir import RunDir
+
+    if "replay" not in names:
+        return {}
+    fbt = RunDir(str(out / "replay")).read_evals()
+    std = RunDir(str(out / "standard")).read_evals() if "standard" in names else None
+    pairs = {}
+    for when, i in (("start", 0), ("end", -1)):
+        modes = fbt[i]["modes"]
+        if "standard" in modes:
+            pairs[f"FBT soft − FBT standard decoding ({when})"] = paired_difference(
+                modes["standard"]["strict"], modes["soft"]["strict"]
+            )
+        if std and std[i]["answers"] == fbt[i]["answers"]:
+            pairs[f"FBT soft − standard model ({when})"] = paired_difference(
+                std[i]["modes"]["standard"]["strict"], modes["soft"]["strict"]
+            )
+    return pairs
+
+
 def transfer(start: Path, policy: Path, mode: str, data: Path, n: int, out: Path) -> dict:
     """`fbrl eval` of the policy against its starting model on the held-out GSM8K slice, paired."""
     from actors.cli import main as fbrl
@@ -147,6 +170,19 @@ def format_comparison(s: dict) -> str:
         lines.append(
             f"- {key}: {d['diff_points']:+.1f} points (95 % CI {lo:+.1f} … {hi:+.1f}), McNemar p {d['p_value']:.2g}"
         )
+    for key, d in s.get("decoding", {}).items():
+        lo, hi = d["ci95_points"]
+        lines.append(
+            f"- {key}: {d['diff_points']:+.1f} points (95 % CI {lo:+.1f} … {hi:+.1f}), McNemar p {d['p_value']:.2g}"
+        )
+    for name, c in s.get("channel", {}).items():
+        lo, hi = c["exact_minus_pass1_ci95"]
+        err = c["kpass_logprob_error"]
+        lines.append(
+            f"- channel of the {name} policy: exact − pass 1 {c['exact_minus_pass1']:+.4f} nats/token (95 % CI "
+            f"{lo:+.4f} … {hi:+.4f}), policy shift {c['policy_shift']:.4f}, K=1 / K=3 log-prob error "
+            f"{err[0] / max(err[2], 1e-30):.0f}x, state share {c['state_share']:.3f}"
+        )
     for name, t in s.get("transfer", {}).items():
         lf = t["lift"]
         lines.append(
@@ -163,6 +199,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=str(ROOT / "configs" / "smollm_rl.yaml"))
     ap.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     ap.add_argument("--transfer-n", type=int, default=0, help="GSM8K held-out problems for the transfer check")
+    ap.add_argument("--channel-rows", type=int, default=0, help="held-out rows to measure each FBT policy's channel")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides for every RL run")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -176,7 +213,9 @@ def main(argv=None) -> int:
         model, mode, extra = RUNS[name]
         if not (out / name / "eval").is_dir() or len(list((out / name / "eval").glob("step_*.json"))) < 2:
             argv = ["train", args.config, f"model.path={work / model}", f"rollout.decode_mode={mode}"]
-            argv += [f"train.eval_decode_modes=[{mode}]", f"train.run_dir={out / name}", "--overwrite"]
+            # the replay run also reads its model in standard decoding: the FBT's soft vs its own standard, paired
+            modes = "[soft, standard]" if name == "replay" else f"[{mode}]"
+            argv += [f"train.eval_decode_modes={modes}", f"train.run_dir={out / name}", "--overwrite"]
             argv += [*extra, *args.overrides]
             log(f"{name}: fbrl {' '.join(argv)}")
             t = time.time()
@@ -191,6 +230,17 @@ def main(argv=None) -> int:
             s["pairs"][f"{b} − {a}, final accuracy"] = paired_difference(
                 runs[a]["end_per_problem"], runs[b]["end_per_problem"]
             )
+    s["decoding"] = decoding_pairs(out, args.runs)
+    if args.channel_rows:  # the latent channel of each FBT policy after RL, as the card measures the FBT's
+        from rl.report.channel_card import measure_checkpoint
+
+        s["channel"] = {}
+        for name in args.runs:
+            if RUNS[name][1] == "soft":
+                log(f"{name}: measuring the policy's latent channel on {args.channel_rows} held-out rows")
+                s["channel"][name] = measure_checkpoint(
+                    out / name / "policy", work / "fbt-data" / "val.jsonl", args.channel_rows
+                )
     if args.transfer_n:
         s["transfer"] = {}
         for name in args.runs:

@@ -106,6 +106,7 @@ def test_channel_report_is_zero_at_the_identity_point():
     r = channel_report(model, ROWS, tok, batch_size=4)
     assert r["policy_shift"] < TOL and abs(r["exact_minus_pass1"]) < TOL
     assert max(r["kpass_logprob_error"]) < TOL and r["state_share"] == 0.0
+    assert abs(r["state_information"]) < TOL  # the state is not read at all
 
 
 def test_channel_report_kpass_reaches_the_exact_recurrence():
@@ -114,6 +115,7 @@ def test_channel_report_kpass_reaches_the_exact_recurrence():
     err = r["kpass_logprob_error"]
     assert len(err) == MAX_PASSES and err[-1] < TOL  # 8 passes are exact on responses of <= 7 fed tokens
     assert err[0] > 1e-3 and r["policy_shift"] == pytest.approx(err[0], rel=1e-4)
+    assert abs(r["state_information"]) > 1e-3  # a random fusion reads the state: order matters
     lo, hi = r["exact_minus_pass1_ci95"]
     assert lo <= r["exact_minus_pass1"] <= hi
 

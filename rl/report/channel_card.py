@@ -6,6 +6,8 @@
 - the exact recurrence (`recurrent_forward`, the ground truth of soft decoding) against pass 1 (the standard
   forward, feedback off): the loss difference with a 95 % bootstrap interval over rows, and `policy_shift`, the
   mean |log p_exact(y) − log p_pass1(y)|: how much feeding the state back moves next-token log-probs;
+- the same states fed back in a shuffled order within each row (`state_information`): the loss this adds is
+  what a state says about its own position, beyond what any state of the row would do to the input;
 - K parallel passes for K = 1..8 (K-pass reconstruction): each K's loss (stability: passes 3..8 should stay
   near pass 2) and its log-prob error against the exact recurrence (K = 1 is pass 1: the error of ignoring the
   channel);
@@ -57,7 +59,8 @@ def channel_report(model, rows: list[dict], tokenizer, batch_size: int = 8, seq_
     from rl.report.latent_metrics import _fusion_terms, weight_norms
 
     model.eval()
-    per_row = {"tokens": [], "nll_pass": [[] for _ in range(MAX_PASSES)], "nll_exact": [], "shift": []}
+    per_row = {"tokens": [], "nll_pass": [[] for _ in range(MAX_PASSES)], "nll_exact": [], "shift": [], "nll_perm": []}
+    gen = torch.Generator().manual_seed(0)
     err = [[] for _ in range(MAX_PASSES)]
     share = []
     for input_ids, attention, loss_mask in _batches(rows, tokenizer, batch_size, seq_len):
@@ -69,11 +72,19 @@ def channel_report(model, rows: list[dict], tokenizer, batch_size: int = 8, seq_
         lp_exact = _token_logprobs(model, exact_h, input_ids, target)
         lp = [_token_logprobs(model, h, input_ids, target) for h in passes]
         carried = F.pad(exact_h[:, :-1], (0, 0, 1, 0))
+        # control: each row's own states fed to its positions in a shuffled order (same states, wrong position)
+        permuted = carried.clone()
+        for b in range(len(input_ids)):
+            pos = fb[b].nonzero()[:, 0]
+            permuted[b, pos] = carried[b, pos[torch.randperm(len(pos), generator=gen)]]
+        perm_h = model.multipass_forward(input_ids, 1, attention, fixed_carried=permuted, fixed_mask=fb).hidden[0]
+        lp_perm = _token_logprobs(model, perm_h, input_ids, target)
         share.append(_fusion_terms(model, carried[fb], model.embed(input_ids)[fb]).get("state_share", float("nan")))
         for b in range(len(input_ids)):
             sel = row_of == b
             per_row["tokens"].append(int(sel.sum()))
             per_row["nll_exact"].append(float(-lp_exact[sel].sum()))
+            per_row["nll_perm"].append(float(-lp_perm[sel].sum()))
             per_row["shift"].append(float((lp_exact[sel] - lp[0][sel]).abs().sum()))
             for k in range(MAX_PASSES):
                 per_row["nll_pass"][k].append(float(-lp[k][sel].sum()))
@@ -83,6 +94,7 @@ def channel_report(model, rows: list[dict], tokenizer, batch_size: int = 8, seq_
     n_tok = sum(tokens)
     diff = [e - p for e, p in zip(per_row["nll_exact"], per_row["nll_pass"][0])]
     diff2 = [p2 - p1 for p2, p1 in zip(per_row["nll_pass"][1], per_row["nll_pass"][0])]
+    info = [p - e for p, e in zip(per_row["nll_perm"], per_row["nll_exact"])]
     pass_loss = [sum(v) / n_tok for v in per_row["nll_pass"]]
     return {
         "rows": len(tokens),
@@ -94,6 +106,9 @@ def channel_report(model, rows: list[dict], tokenizer, batch_size: int = 8, seq_
         "pass2_minus_pass1": sum(diff2) / n_tok,
         "pass2_minus_pass1_ci95": bootstrap_mean_ci(diff2, tokens),
         "policy_shift": sum(per_row["shift"]) / n_tok,
+        # what the state says about its own position: loss with the row's states shuffled minus the true order
+        "state_information": sum(info) / n_tok,
+        "state_information_ci95": bootstrap_mean_ci(info, tokens),
         "kpass_logprob_error": [float(torch.cat(e).mean()) for e in err],
         "max_rel_dev_pass3_8": max(abs(v - pass_loss[1]) / pass_loss[1] for v in pass_loss[2:]),
         "state_share": sum(share) / len(share),
@@ -112,6 +127,9 @@ def format_report(r: dict, title: str = "") -> str:
         f"- pass 2 − pass 1: {r['pass2_minus_pass1']:+.4f} nats/token (95 % CI {lo2:+.4f} … {hi2:+.4f})",
         f"- exact − pass 1: {r['exact_minus_pass1']:+.4f} nats/token (95 % CI {lo:+.4f} … {hi:+.4f})",
         f"- policy shift |log p_exact − log p_pass1|: {r['policy_shift']:.4f} nats/token",
+        f"- information in the state (loss with each row's states fed in shuffled order − exact): "
+        f"{r['state_information']:+.4f} nats/token (95 % CI {r['state_information_ci95'][0]:+.4f} … "
+        f"{r['state_information_ci95'][1]:+.4f})",
         f"- state share of the fused input: {r['state_share']:.3f}; ‖W_U‖ {r.get('w_state_norm', 0):.3f}",
         f"- passes 3–{MAX_PASSES} vs pass 2: at most {100 * r['max_rel_dev_pass3_8']:.2f} % apart",
         "",
@@ -147,20 +165,25 @@ def plot_val_curves(history: list[dict], out: Path, baseline: list[dict] | None 
     plt.close(fig)
 
 
-def write_card(checkpoint: str | Path, rows_path: str | Path, n_rows: int = 200, log=print) -> Path:
-    """card.md / card.json / card_val_loss.png in `checkpoint` (from its training summary and `rows_path`)."""
+def measure_checkpoint(checkpoint: str | Path, rows_path: str | Path, n_rows: int = 128) -> dict:
+    """`channel_report` of a saved FBT on the first `n_rows` rows of a JSONL file (prompt or messages + solution)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import rl.model  # noqa: F401  (registers the FBT classes)
-    from rl.atomic_files import write_text
     from rl.data.loaders import load_jsonl, render_prompts
 
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    return channel_report(model, render_prompts(load_jsonl(rows_path)[:n_rows], tokenizer), tokenizer)
+
+
+def write_card(checkpoint: str | Path, rows_path: str | Path, n_rows: int = 128, log=print) -> Path:
+    """card.md / card.json / card_val_loss.png in `checkpoint` (from its training summary and `rows_path`)."""
+    from rl.atomic_files import write_text
+
     ckpt = Path(checkpoint)
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(ckpt)
-    rows = render_prompts(load_jsonl(rows_path)[:n_rows], tokenizer)
-    log(f"card: measuring the channel on {len(rows)} held-out rows of {rows_path}")
-    report = channel_report(model, rows, tokenizer)
+    log(f"card: measuring the channel on {n_rows} held-out rows of {rows_path}")
+    report = measure_checkpoint(ckpt, rows_path, n_rows)
     summary = json.loads((ckpt / "training_summary.json").read_text())
     base = ckpt.parent / "std-trained" / "training_summary.json"
     base_hist = json.loads(base.read_text())["val_history"] if base.is_file() else None
