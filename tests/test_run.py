@@ -74,6 +74,27 @@ def test_metrics_truncated_to_checkpoint_on_resume(tmp_path):
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
 
 
+def test_a_torn_last_metrics_row_does_not_block_resume(tmp_path):
+    """A crash or a full disk mid-append leaves half a row at the end: it is dropped with a warning (the step is
+    logged again after the resume); a bad row elsewhere is an error naming file:line."""
+    from rl.train.run_dir import RunDirError
+
+    run = RunDir(str(tmp_path / "run"))
+    for step in range(1, 4):
+        run.log_metrics({"step": step, "reward_mean": step / 10})
+    path = tmp_path / "run" / "metrics.jsonl"
+    whole = path.read_text()
+    path.write_text(whole + '{"step": 4, "rew')
+    with pytest.warns(UserWarning, match=r"metrics\.jsonl:4: the last row is cut short"):
+        assert [r["step"] for r in run.read_metrics()] == [1, 2, 3]
+    with pytest.warns(UserWarning):
+        run.truncate_metrics_after(3)
+    assert path.read_text() == whole  # the resume rewrites the file without the torn tail
+    path.write_text(whole.replace('"step": 2', '"step": 2,,'))
+    with pytest.raises(RunDirError, match=r"metrics\.jsonl:2: not a JSON row"):
+        run.read_metrics()
+
+
 def test_a_submitted_job_puts_its_run_where_it_lasts(tmp_path):
     """Inside Ray's copy of a job's working dir (`ray job submit --working-dir`), a run without train.run_dir goes
     to $FBRL_RUNS_DIR/<time>, a relative one is refused naming the key, an absolute one stays; elsewhere nothing

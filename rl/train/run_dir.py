@@ -24,6 +24,7 @@ import json
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -164,12 +165,36 @@ class RunDir:
 
     # ---- metrics ---------------------------------------------------------------------------------------
     def log_metrics(self, row: dict) -> None:
-        with open(self.path / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
+        """Append one row in a single write(2) on an O_APPEND descriptor: a crash or a full disk can cut the last
+        row short (read_metrics drops it), never interleave two."""
+        data = (json.dumps(row, sort_keys=True) + "\n").encode()
+        fd = os.open(self.path / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if os.write(fd, data) != len(data):
+                raise OSError(f"{self.path / 'metrics.jsonl'}: short write (disk full?)")
+        finally:
+            os.close(fd)
 
     def read_metrics(self) -> list[dict]:
+        """Every row. A last line cut short (a crash or a full disk during the append) is dropped with a warning:
+        that step is logged again after a resume. Any other line that is not JSON is an error naming file:line."""
         p = self.path / "metrics.jsonl"
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+        if not p.exists():
+            return []
+        lines = p.read_text(errors="replace").splitlines()
+        last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+        rows = []
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                if i == last:
+                    warnings.warn(f"{p}:{i + 1}: the last row is cut short (a crash mid-write); it is ignored")
+                    continue
+                raise RunDirError(f"{p}:{i + 1}: not a JSON row ({e.msg} at column {e.colno})") from None
+        return rows
 
     def truncate_metrics_after(self, step: int) -> None:
         """On resume, drop rows logged after the checkpoint (they will be logged again)."""
