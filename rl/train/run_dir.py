@@ -191,7 +191,9 @@ class RunDir:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as e:
                 if i == last:
-                    warnings.warn(f"{p}:{i + 1}: the last row is cut short (a crash mid-write); it is ignored")
+                    warnings.warn(
+                        f"{p}:{i + 1}: the last row is cut short (a crash mid-write); it is ignored", stacklevel=2
+                    )
                     continue
                 raise RunDirError(f"{p}:{i + 1}: not a JSON row ({e.msg} at column {e.colno})") from None
         return rows
