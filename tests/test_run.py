@@ -74,6 +74,48 @@ def test_metrics_truncated_to_checkpoint_on_resume(tmp_path):
     assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
 
 
+def test_keep_checkpoints_keeps_the_newest_and_survives_a_kill_mid_delete(tmp_path, monkeypatch):
+    run = RunDir(str(tmp_path / "run"))
+    for step in range(1, 7):
+        run.save_checkpoint(step, FileLearner(step), {"version": step}, keep=2)
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert names == ["latest", "step_000005", "step_000006"]
+    # killed between the rename aside and the delete: a .tmp- directory, which the next start sweeps
+    import shutil
+
+    real_rmtree = shutil.rmtree
+
+    def killed_while_pruning(path, *a, **k):
+        if "pruned" in str(path):
+            raise KeyboardInterrupt("killed while deleting an old checkpoint")
+        return real_rmtree(path, *a, **k)
+
+    monkeypatch.setattr("shutil.rmtree", killed_while_pruning)
+    with pytest.raises(KeyboardInterrupt):
+        run.save_checkpoint(7, FileLearner(7), {"version": 7}, keep=2)
+    monkeypatch.undo()
+    learner = FileLearner()
+    assert RunDir(str(tmp_path / "run")).load_checkpoint(learner)["step"] == 7 and learner.value == 7
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "latest",
+        "step_000006",
+        "step_000007",
+    ]
+
+
+def test_resume_falls_back_when_latest_names_an_incomplete_checkpoint(tmp_path):
+    """After a power loss `latest` can name a checkpoint whose files are empty: resume takes the newest complete
+    one, with a warning, instead of a traceback."""
+    run = RunDir(str(tmp_path / "run"))
+    run.save_checkpoint(2, FileLearner(2), {"version": 2})
+    run.save_checkpoint(4, FileLearner(4), {"version": 4})
+    (tmp_path / "run" / "checkpoints" / "step_000004" / "trainer_state.json").write_text("")
+    learner = FileLearner()
+    with pytest.warns(UserWarning, match="step_000004, which is incomplete; resuming from step_000002"):
+        state = RunDir(str(tmp_path / "run")).load_checkpoint(learner)
+    assert state["step"] == 2 and learner.value == 2
+
+
 def test_a_torn_last_metrics_row_does_not_block_resume(tmp_path):
     """A crash or a full disk mid-append leaves half a row at the end: it is dropped with a warning (the step is
     logged again after the resume); a bad row elsewhere is an error naming file:line."""

@@ -271,6 +271,8 @@ class TrainConfig:
     eval_n: Annotated[int, ge(1)] = 500
     eval_decode_modes: list[DecodeMode] = field(default_factory=lambda: ["soft"])
     checkpoint_every: Annotated[int, ge(0, "(0: off)")] = 10
+    # the newest N checkpoints are kept, older ones deleted once a new one is complete (null: all are kept)
+    keep_checkpoints: Annotated[int | None, ge(1)] = None
     latent_metrics_rows: int = 4  # rows per step for the latent-channel metrics (rl/report/latent_metrics.py); 0: off
     # Asynchronous training (rl/train/rollout_queue.py): the engines generate the next batches while the learner
     # trains; a sample made by policy version v is trained while the learner holds v..v+s and never later.

@@ -147,8 +147,7 @@ class RunDir:
             raise RunDirError(f"--resume {path}: no such run directory")
         if not (p / "config.yaml").is_file():
             raise RunDirError(f"--resume {path}: not an fbrl run directory (no config.yaml)")
-        pointer = p / "checkpoints" / "latest"
-        if not pointer.is_file() or not (p / "checkpoints" / pointer.read_text().strip()).is_dir():
+        if not (p / "checkpoints").is_dir() or cls(path).latest_checkpoint() is None:
             raise RunDirError(
                 f"--resume {path}: the run has no complete checkpoint yet (checkpoints/latest); "
                 f"start it again as a new run (--overwrite)"
@@ -216,7 +215,10 @@ class RunDir:
         return [json.loads(p.read_text()) for p in sorted((self.path / "eval").glob("step_*.json"))]
 
     # ---- checkpoints -----------------------------------------------------------------------------------
-    def save_checkpoint(self, step: int, learner, trainer_state: dict) -> Path:
+    def save_checkpoint(self, step: int, learner, trainer_state: dict, keep: int | None = None) -> Path:
+        """Write checkpoint `step` under a temporary name, fsync its files and directories, rename it into place and
+        point `latest` at it; then, with `keep`, delete all but the newest `keep` complete checkpoints (by recorded
+        step; never the one `latest` names). A crash at any point leaves a resumable run."""
         name = f"step_{step:06d}"
         tmp = self.ckpt_root / f".tmp-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -225,19 +227,55 @@ class RunDir:
         state = dict(trainer_state, step=step, python_rng=_jsonable(random.getstate()))
         write_text(tmp / "trainer_state.json", json.dumps(state, indent=1, sort_keys=True))
         save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+        fsync_tree(tmp)  # after a power loss `latest` must not name files the disk never got
         final = self.ckpt_root / name
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        fsync_dir(self.ckpt_root)
         write_text(self.ckpt_root / "latest", name)
+        fsync_dir(self.ckpt_root)
+        if keep is not None:
+            self.prune_checkpoints(keep)
         return final
 
+    def complete_checkpoints(self) -> list[Path]:
+        """Checkpoints whose trainer state parses and whose learner state exists, oldest first (by recorded step)."""
+        found = []
+        for path in self.ckpt_root.glob("step_*"):
+            try:
+                step = json.loads((path / "trainer_state.json").read_text())["step"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if (path / "learner").is_dir():
+                found.append((int(step), path))
+        return [path for _, path in sorted(found)]
+
+    def prune_checkpoints(self, keep: int) -> None:
+        """Delete all but the newest `keep` complete checkpoints, never the one `latest` names (renamed aside
+        first, so a kill mid-delete leaves a `.tmp-` directory the next start sweeps, not half a checkpoint)."""
+        latest = self.latest_checkpoint()
+        done = self.complete_checkpoints()
+        for path in done[: max(len(done) - keep, 0)]:
+            if latest is not None and path.resolve() == latest.resolve():
+                continue
+            doomed = self.ckpt_root / f".tmp-pruned-{path.name}-{os.getpid()}"
+            os.replace(path, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+
     def latest_checkpoint(self) -> Path | None:
+        """The checkpoint `latest` names when it is complete; else the newest complete one (with a warning: a crash
+        or power loss after the pointer was written); None without any."""
         pointer = self.ckpt_root / "latest"
-        if not pointer.exists():
-            return None
-        path = self.ckpt_root / pointer.read_text().strip()
-        return path if path.exists() else None
+        named = self.ckpt_root / pointer.read_text().strip() if pointer.is_file() else None
+        complete = self.complete_checkpoints()
+        if named is not None and named in complete:
+            return named
+        if named is not None and complete:
+            warnings.warn(
+                f"{pointer} names {named.name}, which is incomplete; resuming from {complete[-1].name}", stacklevel=2
+            )
+        return complete[-1] if complete else None
 
     def load_checkpoint(self, learner) -> dict:
         """Restore the learner and the RNGs; return the trainer state (step, version, sampler, ...)."""
@@ -316,7 +354,7 @@ def save_step(run: RunDir, cfg: Config, learner, step: int, state: dict) -> bool
     on_schedule = every > 0 and step % every == 0
     checkpointed = every > 0 and (on_schedule or step == cfg.train.steps)
     if checkpointed:
-        run.save_checkpoint(step, learner, state)
+        run.save_checkpoint(step, learner, state, cfg.train.keep_checkpoints)
     if step == cfg.train.steps or on_schedule:
         # exported here: only the file transport writes the weights file at every sync
         path = learner.export_weights(weights_file(run))
@@ -349,6 +387,29 @@ def stopped_before_step(stop: RunStopped, run: RunDir, learner: LearnerWorkers, 
         run.save_checkpoint(last, learner, unsaved)
     where = f"stopped after step {last}, which is checkpointed" if last else "stopped before step 1"
     return RunStopped(f"{stop.reason}; {where}", stop.resumable, stop.exit_code)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file under `root`, then every directory bottom up (new names are durable only so)."""
+    dirs = []
+    for here, _, files in os.walk(root):
+        dirs.append(Path(here))
+        for name in files:
+            fd = os.open(Path(here) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for d in reversed(dirs):
+        fsync_dir(d)
 
 
 def _jsonable(x):
