@@ -4,6 +4,7 @@ The faults injected into real jobs are in tests/test_faults.py; docs/RELIABILITY
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -86,6 +87,8 @@ BAD_INPUT = [  # (overrides, a piece of the message); {d} is the inputs director
         "every one of the 1 prompts is longer than the limit of 3",
     ),
     (["rollout.max_tokens=300"], "rollout.max_tokens=300 leaves no room for a prompt"),
+    (["rollout.weight_sync=native_ray"], "rollout.weight_sync=native_ray drives vLLM's native weight transfer"),
+    (["rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt=1: algo.adv_estimator=grpo compares"),
 ]
 
 
@@ -98,6 +101,14 @@ def test_bad_input_is_refused_before_anything_starts(inputs, overrides, message)
         prepare(*[o.format(d=d) for o in overrides], f"train.run_dir={inputs / 'run'}")
     assert message.format(d=d) in str(e.value), str(e.value)
     assert not ray.is_initialized() and not (inputs / "run").exists()  # nothing started, nothing created
+
+
+def fake_checkpoint(run: Path, step: int = 1) -> None:
+    """What makes a checkpoint complete for resume (its trainer state and learner directory), contents aside."""
+    ckpt = run / "checkpoints" / f"step_{step:06d}"
+    (ckpt / "learner").mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": step}))
+    (run / "checkpoints" / "latest").write_text(ckpt.name)
 
 
 def test_run_dir_rules(tmp_path):
@@ -114,8 +125,7 @@ def test_run_dir_rules(tmp_path):
         prepare(f"train.run_dir={run}")
     with pytest.raises(RunDirError, match="no complete checkpoint"):
         prepare("--resume", str(run))
-    (run / "checkpoints" / "step_000001").mkdir(parents=True)
-    (run / "checkpoints" / "latest").write_text("step_000001")
+    fake_checkpoint(run)
     cfg, path, _, _ = prepare("--resume", str(run), "train.steps=9")
     assert path == str(run / "config.yaml")
     assert cfg.train.checkpoint_every == 7 and cfg.train.steps == 9 and cfg.train.resume == str(run)
@@ -154,8 +164,7 @@ def test_secrets_are_not_saved_and_resume_asks_for_them(tmp_path):
     run.write_config(cfg)
     text = (tmp_path / "run" / "config.yaml").read_text()
     assert secret not in text and "api_key: <redacted>" in text
-    (tmp_path / "run" / "checkpoints" / "step_000001").mkdir(parents=True)
-    (tmp_path / "run" / "checkpoints" / "latest").write_text("step_000001")
+    fake_checkpoint(tmp_path / "run")
     with pytest.raises(ConfigError, match=r"reward.fns\[1\].options.api_key: secret values are never saved"):
         prepare("--resume", str(tmp_path / "run"))
 

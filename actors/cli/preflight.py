@@ -9,6 +9,8 @@ message naming what is wrong; `fbrl train` prints it without a traceback and exi
   produce has a row in the model's embedding (`vocab_size`), else the first id without one is named;
 - the rewards (`reward.fns`): built-in names, user `path/to/file.py:fn` (relative to the working directory) and
   `package.module:fn` load and take (prompts, completions, answers, **row_fields);
+- combinations that cannot work (`check_combinations`): a native weight transfer without vLLM engines, one
+  sample per prompt with a group-relative advantage;
 - the data (`data`): files exist and parse, rows have the prompt and answer fields, and prompts longer than
   the engine allows are counted (or stop the job here, `data.overlong_prompts: error`).
 
@@ -138,8 +140,25 @@ def check_data(cfg, tokenizer, model_config: dict) -> dict:
     return out
 
 
+def check_combinations(cfg) -> None:
+    """Settings that are each valid but cannot work together, refused naming both keys."""
+    r = cfg.rollout
+    if r.weight_sync in ("nccl", "ipc", "native_ray") and r.engine != "vllm":
+        raise BadInput(
+            f"rollout.weight_sync={r.weight_sync} drives vLLM's native weight transfer, but rollout.engine is "
+            f"{r.engine!r}: use rollout.weight_sync file, ray or auto (or rollout.engine vllm)"
+        )
+    if r.n_samples_per_prompt < 2:
+        raise BadInput(
+            f"rollout.n_samples_per_prompt={r.n_samples_per_prompt}: algo.adv_estimator={cfg.algo.adv_estimator} "
+            f"compares the samples of a prompt with each other, so one sample gives every advantage 0 and no "
+            f"step would train; use 2 or more"
+        )
+
+
 def check_job(cfg, base_dir: str | None = None):
     """All of the above; returns the tokenizer (the launcher uses it)."""
+    check_combinations(cfg)
     model_config = check_checkpoint(cfg.model.path)
     tokenizer = check_tokenizer(cfg, model_config)
     check_rewards(cfg, base_dir)
