@@ -140,7 +140,7 @@ def test_run_dir_rules(tmp_path):
         prepare(f"train.run_dir={tmp_path / 'other'}", "--overwrite")
     assert (tmp_path / "other" / "notes.txt").exists()
     prepare(f"train.run_dir={run}", "--overwrite")
-    assert sorted(os.listdir(run)) == ["checkpoints"]
+    assert sorted(os.listdir(run)) == [".lock", "checkpoints"]
 
 
 def test_embedded_default_from_another_directory(tmp_path, monkeypatch):

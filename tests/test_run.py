@@ -116,6 +116,48 @@ def test_resume_falls_back_when_latest_names_an_incomplete_checkpoint(tmp_path):
     assert state["step"] == 2 and learner.value == 2
 
 
+def test_a_second_driver_on_a_locked_run_dir_is_refused(tmp_path):
+    """A driver holds RUN_DIR/.lock while it runs; another one (a requeue, a duplicate --resume) is refused in
+    seconds, naming the holder, before it deletes anything; the lock goes with the holder's process."""
+    import subprocess
+    import sys
+    import time
+
+    from rl.train.run_dir import RunDirError
+
+    run = tmp_path / "run"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
+from rl.train.run_dir import RunDir
+r = RunDir.new({str(run)!r})
+(r.path / "config.yaml").write_text("train: {{}}\\n")
+(r.ckpt_root / ".tmp-step_000003-1").mkdir()
+print("locked", flush=True)
+time.sleep(60)
+""",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        t = time.monotonic()
+        for resume in (False, True):
+            with pytest.raises(RunDirError, match=rf"in use by fbrl train \(pid {holder.pid} on "):
+                RunDir.existing(str(run)) if resume else RunDir.new(str(run), overwrite=True)
+        assert time.monotonic() - t < 5
+        assert (run / "checkpoints" / ".tmp-step_000003-1").is_dir()  # the holder's checkpoint in progress
+    finally:
+        holder.kill()
+        holder.wait()
+    RunDir.new(str(run), overwrite=True)  # the holder is gone, and its lock with it
+
+
 def test_a_torn_last_metrics_row_does_not_block_resume(tmp_path):
     """A crash or a full disk mid-append leaves half a row at the end: it is dropped with a warning (the step is
     logged again after the resume); a bad row elsewhere is an error naming file:line."""

@@ -61,6 +61,35 @@ class RunDirError(InputError):
     """The run directory cannot be used as asked; the message says why and what to do."""
 
 
+LOCK_FILE = ".lock"
+_LOCKS: dict[Path, int] = {}  # run directories this process holds (a descriptor each, open for the process's life)
+
+
+def lock_run_dir(path: str | Path) -> None:
+    """Hold RUN_DIR/.lock for the rest of this process (flock: the kernel releases it when the process ends, so a
+    crash never leaves a stale lock). A second driver on the same directory (a requeue while the old one shuts
+    down, a duplicate --resume) is refused naming the holder, before it deletes or appends anything."""
+    import fcntl
+    import socket
+
+    p = Path(path).resolve()
+    if p in _LOCKS:
+        return
+    p.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise RunDirError(
+            f"train.run_dir={path} is in use by {holder}: wait for that job to end, or choose another run_dir"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"fbrl train (pid {os.getpid()} on {socket.gethostname()})\n".encode(), 0)
+    _LOCKS[p] = fd
+
+
 POLICY_CONFIG_FILES = ("config.json", "generation_config.json")
 POLICY_TOKENIZER_FILES = (
     "tokenizer.json",
@@ -117,13 +146,14 @@ class RunDir:
             p = Path(path)
             if not p.is_dir():
                 raise RunDirError(f"train.run_dir={path} is a file, not a directory")
-            held = sorted(x.name for x in p.iterdir())
+            held = sorted(x.name for x in p.iterdir() if x.name != LOCK_FILE)
             if held and not overwrite:
                 raise RunDirError(
                     f"train.run_dir={path} is not empty ({', '.join(held[:6])}{', ...' if len(held) > 6 else ''}): "
                     f"continue that run with `fbrl train --resume {path}`, choose another run_dir, or pass "
                     f"--overwrite to replace it"
                 )
+            lock_run_dir(p)  # before anything of an earlier run is deleted: it may still be running
             if held:
                 strangers = [n for n in held if n not in RUN_FILES and not n.startswith(".")]
                 if strangers or not (p / "config.yaml").exists():
@@ -136,7 +166,9 @@ class RunDir:
                         shutil.rmtree(p / name)
                     else:
                         (p / name).unlink()
-        return cls(path)
+        run = cls(path)
+        lock_run_dir(run.path)
+        return run
 
     @classmethod
     def existing(cls, path: str) -> RunDir:
@@ -147,6 +179,7 @@ class RunDir:
             raise RunDirError(f"--resume {path}: no such run directory")
         if not (p / "config.yaml").is_file():
             raise RunDirError(f"--resume {path}: not an fbrl run directory (no config.yaml)")
+        lock_run_dir(p)  # before reading its checkpoints: another driver may be writing one
         if not (p / "checkpoints").is_dir() or cls(path).latest_checkpoint() is None:
             raise RunDirError(
                 f"--resume {path}: the run has no complete checkpoint yet (checkpoints/latest); "
