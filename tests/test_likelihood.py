@@ -372,3 +372,19 @@ def test_fused_prompt_prefill_runs_once_per_distinct_prompt(model, monkeypatch):
     assert (
         run(model, batch, "fused", "replay").logprobs - run(model, batch, "fused", "exact").logprobs
     ).abs().max() <= TOL
+
+
+def test_compare_likelihood_reads_prompts_from_a_jsonl_file(tmp_path):
+    """`--task jsonl --data-path FILE`: the prompts a user's data gives (chats rendered), not a generated task's."""
+    from actors.cli import main
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(1, 4)))
+    out = tmp_path / "cmp.json"
+    argv = ["compare-likelihood", "--checkpoint", str(TINY_CKPT), "--task", "jsonl", "--data-path", str(data)]
+    assert main([*argv, "--n-samples", "3", "--max-passes", "3", "--max-tokens", "6", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["n_samples"] == 3 and rep["task"] == "jsonl"
+    check_report(rep)
+    with pytest.raises(SystemExit, match="--task jsonl needs --data-path"):
+        main(["compare-likelihood", "--checkpoint", str(TINY_CKPT), "--task", "jsonl"])
