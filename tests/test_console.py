@@ -270,6 +270,7 @@ def test_summary_names_existing_paths_and_counts(tmp_path):
     model = run.path / "checkpoints" / "step_000008" / "learner" / "model"
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
+    (run.path / "checkpoints" / "step_000008" / "trainer_state.json").write_text('{"step": 8}')
     (run.path / "checkpoints" / "latest").write_text("step_000008")
     written = run.plot()
     lines = console.summary_lines(run, cfg, 125.0, written)
