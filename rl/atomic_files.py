@@ -31,3 +31,26 @@ def replace_dir(tmp: str | Path, final: str | Path) -> None:
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def fsync_dir(path: str | Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: str | Path) -> None:
+    """fsync every file under `root`, then every directory bottom up (new names are durable only so)."""
+    dirs = []
+    for here, _, files in os.walk(root):
+        dirs.append(Path(here))
+        for name in files:
+            fd = os.open(Path(here) / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for d in reversed(dirs):
+        fsync_dir(d)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import load_file, save_file
 
-from rl.atomic_files import replace_dir, write_text
+from rl.atomic_files import fsync_dir, fsync_tree, replace_dir, write_text
 from rl.config import Config, check_resume, load_config
 from rl.config.secrets import redacted
 from rl.config.serialize import yaml_dump
@@ -420,29 +420,6 @@ def stopped_before_step(stop: RunStopped, run: RunDir, learner: LearnerWorkers, 
         run.save_checkpoint(last, learner, unsaved)
     where = f"stopped after step {last}, which is checkpointed" if last else "stopped before step 1"
     return RunStopped(f"{stop.reason}; {where}", stop.resumable, stop.exit_code)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: Path) -> None:
-    """fsync every file under `root`, then every directory bottom up (new names are durable only so)."""
-    dirs = []
-    for here, _, files in os.walk(root):
-        dirs.append(Path(here))
-        for name in files:
-            fd = os.open(Path(here) / name, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    for d in reversed(dirs):
-        fsync_dir(d)
 
 
 def _jsonable(x):
