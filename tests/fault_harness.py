@@ -28,9 +28,7 @@ SMALL = [
     "learner.zero_stage=2",  # a group of ranks: what a lost rank takes down
     "rollout.engine=vllm",
 ]  # the engine a real model's job runs (the tiny default decodes with torch)
-ENV = dict(
-    WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false"
-)
+ENV = dict(WANDB_MODE="offline", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------------

@@ -272,7 +272,6 @@ def ray_workers(tiny_ckpt):
 
     from actors.placement import build_workers
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     cfg = make_cfg(
         tiny_ckpt,
         "learner.num_workers=2",

@@ -17,9 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "tiny.yaml"
-ENV = dict(
-    WANDB_MODE="offline", RAY_AUTH_MODE="disabled", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false"
-)
+ENV = dict(WANDB_MODE="offline", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
 MY_REWARDS = "def zero(prompts, completions, answers, **fields):\n    return [0.0] * len(completions)\n"
 
 

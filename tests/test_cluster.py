@@ -106,6 +106,22 @@ def test_local_ray_reports_task_events_only_with_a_dashboard(monkeypatch):
     assert "_system_config" not in started[1] and started[1]["dashboard_host"] == "127.0.0.1"
 
 
+def test_no_local_ray_starts_without_a_token():
+    """A local Ray accepts any connection from the machine unless it runs with token authentication, so every local
+    Ray this repository starts (the product, its tests, benchmarks and tools) goes through
+    `placement.start_local_ray` (127.0.0.1, a fresh token per run), and nothing turns authentication off."""
+
+    files = subprocess.run(["git", "ls-files", "*.py", "Makefile", ".ci/*"], cwd=ROOT, capture_output=True, text=True)
+    found = []
+    for name in files.stdout.split():
+        text = (ROOT / name).read_text()
+        if name != "actors/placement.py" and re.search(r"ray\.init\(\s*(address\s*=\s*['\"]local|\))", text):
+            found.append(f"{name}: ray.init of a local Ray (use actors.placement.start_local_ray)")
+        if re.search(r"RAY_AUTH_MODE\W+disabled", text) and name != "tests/test_cluster.py":
+            found.append(f"{name}: RAY_AUTH_MODE disabled")
+    assert not found, found
+
+
 def test_buckets_round_trip_every_dtype_and_shape():
     g = torch.Generator().manual_seed(0)
     named = [

@@ -53,7 +53,6 @@ def fbrl_train(*args, timeout=900):
     env = dict(
         os.environ,
         WANDB_MODE="offline",
-        RAY_AUTH_MODE="disabled",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         TOKENIZERS_PARALLELISM="false",
     )

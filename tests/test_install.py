@@ -60,7 +60,6 @@ def clean_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     return env | {
         "WANDB_MODE": "offline",
-        "RAY_AUTH_MODE": "disabled",
         "TOKENIZERS_PARALLELISM": "false",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }

@@ -116,7 +116,6 @@ def test_zero_stage_0_skips_a_nonfinite_step(tiny_ckpt):
 def ray_local():
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     yield
     ray.shutdown()
 

@@ -2,11 +2,10 @@
 (plain and threaded) gives exactly the main thread's rewards.
 
 math-verify's timeouts use signal.alarm, which only works in a main thread; elsewhere it raises, and frameworks
-that catch that error score 0 without saying so. Ray runs with RAY_AUTH_MODE=disabled and one CPU.
+that catch that error score 0 without saying so. Ray runs as fbrl starts it (127.0.0.1, a token for the run) with one CPU.
 """
 
 import asyncio
-import os
 import sys
 import threading
 
@@ -91,7 +90,8 @@ def test_ray_actors_equal_main_thread():
     ray = pytest.importorskip("ray")
     from ray import cloudpickle
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from actors.placement import start_local_ray
+
     main = score(MathReward(in_process=True))  # this test's main thread
     assert main == EXPECTED
     # Ship this module's code (Scorer, score) by value: Ray workers need not find the tests folder, and an
@@ -99,7 +99,7 @@ def test_ray_actors_equal_main_thread():
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     started = not ray.is_initialized()
     if started:
-        ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
+        start_local_ray(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         actor = ray.remote(num_cpus=0)(Scorer)
         plain = actor.remote()  # a plain actor runs methods in its main thread

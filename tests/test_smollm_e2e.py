@@ -38,7 +38,6 @@ def test_two_rl_steps_of_smollm_rl_yaml(smollm_fbt, tmp_path):
     env = dict(
         os.environ,
         WANDB_MODE="offline",
-        RAY_AUTH_MODE="disabled",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         TOKENIZERS_PARALLELISM="false",
     )

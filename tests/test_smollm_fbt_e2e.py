@@ -50,7 +50,6 @@ def test_recipe_two_steps_and_one_rl_step_per_run(tmp_path):
     env = dict(
         os.environ,
         WANDB_MODE="offline",
-        RAY_AUTH_MODE="disabled",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         TOKENIZERS_PARALLELISM="false",
     )

@@ -75,7 +75,6 @@ def rewrite(page: str, lines: list[str]) -> str:
 ENV = dict(
     PYTHONPATH=str(ROOT),
     WANDB_MODE="offline",
-    RAY_AUTH_MODE="disabled",
     VLLM_ENABLE_V1_MULTIPROCESSING="0",
     TOKENIZERS_PARALLELISM="false",
 )

@@ -214,7 +214,6 @@ def main() -> int:
         os.environ,
         FBRL_SOAK_MARK=mark,
         WANDB_MODE="offline",
-        RAY_AUTH_MODE="disabled",
         VLLM_ENABLE_V1_MULTIPROCESSING="0",
         TOKENIZERS_PARALLELISM="false",
     )
