@@ -143,7 +143,7 @@ def test_shipped_cups_checkpoints_are_small_reproducible_and_lean_on_the_latent_
     root = Path(__file__).resolve().parents[1]
     std = (
         "model.fusion_mode=gate_product pretrain.exact_prob=0 pretrain.steps=2500 pretrain.eval_every=500 "
-        "pretrain.out_dir=checkpoints/tiny-cups-std"
+        "pretrain.out_dir=runs/tiny-cups-std"
     ).split()
     for name, overrides in (("tiny-cups", []), ("tiny-cups-std", std)):
         ckpt = root / "checkpoints" / name
