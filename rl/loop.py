@@ -144,17 +144,25 @@ def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
                 learner_metrics = {} if skip else learner.update([samples[i] for i in kept], advantages[kept].tolist())
             nonfinite = nonfinite_update(learner_metrics, step, p.faults)
             skip = skip or nonfinite
+            stop = None  # a stop from here on still logs and checkpoints this step (the learner has updated)
             with clock("sync"):
-                if not skip:
-                    version += 1
-                    batches.before_sync(step)  # the batches owed the old weights have started on them
-                    job.version = sync_weights(p, version)
-                batches.publish(step, version)  # batches up to step + 1 + max_staleness may be generated now
+                try:
+                    if not skip:
+                        version += 1
+                        batches.before_sync(step)  # the batches owed the old weights have started on them
+                        job.version = sync_weights(p, version)
+                    batches.publish(step, version)  # batches up to step + 1 + max_staleness may be generated now
+                except RunStopped as e:
+                    stop = e
 
             # 6. metrics, the held-out eval when due, the checkpoint and RUN_DIR/policy/ when due
             metrics |= update_row(version, skip, nonfinite, dropped, learner_metrics, parts, clock.times)
-            if cfg.train.eval_every > 0 and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
-                metrics |= heldout(p, version, step)[0]
+            due = cfg.train.eval_every > 0 and (step % cfg.train.eval_every == 0 or step == cfg.train.steps)
+            if due and stop is None:
+                try:
+                    metrics |= heldout(p, version, step)[0]
+                except RunStopped as e:
+                    stop = e
             # the sampler position after this step's prompts (the producer may have drawn later batches)
             state = {"version": version, "sampler": batch.sampler_state}
             checkpointed = save_step(run, cfg, learner, step, state)
@@ -162,9 +170,9 @@ def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
             metrics["time_step_s"] = time.perf_counter() - t_step
             try:  # the stop rules see this step's faults; a stop still logs the step and checkpoints it
                 job.guard.check(step, nonfinite if learner_metrics else None, reward_metrics, len(samples))
-                stop = job.stop_requested()
+                stop = stop or job.stop_requested()
             except RunStopped as e:
-                stop = e
+                stop = stop or e
             log_step(p, job, history, {**metrics, **p.faults.metrics()})
             if stop:
                 stop_after_step(stop, run, learner, step, None if checkpointed else state)

@@ -262,9 +262,7 @@ class RunDir:
         save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
         fsync_tree(tmp)  # after a power loss `latest` must not name files the disk never got
         final = self.ckpt_root / name
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        replace_dir(tmp, final)  # a re-run of the same step: the old one stays whole until the new one is in
         fsync_dir(self.ckpt_root)
         write_text(self.ckpt_root / "latest", name)
         fsync_dir(self.ckpt_root)
@@ -404,12 +402,11 @@ def stop_after_step(stop, run: RunDir, learner: LearnerWorkers, step: int, unsav
     """End the job after step `step` (checkpointed now when it was not: `unsaved` is its state)."""
     if unsaved is not None:
         run.save_checkpoint(step, learner, unsaved)
-    raise (
-        stop
-        if isinstance(stop, RunStopped)
-        else RunStopped(
-            f"{stop}: stopped after step {step}, which is checkpointed; `fbrl train --resume {run.path}` continues"
-        )
+    if isinstance(stop, RunStopped):
+        where = f"stopped after step {step}, which is checkpointed"
+        raise stop if where in stop.reason else RunStopped(f"{stop.reason}; {where}", stop.resumable, stop.exit_code)
+    raise RunStopped(
+        f"{stop}: stopped after step {step}, which is checkpointed; `fbrl train --resume {run.path}` continues"
     )
 
 
