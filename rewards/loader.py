@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -20,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from rewards.base import RewardEntry, RewardSet
+from rewards.conventions import adapt
 from rl.errors import InputError
 
 BUILTINS = ("math", "format")
+log = logging.getLogger(__name__)
 
 
 class RewardLoadError(InputError):
@@ -95,10 +98,11 @@ def _import_module(mod: str, spec: str) -> Any:
         raise RewardLoadError(f"importing reward module {mod!r} failed: {type(e).__name__}: {e}") from e
 
 
-def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None) -> Callable:
+def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None, convention: str = "fbrl") -> Callable:
     """Load `path/to/file.py:fn` (relative paths from base_dir, default the working directory) or
-    `package.module:fn`. A class is instantiated without arguments (for rewards that keep state); the result
-    must be callable with the reward signature."""
+    `package.module:fn`. A class is instantiated without arguments (for rewards that keep state). With fbrl's
+    convention the result must be callable with the reward signature; another convention (trl, verl, openrlhf, or
+    auto: by signature; rewards/conventions.py) returns it wrapped into fbrl's contract."""
     if not isinstance(spec, str) or spec.count(":") < 1:
         raise RewardLoadError(f"reward spec {spec!r} must look like 'path/to/file.py:fn' or 'package.module:fn'")
     where, attr = spec.rsplit(":", 1)
@@ -125,17 +129,25 @@ def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None) -> Call
             ) from e
     if not callable(obj):
         raise RewardLoadError(f"{attr!r} in {label} is a {type(obj).__name__}, not a function")
-    check_reward_signature(obj, attr)
     if not getattr(obj, "__name__", None):
         try:  # an instance: metrics and error messages use the name from the config
             obj.__name__ = attr
         except (AttributeError, TypeError):
             pass
-    return obj
+    try:
+        fn, resolved = adapt(obj, convention)
+    except ValueError as e:
+        raise RewardLoadError(f"reward {spec!r}: {e}") from None
+    if resolved == "fbrl":
+        check_reward_signature(obj, attr)
+    if convention == "auto":
+        log.info("reward %s: called with the %s convention (auto, by its signature)", spec, resolved)
+    return fn
 
 
-def make_reward(spec: str, base_dir: str | os.PathLike | None = None, **options) -> Callable:
-    """A built-in reward by name (`math` -> MathReward(**options), `format` -> format_reward) or a user one."""
+def make_reward(spec: str, base_dir: str | os.PathLike | None = None, convention: str = "fbrl", **options) -> Callable:
+    """A built-in reward by name (`math` -> MathReward(**options), `format` -> format_reward) or a user one
+    called with `convention` (rewards/conventions.py)."""
     if spec == "math":
         from rewards.math import MathReward
 
@@ -146,7 +158,7 @@ def make_reward(spec: str, base_dir: str | os.PathLike | None = None, **options)
         return format_reward
     if options:
         raise RewardLoadError(f"options {sorted(options)} are only for built-in rewards, not {spec!r}")
-    return load_reward_fn(spec, base_dir)
+    return load_reward_fn(spec, base_dir, convention)
 
 
 def build_reward_set(
@@ -155,18 +167,21 @@ def build_reward_set(
     default_timeout_s: float = 60.0,
     num_workers: int | None = None,
 ) -> RewardSet:
-    """A RewardSet from config entries: a spec string, or {fn, weight?, timeout_s?, name?, options?}.
+    """A RewardSet from config entries: a spec string, or {fn, weight?, timeout_s?, name?, options?, convention?}
+    (convention: how a user function is called, rewards/conventions.py; default auto, by its signature).
 
-    `timeout_s` is the deadline of what can hang: a user function's whole call (default `default_timeout_s`),
-    but for the built-in `math` reward the per-item deadline of its pool (its call then runs inline, since the
-    pool already bounds every item). `num_workers` sizes the math reward's pool unless its options say.
+        `timeout_s` is the deadline of what can hang: a user function's whole call (default `default_timeout_s`),
+        but for the built-in `math` reward the per-item deadline of its pool (its call then runs inline, since the
+        pool already bounds every item). `num_workers` sizes the math reward's pool unless its options say.
     """
     out = []
     for e in entries:
         e = {"fn": e} if isinstance(e, str) else dict(e)
-        unknown = set(e) - {"fn", "weight", "timeout_s", "name", "options"}
+        unknown = set(e) - {"fn", "weight", "timeout_s", "name", "options", "convention"}
         if "fn" not in e or unknown:
-            raise RewardLoadError(f"reward entry {e!r}: needs 'fn'; allowed keys fn, weight, timeout_s, name, options")
+            raise RewardLoadError(
+                f"reward entry {e!r}: needs 'fn'; allowed keys fn, weight, timeout_s, name, options, convention"
+            )
         options = dict(e.get("options") or {})
         timeout = e.get("timeout_s")
         if e["fn"] == "math":
@@ -177,6 +192,6 @@ def build_reward_set(
             timeout = None
         elif timeout is None:
             timeout = default_timeout_s
-        fn = make_reward(e["fn"], base_dir, **options)
+        fn = make_reward(e["fn"], base_dir, e.get("convention", "auto"), **options)
         out.append(RewardEntry(fn, float(e.get("weight", 1.0)), e.get("name", ""), timeout))
     return RewardSet(out)

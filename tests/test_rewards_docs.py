@@ -125,6 +125,11 @@ def test_load_failures_say_what_the_page_says(workdir):
         workdir,
     )
     check(
+        load_error("my_rewards.py:concise", workdir, convention="trlx"),
+        "reward 'my_rewards.py:concise': convention: expected one of auto, fbrl, trl, verl, openrlhf, got 'trlx'",
+        workdir,
+    )
+    check(
         load_error("concise", workdir),
         "reward spec 'concise' must look like 'path/to/file.py:fn' or 'package.module:fn'",
         workdir,
@@ -178,7 +183,7 @@ def test_load_failures_say_what_the_page_says(workdir):
     check(
         str(e.value),
         "dataset column(s) ['answers'] would shadow the reward arguments ['prompts', 'completions', "
-        "'answers', 'finish_reasons']; rename them in the data",
+        "'answers', 'finish_reasons', 'completion_ids']; rename them in the data",
         workdir,
     )
     rcfg = config_from_dict(

@@ -230,6 +230,9 @@ class RewardFn:
     timeout_s: Annotated[float | None, gt(0)] = None  # null: reward.timeout_s (math: its pool's per-item deadline)
     name: str = ""
     options: dict[str, Any] = field(default_factory=dict)  # keyword arguments for the reward
+    # how a user function is called (docs/REWARDS.md): fbrl's (prompts, completions, answers, **row_fields), TRL's
+    # GRPOTrainer keywords, verl's compute_score per completion, OpenRLHF's reward_func; auto: by its signature
+    convention: Literal["auto", "fbrl", "trl", "verl", "openrlhf"] = "auto"
 
     def validate(self):
         if ":" not in self.fn and not self.fn.isidentifier():

@@ -218,7 +218,7 @@ def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
 
 
 # Reward arguments a dataset column must not shadow: the positional lists and the finish reasons the loop adds.
-RESERVED_COLUMNS = ("prompts", "completions", "answers", "finish_reasons")
+RESERVED_COLUMNS = ("prompts", "completions", "answers", "finish_reasons", "completion_ids")
 
 
 def reward_columns(rows: list[dict]) -> dict[str, list]:

@@ -306,7 +306,8 @@ def score_batch(tokenizer, rewards: RewardWorkers, batch: RolloutBatch) -> Rollo
         completions,
         [r["answer"] for r in sample_rows],
         [s.finish_reason for s in samples],
-        reward_columns(sample_rows),
+        # (the token ids too: TRL's convention hands them to its rewards)
+        dict(reward_columns(sample_rows), completion_ids=[list(s.response_ids) for s in samples]),
     )
     batch.rewards, batch.correct, batch.reward_metrics = list(scored.rewards), scored.correct, dict(scored.metrics)
     batch.failures = list(scored.failures)
