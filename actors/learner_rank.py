@@ -56,7 +56,13 @@ from actors.deepspeed_setup import (
     set_dist_env,
     use_gpu,
 )
-from actors.policy_io import copy_tokenizer_files, load_policy, pad_id_of, write_safetensors_atomic
+from actors.policy_io import (
+    copy_tokenizer_files,
+    load_policy,
+    pad_id_of,
+    stream_safetensors_atomic,
+    write_safetensors_atomic,
+)
 from rl.batch import collate
 from rl.decode_modes import record_rl_mode
 from rl.estimators.mismatch_parts import MismatchProbe
@@ -279,17 +285,20 @@ class LearnerRank:
         """(name, full weight on CPU) per parameter on rank 0, (name, None) on the other ranks, named as in the
         checkpoint (tied weights once). Collective under ZeRO-3: parameters are gathered one at a time (bounding
         memory), so every rank must run it to the end. A LoRA learner's are the merged weights (rl/model/lora.py)."""
-        if self.lora is not None:
+        if self.lora is not None:  # merged tensors are new, the others frozen or stable until the next update
             for name, t in self.lora.merged_tensors():
-                yield name, (t.to("cpu", copy=True) if self.rank == 0 else None)
+                yield name, (t.to("cpu") if self.rank == 0 else None)
+                del t  # not kept alive while the next layer is merged
             return
         for name, p in self.policy.named_parameters():
             with self._gathered(p):
                 yield name, (p.detach().to("cpu", copy=True) if self.rank == 0 else None)
 
     def full_state(self) -> dict[str, torch.Tensor] | None:
-        """Full weights on CPU on rank 0 (`full_tensors` as a dict); None elsewhere. Collective under ZeRO-3."""
-        out = dict(self.full_tensors())
+        """Full weights on CPU on rank 0, a snapshot (`full_tensors` as a dict, a LoRA learner's views of its
+        parameters copied); None elsewhere. Collective under ZeRO-3."""
+        copy = self.lora is not None and self.rank == 0
+        out = {name: (t.clone() if copy else t) for name, t in self.full_tensors()}
         return out if self.rank == 0 else None
 
     def _gathered(self, p):
@@ -300,7 +309,12 @@ class LearnerRank:
         return deepspeed.zero.GatheredParameters([p], modifier_rank=None)
 
     def export_weights(self, path: str) -> str | None:
-        """Rank 0 writes one safetensors file at `path` (atomically) and returns it; other ranks return None."""
+        """Rank 0 writes one safetensors file at `path` (atomically) and returns it; other ranks return None. A LoRA
+        learner's merged weights are written one layer at a time."""
+        if self.lora is not None:
+            return (
+                stream_safetensors_atomic(self.lora.metadata(), self.full_tensors(), path) if self.rank == 0 else None
+            )
         state = self.full_state()
         return write_safetensors_atomic(state, path) if state is not None else None
 

@@ -15,7 +15,13 @@ import torch
 
 from actors.learner_group import merge_rank_metrics
 from actors.learner_rank import ADAPTER_SUBDIR, LearnerRank, compute_latent_metrics
-from actors.policy_io import copy_tokenizer_files, load_policy, pad_id_of, write_safetensors_atomic
+from actors.policy_io import (
+    copy_tokenizer_files,
+    load_policy,
+    pad_id_of,
+    stream_safetensors_atomic,
+    write_safetensors_atomic,
+)
 from actors.reward_workers import RewardHost
 from actors.rollout_fleet import EngineHost, chunk_params, merge_chunks, split_prompts
 from rl.decode_modes import record_rl_mode
@@ -98,6 +104,8 @@ class TorchLearner:
         return {k: v.detach().to("cpu", copy=True) for k, v in named}
 
     def export_weights(self, path: str) -> str:
+        if self.lora is not None:  # one merged layer at a time
+            return stream_safetensors_atomic(self.lora.metadata(), self.lora.merged_tensors(), path)
         return write_safetensors_atomic(self.full_state(), path)
 
     def weight_checksums(self) -> dict[str, float]:

@@ -47,6 +47,65 @@ def write_safetensors_atomic(tensors: dict, path: str) -> str:
     return path
 
 
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+def stream_safetensors_atomic(meta: list[tuple[str, torch.dtype, tuple]], named_tensors, path: str) -> str:
+    """A safetensors file written one tensor at a time: the header from `meta` ((name, dtype, shape) in order), then
+    each tensor of `named_tensors` as it comes, so the writer holds one tensor, not the whole state (a LoRA
+    learner's merged weights are made one layer at a time). A tensor that differs from its `meta` entry is an
+    error (the header would lie). Written under a temporary name and renamed into place."""
+    import json
+    import math
+
+    header, offset = {}, 0
+    for name, dtype, shape in meta:
+        size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": list(shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    header["__metadata__"] = {"format": "pt"}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the data starts 8-byte aligned, as safetensors' own writer does
+    path = str(path)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    expected = iter(meta)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(len(head).to_bytes(8, "little") + head)
+            for name, t in named_tensors:
+                want = next(expected, None)
+                if want is None or (name, t.dtype, tuple(t.shape)) != (want[0], want[1], tuple(want[2])):
+                    raise ValueError(
+                        f"{path}: tensor {name} {t.dtype} {tuple(t.shape)} does not match the header {want}"
+                    )
+                f.write(memoryview(t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()))
+                del t  # not kept alive while the next one is made
+            missing = [m[0] for m in expected]
+            if missing:
+                raise ValueError(f"{path}: tensors {missing[:5]} of the header were never written")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def copy_tokenizer_files(src: str, dst: str) -> None:
     """So a checkpoint's model/ directory loads on its own (AutoTokenizer, vLLM)."""
     for name in TOKENIZER_FILES:

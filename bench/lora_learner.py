@@ -14,16 +14,27 @@ engine of the config, world size 1: what each Ray rank runs) taking `--updates` 
 (median of the updates after the first, which is warm-up), and the fusion norms `latent/w_state_norm` /
 `latent/w_token_norm` (rl/report/latent_metrics.py) before the first update and after the last. Default variants:
 `full` (the config as it is) and `lora` (`learner.lora={}`).
+
+After each update the rank exports its weights twice, as a weight sync does, and each export's memory is measured
+as the process's peak RSS above its RSS when the export starts (the kernel's high-water mark reset just before
+it; run with `MALLOC_MMAP_THRESHOLD_` fixed, as this script does for its children, so freed tensors leave RSS):
+`sync_file_gib` (`export_weights`: the CPU default, a safetensors file of the full weights) and `sync_stream_gib`
+(the (name, tensor) stream the ray and native transfers send, each tensor dropped once taken), and
+`stream_per_tensor_gib`, the most any one tensor of that stream adds (the high-water mark reset before each). Beside them the
+sizes they are bounded by: `largest_layer_gib` (the largest tensor of the export), `largest_adapted_gib` (the
+largest LoRA-adapted weight, in fp32) and `weights_gib` (all of them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -31,6 +42,64 @@ def fusion_norms(rank) -> dict[str, float]:
     from rl.report.latent_metrics import weight_norms
 
     return {f"latent/{k}": v for k, v in weight_norms(rank.policy).items()}
+
+
+def rss_gib(field: str) -> float:
+    """VmRSS or VmHWM (peak) of this process, GiB (Linux)."""
+    with open("/proc/self/status") as f:
+        line = next(x for x in f if x.startswith(field + ":"))
+    return int(line.split()[1]) / 2**20
+
+
+def export_peak(export) -> float:
+    """Peak RSS above the RSS at the start while `export()` runs, GiB: the kernel's peak is reset first
+    (writing 5 to clear_refs sets VmHWM to the current RSS)."""
+    import gc
+
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    start = rss_gib("VmRSS")
+    export()
+    return rss_gib("VmHWM") - start
+
+
+def sync_peaks(rank, directory: str) -> dict[str, float]:
+    """Memory of one weight sync of `rank`: the file export and the streamed one (see the module docstring)."""
+    import os
+
+    def stream():
+        for _name, t in rank.full_tensors():
+            del t
+
+    from peft.tuners.lora import LoraLayer
+
+    def per_tensor() -> float:
+        """The largest peak above the RSS of any one tensor of the stream (reset before each)."""
+        worst = 0.0
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        start = rss_gib("VmRSS")
+        for _name, t in rank.full_tensors():
+            worst = max(worst, rss_gib("VmHWM") - start)
+            del t
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            start = rss_gib("VmRSS")
+        return worst
+
+    sizes = [t.numel() * t.element_size() for _, t in rank.full_tensors()]
+    adapted = [4 * m.get_base_layer().weight.numel() for m in rank.policy.modules() if isinstance(m, LoraLayer)]
+    path = os.path.join(directory, "weights.safetensors")
+    return {
+        "largest_adapted_gib": max(adapted, default=0) / 2**30,  # in fp32, as merged
+        "sync_file_gib": export_peak(lambda: rank.export_weights(path)),
+        "sync_stream_gib": export_peak(stream),
+        "noop_gib": export_peak(lambda: None),  # the measurement's floor: nothing exported
+        "stream_per_tensor_gib": per_tensor(),
+        "largest_layer_gib": max(sizes) / 2**30,
+        "weights_gib": sum(sizes) / 2**30,
+    }
 
 
 def run_variant(config: str, overrides: list[str], samples_path: str, updates: int, rows: int | None) -> dict:
@@ -45,11 +114,13 @@ def run_variant(config: str, overrides: list[str], samples_path: str, updates: i
     samples, adv = samples[:rows], adv[:rows]
     rank = LearnerRank(cfg)
     before = fusion_norms(rank)
-    times, metrics = [], {}
-    for _ in range(updates):
-        t = time.perf_counter()
-        metrics = rank.update(samples, adv)
-        times.append(time.perf_counter() - t)
+    times, metrics, syncs = [], {}, []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(updates):
+            t = time.perf_counter()
+            metrics = rank.update(samples, adv)
+            times.append(time.perf_counter() - t)
+            syncs.append(sync_peaks(rank, tmp))
     after = fusion_norms(rank)
     trainable = sum(p.numel() for p in rank.policy.parameters() if p.requires_grad)
     rank.close()
@@ -57,6 +128,7 @@ def run_variant(config: str, overrides: list[str], samples_path: str, updates: i
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "s_per_update": statistics.median(times[1:] or times),
         "update_s": times,
+        "sync": {k: max(x[k] for x in syncs) for k in syncs[0]},
         "trainable_params": trainable,
         "grad_norm": metrics.get("grad_norm"),
         "fusion_before": before,
@@ -110,6 +182,8 @@ def main(argv=None) -> int:
             ],
             capture_output=True,
             text=True,
+            # a fixed threshold keeps glibc from moving large frees into its heap, where they stay in RSS
+            env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"},
         )
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         if out.returncode or not line:
@@ -119,7 +193,10 @@ def main(argv=None) -> int:
         print(
             f"{name:>8}: peak RSS {r['peak_rss_gib']:.2f} GiB, {r['s_per_update']:.1f} s/update "
             f"({', '.join(f'{t:.1f}' for t in r['update_s'])}), {r['trainable_params'] / 1e6:.2f}M trainable, "
-            f"fusion {r['fusion_before']} -> {r['fusion_after']}",
+            f"fusion {r['fusion_before']} -> {r['fusion_after']}; one sync above the RSS: file "
+            f"+{r['sync']['sync_file_gib']:.3f} GiB, stream +{r['sync']['sync_stream_gib']:.3f} GiB (largest "
+            f"tensor {r['sync']['largest_layer_gib']:.3f} GiB, floor {r['sync']['noop_gib']:.4f} GiB, one tensor at most "
+            f"+{r['sync']['stream_per_tensor_gib']:.4f} GiB, largest adapted {r['sync']['largest_adapted_gib']:.4f} GiB, all {r['sync']['weights_gib']:.3f} GiB)",
             flush=True,
         )
     if "full" in results and "lora" in results:

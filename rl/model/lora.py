@@ -74,6 +74,20 @@ def clean_name(name: str) -> str | None:
     return name.replace(".base_layer.", ".").replace(".original_module.", ".")
 
 
+def merged_weight(weight: torch.Tensor, layer) -> torch.Tensor:
+    """W + B·A·scale in fp32 as one new tensor: W copied, then B·A accumulated into the copy by one GEMM (peft's
+    `get_delta_weight` makes B·A and then B·A·scale, two more tensors of the layer's size). Layers that are not a
+    plain peft Linear (DoRA, fan-in-fan-out, other layer kinds) use peft's delta."""
+    from peft.tuners.lora import Linear
+
+    w = weight.detach().to(torch.float32, copy=True)
+    plain = type(layer) is Linear and not layer.fan_in_fan_out and not layer.use_dora.get(ADAPTER, False)
+    if plain:
+        a, b = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
+        return w.addmm_(b.float(), a.float(), alpha=layer.scaling[ADAPTER])
+    return w.add_(layer.get_delta_weight(ADAPTER).float())
+
+
 class LoraPolicy:
     """A model with peft's LoRA layers in it, and what the learner needs from it (merged weights, the adapter-off
     reference, peft-format adapter files)."""
@@ -146,7 +160,7 @@ class LoraPolicy:
             emitted.add(out)
             layer = adapted.get(out)
             if layer is not None:
-                yield out, p.detach().float() + layer.get_delta_weight(ADAPTER).float()
+                yield out, merged_weight(p, layer)
             else:
                 yield out, trained_fusion.get(out, p).detach()
         lost = sorted(set(adapted) - emitted)
