@@ -53,7 +53,9 @@ def test_file_and_overrides(tmp_path):
     assert cfg.algo.tis_cap == 2.0 and isinstance(cfg.algo.tis_cap, float)
     assert cfg.model.init.hidden_size == 128 and cfg.model.init.num_layers == 2
     assert cfg.reward.fns[0].fn == "my/file.py:fn" and cfg.reward.fns[0].weight == 0.5
-    assert cfg.reward.entries() == [{"fn": "my/file.py:fn", "weight": 0.5, "name": "", "options": {}, "convention": "auto"}]
+    assert cfg.reward.entries() == [
+        {"fn": "my/file.py:fn", "weight": 0.5, "name": "", "options": {}, "convention": "auto"}
+    ]
     assert load_config(None).reward.entries()[0]["fn"] == "math"
 
 

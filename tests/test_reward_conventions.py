@@ -18,14 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # A TRL reward as its docs write them: chat completions read as completion[0]["content"], the ground truth from a
 # nested column, TRL's keywords taken through **kwargs.
-TRL_FILE = '''
+TRL_FILE = """
 def exact(completions, reward_model, **kwargs):
     return [1.0 if c[0]["content"].strip() == r["ground_truth"] else 0.0 for c, r in zip(completions, reward_model)]
 
 
 def abstain(completions, **kwargs):
     return [None if "?" in c[0]["content"] else 0.5 for c in completions]
-'''
+"""
 
 # verl's default layout: compute_score per completion, a dict whose `score` is the reward.
 VERL_FILE = """
@@ -107,7 +107,9 @@ def test_verl_compute_score_per_completion_dict_logged_and_async(tmp_path):
 
     fn, resolved = adapt(compute_score)
     assert resolved == "verl"
-    out = RewardSet([fn], timeout_s=5)(["p", "q"], ["a", "b"], ["a", "a"], extra_info=[None, {"k": 1}], difficulty=[3, 4])
+    out = RewardSet([fn], timeout_s=5)(
+        ["p", "q"], ["a", "b"], ["a", "a"], extra_info=[None, {"k": 1}], difficulty=[3, 4]
+    )
     assert out.rewards == [1.0, 0.0]
     assert calls == [{"extra_info": None, "difficulty": 3}, {"k": 1}]  # no extra_info column: the row's columns
 
