@@ -37,14 +37,7 @@ def pad_id_of(model) -> int:
 
 def write_safetensors_atomic(tensors: dict, path: str) -> str:
     """One safetensors file written under a temporary name and renamed into place (readers never see half)."""
-    from safetensors.torch import save_file
-
-    path = str(path)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"format": "pt"})
-    os.replace(tmp, path)
-    return path
+    return stream_safetensors_atomic([(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()], tensors.items(), path)
 
 
 SAFETENSORS_DTYPES = {
@@ -58,6 +51,8 @@ SAFETENSORS_DTYPES = {
     torch.int8: "I8",
     torch.uint8: "U8",
     torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
 }
 
 

@@ -170,9 +170,9 @@ def build_reward_set(
     """A RewardSet from config entries: a spec string, or {fn, weight?, timeout_s?, name?, options?, convention?}
     (convention: how a user function is called, rewards/conventions.py; default auto, by its signature).
 
-        `timeout_s` is the deadline of what can hang: a user function's whole call (default `default_timeout_s`),
-        but for the built-in `math` reward the per-item deadline of its pool (its call then runs inline, since the
-        pool already bounds every item). `num_workers` sizes the math reward's pool unless its options say.
+    `timeout_s` is the deadline of what can hang: a user function's whole call (default `default_timeout_s`),
+    but for the built-in `math` reward the per-item deadline of its pool (its call then runs inline, since the
+    pool already bounds every item). `num_workers` sizes the math reward's pool unless its options say.
     """
     out = []
     for e in entries:

@@ -400,19 +400,18 @@ def save_step(run: RunDir, cfg: Config, learner, step: int, state: dict) -> bool
 
 def stop_after_step(stop, run: RunDir, learner: LearnerWorkers, step: int, unsaved) -> None:
     """End the job after step `step` (checkpointed now when it was not: `unsaved` is its state)."""
+    if isinstance(stop, RunStopped):
+        raise stopped_before_step(stop, run, learner, step, unsaved)
     if unsaved is not None:
         run.save_checkpoint(step, learner, unsaved)
-    if isinstance(stop, RunStopped):
-        where = f"stopped after step {step}, which is checkpointed"
-        raise stop if where in stop.reason else RunStopped(f"{stop.reason}; {where}", stop.resumable, stop.exit_code)
     raise RunStopped(
         f"{stop}: stopped after step {step}, which is checkpointed; `fbrl train --resume {run.path}` continues"
     )
 
 
 def stopped_before_step(stop: RunStopped, run: RunDir, learner: LearnerWorkers, last: int, unsaved) -> RunStopped:
-    """A stop raised before step `last` + 1 had its batch: step `last` checkpointed (when it was not: `unsaved` is
-    its state) and the stop said so."""
+    """A stop raised after step `last` (or before step `last` + 1 had its batch): step `last` checkpointed (when it
+    was not: `unsaved` is its state) and the stop said so."""
     if unsaved is not None:
         run.save_checkpoint(last, learner, unsaved)
     where = f"stopped after step {last}, which is checkpointed" if last else "stopped before step 1"
