@@ -82,3 +82,33 @@ def test_policy_loads_and_decodes_with_vllm_as_the_readme_shows(policy):
     start_model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32).eval()
     [before] = TorchEngine(start_model).generate([ids], params)
     assert before.response_ids != out.response_ids  # ...not the starting checkpoint's
+
+
+def test_streamed_safetensors_equal_safetensors_own_and_refuse_a_lying_header(tmp_path):
+    """A LoRA learner's export is written one tensor at a time (actors/policy_io.py) so a sync holds one merged
+    layer, not the whole model: the file must read back as safetensors writes it, for every dtype and shape, and a
+    tensor that differs from the header (or a header entry never written) leaves no file behind."""
+    from safetensors.torch import load_file
+
+    from actors.policy_io import stream_safetensors_atomic
+
+    g = torch.Generator().manual_seed(0)
+    named = [
+        ("a.weight", torch.randn(3, 5, generator=g)),
+        ("b.bf16", torch.randn(7, generator=g).bfloat16()),
+        ("c.ids", torch.arange(6, dtype=torch.int64).reshape(2, 3)),
+        ("d.scalar", torch.tensor(2.5)),
+        ("e.mask", torch.tensor([True, False, True])),
+        ("f.view", torch.randn(4, 6, generator=g).t()),  # not contiguous
+    ]
+    meta = [(n, t.dtype, tuple(t.shape)) for n, t in named]
+    path = stream_safetensors_atomic(meta, iter(named), str(tmp_path / "w.safetensors"))
+    back = load_file(path)
+    assert list(back) == [n for n, _ in named] or set(back) == {n for n, _ in named}
+    assert all(torch.equal(back[n], t) and back[n].dtype == t.dtype for n, t in named)
+    bad = [(n, t.float() if n == "b.bf16" else t) for n, t in named]
+    with pytest.raises(ValueError, match="tensor b.bf16 torch.float32 .* does not match the header"):
+        stream_safetensors_atomic(meta, iter(bad), str(tmp_path / "x.safetensors"))
+    with pytest.raises(ValueError, match=r"tensors \['f.view'\] of the header were never written"):
+        stream_safetensors_atomic(meta, iter(named[:-1]), str(tmp_path / "x.safetensors"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]
