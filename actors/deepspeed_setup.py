@@ -179,7 +179,8 @@ class DeepSpeedBackend:
 # ---- loading our own checkpoints without unpickling code --------------------------------------------------------
 def safe_checkpoint_engine(engine):
     """DeepSpeed's torch checkpoint engine, loading with `weights_only=True` (tensors, containers and the few
-    DeepSpeed/Python types its files hold), so a tampered run directory cannot execute code at resume."""
+    DeepSpeed/Python types its files hold), so loading the learner state of a run directory runs no code. (The
+    resume still imports the reward files the run's config.yaml names: docs/RELIABILITY.md, Security.)"""
     from deepspeed.runtime.checkpoint_engine import TorchCheckpointEngine
 
     class SafeLoadCheckpointEngine(TorchCheckpointEngine):

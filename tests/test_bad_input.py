@@ -59,6 +59,9 @@ def inputs(tmp_path):
     )
     write_task_with_long_prompt(tmp_path / "long.jsonl", 10)
     write_jsonl([{"prompt": "Q: 1+1=?", "answer": "2"}], tmp_path / "short.jsonl")
+    (tmp_path / "latin1.jsonl").write_bytes(
+        b'{"prompt": "Q: 1+1=?", "answer": "2"}\n{"prompt": "Q: caf\xe9", "answer": "4"}\n'
+    )
     build_tokenizer(alphabet=ALPHABET + "äöü").save_pretrained(str(tmp_path / "bigtok"))
     return tmp_path
 
@@ -75,6 +78,11 @@ BAD_INPUT = [  # (overrides, a piece of the message); {d} is the inputs director
     (["reward.fns=[{{fn: mathh}}]"], "unknown built-in reward 'mathh'"),
     (["data.task=jsonl", "data.train_path={d}/missing.jsonl"], "data.train_path: {d}/missing.jsonl: no such file"),
     (["data.task=jsonl", "data.train_path={d}/nofield.jsonl"], "nofield.jsonl:2: missing field 'prompt'"),
+    (
+        ["data.task=jsonl", "data.train_path={d}/latin1.jsonl"],
+        "{d}/latin1.jsonl:2: not UTF-8 (byte 0xe9 at column 19)",
+    ),
+    (["algo.adv_eps=0"], "algo.adv_eps: must be > 0"),
     (["model.tokenizer={d}/bigtok"], "vocabulary mismatch"),
     (
         ["data.task=jsonl", "data.train_path={d}/long.jsonl", "data.overlong_prompts=error"],
@@ -262,6 +270,37 @@ def test_run_guard_stops_on_persistent_faults_only():
     with pytest.raises(RunStopped, match=r"reward 'judge' failed .* on 78% of the rows at step 6.*steps 4-6"):
         guard.check(6, False, most, 32)
     assert sum(x.startswith("fault: step") for x in lines) == 3  # one line per non-finite step
+
+
+def test_run_guard_stops_when_every_update_is_partly_nonfinite():
+    """An update with a non-finite optimizer step among applied ones is a new version, not a skip; a run of them
+    still reaches faults.max_nonfinite_steps (before, each one reset the run and the job ran on forever)."""
+    from rl.config import FaultsConfig
+    from rl.train.faults import FaultLog, RunGuard, RunStopped
+
+    guard = RunGuard(FaultsConfig(max_nonfinite_steps=3), FaultLog(lambda _: None))
+    guard.check(1, False, {}, 8, partly=True)
+    guard.check(2, False, {}, 8)  # a clean update resets the run
+    guard.check(3, False, {}, 8, partly=True)
+    guard.check(4, True, {}, 8)
+    with pytest.raises(RunStopped, match=r"not finite in 3 steps in a row \(steps 3-5.*steps 3, 5 were skipped only"):
+        guard.check(5, False, {}, 8, partly=True)
+
+
+def test_run_guard_stops_after_steps_without_signal():
+    """`nonfinite=None` is a step the learner skipped for want of signal; faults.max_no_signal_steps of them in a
+    row stop the job, a trained step in between resets the count, and 0 turns the rule off."""
+    from rl.config import FaultsConfig
+    from rl.train.faults import FaultLog, RunGuard, RunStopped
+
+    guard = RunGuard(FaultsConfig(max_no_signal_steps=3), FaultLog(lambda _: None))
+    for step, nonfinite in [(1, None), (2, None), (3, False), (4, None), (5, None)]:
+        guard.check(step, nonfinite, {}, 8)
+    with pytest.raises(RunStopped, match=r"no reward signal in 3 steps in a row \(steps 4-6; faults.max_no_signal"):
+        guard.check(6, None, {}, 8)
+    off = RunGuard(FaultsConfig(max_no_signal_steps=0), FaultLog(lambda _: None))
+    for step in range(1, 30):
+        off.check(step, None, {}, 8)
 
 
 def test_torch_backend_skips_a_nonfinite_step():

@@ -129,7 +129,7 @@ class RolloutConfig:
 @dataclass
 class AlgoConfig:
     adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
-    adv_eps: Annotated[float, ge(0)] = 1e-6
+    adv_eps: Annotated[float, gt(0, "(0 scales rounding-level reward differences up to advantages of ±1)")] = 1e-6
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     eps_low: Annotated[float, ge(0)] = 0.2
     eps_high: Annotated[float, ge(0)] = 0.28
@@ -247,6 +247,9 @@ class RewardConfig:
     fns: list[RewardFn] = field(default_factory=lambda: [RewardFn("math")])
     timeout_s: Annotated[float, gt(0)] = 5.0  # default per-call deadline of user rewards
     num_workers: Annotated[int, ge(1)] = 2
+    # the math reward's pool: items of a batch not started this long after it began score 0 as timeouts (a batch
+    # of hanging items then takes about this plus the per-item timeout, not items / num_workers timeouts)
+    batch_timeout_s: Annotated[float, gt(0)] = 300.0
     # The correctness check behind `accuracy`, `eval_accuracy` and the run's summary, separate from the training
     # reward (docs/REWARDS.md): "auto" (the `math` entry of `fns`, else the math check run beside them at weight
     # 0; strict for the arith task), "none", the name of one of `fns`, or a reward spec run at weight 0.

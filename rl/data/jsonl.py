@@ -30,8 +30,15 @@ def read_jsonl(path: str | Path) -> list[dict]:
 def read_numbered(path: str | Path) -> list[tuple[int, dict]]:
     """(line number, row) of every non-blank line, so that a later error can name the line."""
     out = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}:{lineno}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                    "JSON lines files must be UTF-8 encoded"
+                ) from None
             if not line.strip():
                 continue
             try:
