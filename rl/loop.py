@@ -31,7 +31,7 @@ from rl.data.loaders import PromptSampler
 from rl.estimators.mismatch_parts import measure_parts
 from rl.report.console import report_failures
 from rl.report.metrics import PhaseClock, sample_row, update_row
-from rl.train.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, nonfinite_update
+from rl.train.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, nonfinite_update, partly_applied
 from rl.train.job import JobParts, JobState, heldout, log_step, start_pass, sync_weights
 from rl.train.rollout_queue import RolloutQueue, generate_batch, score_batch, split_stale, staleness_metrics
 from rl.train.run_dir import RunDir, save_step, stop_after_step, stopped_before_step
@@ -169,7 +169,13 @@ def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
             unsaved = None if checkpointed else state
             metrics["time_step_s"] = time.perf_counter() - t_step
             try:  # the stop rules see this step's faults; a stop still logs the step and checkpoints it
-                job.guard.check(step, nonfinite if learner_metrics else None, reward_metrics, len(samples))
+                job.guard.check(
+                    step,
+                    nonfinite if learner_metrics else None,
+                    reward_metrics,
+                    len(samples),
+                    partly=partly_applied(learner_metrics),
+                )
                 stop = stop or job.stop_requested()
             except RunStopped as e:
                 stop = stop or e

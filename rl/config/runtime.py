@@ -63,3 +63,13 @@ class FaultsConfig:
     # the job, naming the reward
     reward_error_share: Annotated[float, within(0, 1, high_open=True)] = 0.5
     reward_error_steps: Annotated[int, ge(1)] = 3
+    # A rollout, learner or reward call that has not returned after call_timeout_s + call_timeout_per_sample_s per
+    # sample it handles is treated as its actor's death: killed, replaced and issued again (faults/<role>_timeouts,
+    # counted against the role's max_*_restarts). The base covers a first call's warm-up; 0: no deadline.
+    call_timeout_s: Annotated[float, ge(0, "(0: no deadline)")] = 1800.0
+    call_timeout_per_sample_s: Annotated[float, ge(0)] = 2.0
+    # while a step waits on actor calls, a line every this many seconds naming what it waits on (0: never)
+    waiting_log_s: Annotated[float, ge(0, "(0: never)")] = 300.0
+    # steps in a row with no reward signal (every group's rewards equal, so every advantage 0: nothing trains)
+    # -> stop, rather than spend the job's budget on rollouts that cannot change the policy
+    max_no_signal_steps: Annotated[int, ge(0, "(0: off)")] = 10

@@ -4,7 +4,8 @@ Owns:
 - `FaultLog`: one counter per kind of fault or recovery, reported as `faults/<kind>` in every step's metrics,
   and one log line per event. The worker objects (actors/supervision.py) and the loop record into the same log.
 - `RunGuard`: the stop rules, checked after every step — loss or gradients non-finite (the step is skipped) in
-  `faults.max_nonfinite_steps` steps in a row; one reward erroring or timing out on more than
+  `faults.max_nonfinite_steps` steps in a row; no reward signal (every advantage 0) in `faults.max_no_signal_steps`
+  steps in a row; one reward erroring or timing out on more than
   `faults.reward_error_share` of the rows in `faults.reward_error_steps` steps in a row.
 - The exceptions that cross from workers to the loop and from the loop to the launcher: `LearnerRebuilt` (a
   learner rank died and the group was rebuilt at its initial weights: the loop restores the last checkpoint and
@@ -65,11 +66,17 @@ class RunGuard:
     def __init__(self, fcfg, faults: FaultLog):
         self.cfg, self.faults = fcfg, faults
         self.nonfinite_run: list[int] = []  # the current run of steps with non-finite loss / gradients
+        self.partly_run: list[int] = []  # those of them skipped only in part
+        self.no_signal_run: list[int] = []  # the current run of steps the learner skipped for want of signal
         self.reward_runs: dict[str, list[int]] = {}  # per reward, the current run of steps over the error share
 
-    def check(self, step: int, nonfinite: bool | None, reward_metrics: dict[str, float], rows: int) -> None:
+    def check(
+        self, step: int, nonfinite: bool | None, reward_metrics: dict[str, float], rows: int, partly: bool = False
+    ) -> None:
         """Count this step's faults; raise `RunStopped` when a rule's bound is reached. `nonfinite` is None for a
-        step the learner did not run (no reward signal): it neither extends nor ends a run of non-finite steps."""
+        step the learner did not run (no reward signal): it neither extends nor ends a run of non-finite steps.
+        `partly`: some of the update's optimizer steps were not finite and skipped, the others applied — it
+        extends a run of non-finite steps too, so a job whose every update is partly non-finite stops."""
         if nonfinite:
             self.nonfinite_run.append(step)
             self.faults.record(
@@ -77,14 +84,33 @@ class RunGuard:
                 f"step {step}: loss or gradients not finite; optimizer step "
                 f"skipped ({len(self.nonfinite_run)} in a row)",
             )
+        elif partly:
+            self.nonfinite_run.append(step)
+            self.partly_run.append(step)
         elif nonfinite is not None:
-            self.nonfinite_run = []
+            self.nonfinite_run, self.partly_run = [], []
         if len(self.nonfinite_run) >= self.cfg.max_nonfinite_steps:
+            first, last = self.nonfinite_run[0], self.nonfinite_run[-1]
+            weights = (
+                f"every one was skipped, so the weights are those before step {first}"
+                if not self.partly_run
+                else f"steps {', '.join(map(str, self.partly_run))} were skipped only in part (their other "
+                f"optimizer steps applied), the others whole"
+            )
             raise RunStopped(
                 f"loss or gradients were not finite in {len(self.nonfinite_run)} steps in a row (steps "
-                f"{self.nonfinite_run[0]}-{self.nonfinite_run[-1]}; faults.max_nonfinite_steps="
-                f"{self.cfg.max_nonfinite_steps}); every one was skipped, so the weights are those before step "
-                f"{self.nonfinite_run[0]}. Lower learner.lr, check the rewards' scale, or look for a bad batch"
+                f"{first}-{last}; faults.max_nonfinite_steps={self.cfg.max_nonfinite_steps}); {weights}. "
+                f"Lower learner.lr, check the rewards' scale, or look for a bad batch"
+            )
+        self.no_signal_run = self.no_signal_run + [step] if nonfinite is None else []
+        bound = self.cfg.max_no_signal_steps
+        if bound and len(self.no_signal_run) >= bound:
+            raise RunStopped(
+                f"no reward signal in {len(self.no_signal_run)} steps in a row (steps {self.no_signal_run[0]}-"
+                f"{step}; faults.max_no_signal_steps={bound}): in every prompt group the rewards were equal, so "
+                f"every advantage was 0 and nothing trained. Look at a few scored completions (`fbrl eval`), "
+                f"raise rollout.n_samples_per_prompt or rollout.temperature, or choose prompts the policy "
+                f"sometimes solves"
             )
         failures = reward_failures(reward_metrics)
         for name in sorted(set(failures) | set(self.reward_runs)):  # a reward absent from this step failed nowhere
