@@ -132,7 +132,12 @@ class LearnerGroup:
             len(self.actors),
             lambda r, error: self._rebuild(r, method, error),
             self.PEER_ERROR_GRACE_S,
+            self._watch(method),
         )
+
+    def _watch(self, method: str, samples: int = 0):
+        """The deadline and waiting lines of a call to every rank (none without a supervisor)."""
+        return self.supervisor and self.supervisor.watch(method, lambda r: f"learner rank {r}", samples)
 
     def _rebuild(self, dead: int, method: str, error: BaseException):
         """Every rank killed, a new group set up at the initial weights; then `LearnerRebuilt` (never returns)."""
@@ -167,6 +172,7 @@ class LearnerGroup:
                 world,
                 lambda r, error: self._rebuild(r, "update", error),
                 self.PEER_ERROR_GRACE_S,
+                self._watch("update", len(samples)),
             )
         )
 
@@ -197,8 +203,8 @@ class LearnerGroup:
     def native_send(self) -> None:
         self._all("native_send")
 
-    def save_checkpoint(self, directory: str) -> None:
-        self._all("save_checkpoint", directory)
+    def save_checkpoint(self, directory: str) -> list[dict]:
+        return self._all("save_checkpoint", directory)
 
     def load_checkpoint(self, directory: str) -> None:
         self._all("load_checkpoint", directory)

@@ -43,6 +43,7 @@ def _math_options(entry: dict, rcfg, task: str | None) -> dict:
     if entry.get("fn") == "math":
         entry["options"] = {
             "num_workers": rcfg.num_workers,
+            "batch_timeout_s": rcfg.batch_timeout_s,
             **({"strict": True} if task == "arith" else {}),
             **(entry.get("options") or {}),
         }
@@ -131,7 +132,8 @@ class RewardWorkersOnRay:
             self.actor = self.make_actor()
             return self.actor.score.remote(*args)
 
-        return gather(lambda _: self.actor.score.remote(*args), 1, on_death)[0]
+        watch = self.supervisor and self.supervisor.watch("score", lambda _: "reward actor", len(completions))
+        return gather(lambda _: self.actor.score.remote(*args), 1, on_death, watch=watch)[0]
 
     def pid(self) -> int:
         import ray

@@ -250,7 +250,8 @@ class RolloutFleet:
             self._replace(k, "generate", error)
             return submit(k)
 
-        outs = gather(submit, len(chunks), on_death)
+        per_chunk = max(e - s for s, e in chunks) * params.n
+        outs = gather(submit, len(chunks), on_death, watch=self._watch("generate", per_chunk))
         return merge_chunks([(s, attach(out, states[k])) for k, ((s, _), out) in enumerate(zip(chunks, outs))])
 
     def load_weights(self, weights, version: int) -> list[int]:
@@ -263,7 +264,12 @@ class RolloutFleet:
             self._replace(k, "load_weights", error)
             return self.actors[k].version.remote()
 
-        return gather(lambda k: self.actors[k].load_weights.remote(weights, version), len(self.actors), on_death)
+        load = lambda k: self.actors[k].load_weights.remote(weights, version)  # noqa: E731
+        return gather(load, len(self.actors), on_death, watch=self._watch("load_weights"))
+
+    def _watch(self, during: str, samples: int = 0):
+        """The deadline and waiting lines of a call to every engine (none without a supervisor)."""
+        return self.supervisor and self.supervisor.watch(during, lambda k: f"rollout actor {k}", samples)
 
     def set_weight_version(self, version: int) -> list[int]:
         import ray

@@ -28,6 +28,8 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from rl.train.faults import FaultLog, RunStopped
 
@@ -48,13 +50,23 @@ class Supervisor:
         self.cfg, self.faults = fcfg, faults if faults is not None else FaultLog()
         self.restarts: Counter[str] = Counter()
 
+    def watch(self, during: str, name: Callable[[int], str], samples: int = 0) -> Watch:
+        """The deadline of a call handling `samples` samples (`faults.call_timeout_s` +
+        `faults.call_timeout_per_sample_s` per sample; none when the first is 0), and its waiting lines."""
+        base = self.cfg.call_timeout_s
+        deadline = base + self.cfg.call_timeout_per_sample_s * samples if base > 0 else None
+        return Watch(during, name, deadline, self.faults.log, self.cfg.waiting_log_s)
+
     def replacing(self, role: str, what: str, during: str, cause: BaseException) -> None:
-        """Record that `what` (e.g. "rollout actor 0 (pid 123)") died during the call `during` and is being
-        replaced; raise `RunStopped` when that would exceed the role's bound."""
+        """Record that `what` (e.g. "rollout actor 0 (pid 123)") died (or hung: `CallTimeout`) during the call
+        `during` and is being replaced; raise `RunStopped` when that would exceed the role's bound."""
         kind, key = ROLES[role]
         limit = getattr(self.cfg, key)
         n = self.restarts[role] + 1
-        died = f"{what} died during {during} ({describe(cause)})"
+        hung = isinstance(cause, CallTimeout)
+        if hung:
+            self.faults.add(f"{role}_timeouts")
+        died = f"{what} {'hung' if hung else 'died'} during {during} ({describe(cause)})"
         if n > limit:
             raise RunStopped(
                 f"{died}, and faults.{key}={limit} replacements are used up: stopping; "
@@ -87,41 +99,93 @@ def describe(cause: BaseException) -> str:
     return (text[0] if text else type(cause).__name__)[:200]
 
 
-def gather(submit, n: int, on_death, error_grace_s: float = 0.0) -> list:
+class CallTimeout(RuntimeError):
+    """An actor call that did not return within its deadline (`Watch.deadline_s`). `gather` hands it to
+    `on_death` like a death: an actor that hangs but stays alive (an engine stuck in native code, a collective
+    waiting for a dead peer, a reward stuck in C) is killed, replaced, and its call issued again."""
+
+
+@dataclass
+class Watch:
+    """How long `gather`'s calls may take and how a long wait is reported: `name(k)` says whose call k is (e.g.
+    "rollout actor 1"), `during` what it runs; `say(line)` every `say_every_s` seconds while calls are pending."""
+
+    during: str
+    name: Callable[[int], str]
+    deadline_s: float | None = None  # None: no deadline
+    say: Callable[[str], None] | None = None
+    say_every_s: float = 0.0  # 0: never
+
+
+def gather(submit, n: int, on_death, error_grace_s: float = 0.0, watch: Watch | None = None) -> list:
     """Results of `submit(k)` for k in range(n) (each an ObjectRef of one actor call), in order.
 
-    When the actor behind call k died, or an object its call fetched was lost (`is_death`), `on_death(k, error)`
-    replaces it and returns the ObjectRef that stands for call k now (or raises). An error raised by a method is
-    re-raised as Ray raises it, after up to `error_grace_s` seconds more for the other calls: a collective fails on
-    every rank when one rank dies, and the death, noticed a moment later, is what must be handled.
+    When the actor behind call k died, or an object its call fetched was lost (`is_death`), or the call passed
+    `watch.deadline_s` (`CallTimeout`), `on_death(k, error)` replaces it and returns the ObjectRef that stands for
+    call k now (or raises). An error raised by a method is re-raised as Ray raises it, after up to `error_grace_s`
+    seconds more for the other calls: a collective fails on every rank when one rank dies, and the death, noticed
+    a moment later, is what must be handled.
     """
     import ray
 
-    refs = {submit(k): k for k in range(n)}
+    refs: dict = {}
+    started: dict[int, float] = {}
+
+    def issue(k: int, ref) -> None:
+        refs[ref], started[k] = k, time.monotonic()
+
+    for k in range(n):
+        issue(k, submit(k))
     out: list = [None] * n
     error, deadline = None, None
+    said = time.monotonic()
     while refs:
         # waits of at most a second, so that a signal to the driver is handled promptly (its handler runs between
         # Python bytecodes, not inside Ray's blocking wait)
         timeout = 1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))
         ready, _ = ray.wait(list(refs), num_returns=1, timeout=timeout)
-        if not ready:
-            if deadline is not None and time.monotonic() >= deadline:
-                break  # the grace after a method's error is over
-            continue
         for ref in ready:
             k = refs.pop(ref)
             try:
                 out[k] = ray.get(ref)
             except Exception as e:
                 if is_death(e):
-                    refs[on_death(k, e)] = k
+                    issue(k, on_death(k, e))
                     continue
                 if error is None:
                     error, deadline = e, time.monotonic() + error_grace_s
+        if not ready and deadline is not None and time.monotonic() >= deadline:
+            break  # the grace after a method's error is over
+        if watch is not None and refs:
+            said = _watch(watch, refs, started, said, lambda k, e: issue(k, on_death(k, e)))
     if error is not None:
         raise error
     return out
+
+
+def _watch(watch: Watch, refs: dict, started: dict[int, float], said: float, replace) -> float:
+    """Calls past their deadline replaced (`CallTimeout`); a line naming the calls still pending when one is
+    due. Returns when a line was last said."""
+    now = time.monotonic()
+    if watch.deadline_s is not None:
+        for ref, k in list(refs.items()):
+            waited = now - started[k]
+            if waited >= watch.deadline_s:
+                del refs[ref]
+                replace(
+                    k,
+                    CallTimeout(
+                        f"no result after {waited:.0f} s, past the call's deadline of "
+                        f"{watch.deadline_s:.0f} s (faults.call_timeout_s); killed"
+                    ),
+                )
+    if watch.say is None or watch.say_every_s <= 0 or now - said < watch.say_every_s or not refs:
+        return said
+    pending = sorted(refs.values())
+    left = "" if watch.deadline_s is None else f"; deadline in {watch.deadline_s - (now - started[pending[0]]):.0f} s"
+    names = ", ".join(watch.name(k) for k in pending)
+    watch.say(f"still waiting on {names} ({watch.during}) for {now - started[pending[0]]:.0f} s{left}")
+    return now
 
 
 def kill(actor) -> None:

@@ -1,0 +1,97 @@
+"""An actor that hangs but stays alive: its call passes the deadline (`faults.call_timeout_s`), the actor is killed
+and replaced, and the call issued again with the same seeds; while the step waits, a line says what it waits on.
+Stub rollout actors on a real local Ray stand in for engines: the hang is the point, not the model."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from actors.rollout_fleet import RolloutFleet
+from actors.supervision import Supervisor, actor_class
+from rl.batch import Sample
+from rl.config import FaultsConfig
+from rl.train.faults import FaultLog, RunStopped
+from rl.train.sampling import SamplingParams
+
+
+def stub_engine_class():
+    """A rollout actor whose samples are a function of the request's seeds; `hang_on_call=c` makes its c-th
+    `generate_packed` sleep far past any deadline (alive, not dead: what a stuck engine looks like)."""
+
+    class StubEngine:
+        def __init__(self, hang_on_call: int | None = None):
+            self.hang_on_call, self.calls = hang_on_call, 0
+
+        def generate_packed(self, prompts, params, min_version=None):
+            self.calls += 1
+            if self.calls == self.hang_on_call:
+                time.sleep(3600)
+            samples = [
+                Sample(p, [params.seed + g * params.n + i], [0.0], "stop", 0, group_id=g, sample_index=i)
+                for g, p in enumerate(prompts)
+                for i in range(params.n)
+            ]
+            return samples, None
+
+        def load_weights(self, weights, version):
+            return version
+
+        def version(self):
+            return 0
+
+    return actor_class(StubEngine)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    from actors.placement import start_local_ray
+
+    start_local_ray(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def fleet_of(engines: list, fcfg: FaultsConfig, lines: list[str]):
+    engine = stub_engine_class()
+    supervisor = Supervisor(fcfg, FaultLog(lines.append))
+    return RolloutFleet(engines, make_actor=lambda k: engine.remote(), supervisor=supervisor), supervisor
+
+
+def test_a_hung_engine_is_replaced_after_the_deadline_with_the_same_seeds(ray_session):
+    engine = stub_engine_class()
+    lines: list[str] = []
+    fcfg = FaultsConfig(call_timeout_s=4.0, call_timeout_per_sample_s=0.0, waiting_log_s=1.0)
+    fleet, supervisor = fleet_of([engine.remote(), engine.remote(hang_on_call=2)], fcfg, lines)
+    prompts = [[1, 2], [3], [4, 5], [6]]
+    params = SamplingParams(n=2, seed=100)
+    first = fleet.generate(prompts, params, 0)
+    t0 = time.monotonic()
+    second = fleet.generate(prompts, params, 0)  # engine 1's 2nd call hangs
+    waited = time.monotonic() - t0
+    assert 4.0 <= waited < 30.0
+    key = [(s.group_id, s.sample_index, s.response_ids) for s in first]
+    assert [(s.group_id, s.sample_index, s.response_ids) for s in second] == key  # the same seeds, the same samples
+    assert sorted(r[2][0] for r in key) == list(range(100, 108))  # 8 samples, each its own seed
+    assert supervisor.faults.counts == {"rollout_restarts": 1, "rollout_timeouts": 1}
+    assert any(x.startswith("still waiting on rollout actor 1 (generate) for ") for x in lines), lines
+    assert any("rollout actor 1 hung during generate (no result after" in x for x in lines), lines
+    assert fleet.generate(prompts, params, 0)[0].response_ids == first[0].response_ids  # the replacement serves
+
+
+def test_a_hang_past_the_restart_bound_stops_the_job(ray_session):
+    engine = stub_engine_class()
+    lines: list[str] = []
+    fcfg = FaultsConfig(call_timeout_s=2.0, call_timeout_per_sample_s=0.0, max_rollout_restarts=0)
+    fleet, _ = fleet_of([engine.remote(hang_on_call=1)], fcfg, lines)
+    with pytest.raises(RunStopped, match=r"rollout actor 0 hung during generate .*max_rollout_restarts=0"):
+        fleet.generate([[1]], SamplingParams(n=1, seed=0), 0)
+
+
+def test_no_deadline_when_it_is_off():
+    assert Supervisor(FaultsConfig(call_timeout_s=0)).watch("generate", str, 64).deadline_s is None
+    watch = Supervisor(FaultsConfig(call_timeout_s=600, call_timeout_per_sample_s=2)).watch("update", str, 64)
+    assert watch.deadline_s == 728
