@@ -238,6 +238,8 @@ class MathReward:
     other threads — never the silent zero that math-verify's "threaded environment" error gives elsewhere, but
     also no protection against a hang, so in_process is for debugging and the serial benchmark.
 
+    `batch_timeout_s` bounds a whole call in the pool: items not started by then score 0 as timeouts.
+
     In the pool, identical (gold, completion) pairs are scored once, and items are keyed by gold so that a
     group's samples land on one worker and its gold is parsed once there. With `strict=True`, items whose gold
     is a literal number never reach the pool: they are compared exactly in the caller (regular expressions on
@@ -254,9 +256,11 @@ class MathReward:
         max_answer_chars: int = 512,
         mv_timeout_s: int | None = None,
         strict: bool = False,
+        batch_timeout_s: float | None = 300.0,
     ):
         self.__name__ = "math"
         self.timeout_s = float(timeout_s)
+        self.batch_timeout_s = batch_timeout_s
         self.num_workers = num_workers
         self.in_process = in_process
         self.max_answer_chars = max_answer_chars
@@ -312,7 +316,7 @@ class MathReward:
                 unique.setdefault((str(answers[i]), completions[i]), []).append(i)
             items = [(g, c, self.max_answer_chars, self.mv_timeout_s) for g, c in unique]
             # Keyed by gold: a group's samples go to one worker, which parses that gold once (a third of the work).
-            results = self.pool.map(score_completion, items, keys=[g for g, _ in unique])
+            results = self.pool.map(score_completion, items, keys=[g for g, _ in unique], budget_s=self.batch_timeout_s)
             for idx, res in zip(unique.values(), results):
                 if res.status == "ok":
                     got = res.value

@@ -127,6 +127,11 @@ class _Pending:
         self.n -= 1
         return i
 
+    def take_any(self) -> int:
+        """Some pending item, for a caller that will not run it."""
+        key = next(iter(self.groups))
+        return self._pop(key, self.groups[key])
+
     def put_back(self, i: int) -> None:
         """An item that never ran goes back to the front of its group, which is up for claiming again."""
         k = self.key_of[i]
@@ -196,10 +201,15 @@ class RewardPool:
             self._workers = [_Worker(self._ctx, self.preload, self.init) for _ in range(num_workers)]
 
     # -- public -------------------------------------------------------------------------------------------------
-    def map(self, fn: Callable, items: Sequence[tuple], keys: Sequence[Any] | None = None) -> list[ItemResult]:
+    def map(
+        self, fn: Callable, items: Sequence[tuple], keys: Sequence[Any] | None = None, budget_s: float | None = None
+    ) -> list[ItemResult]:
         """Results in item order. Never raises for an item; raises RuntimeError only if workers cannot start.
 
         `keys` (hashable, one per item) are an affinity hint: items with one key go to one worker when possible.
+        `budget_s` bounds the whole batch: items not started `budget_s` seconds after the call are reported
+        `timeout` without running (the running ones keep their own `timeout_s`), so a batch of hanging items
+        takes about budget_s + timeout_s instead of ceil(items / workers) * timeout_s.
         """
         items = list(items)
         if keys is not None and len(keys) != len(items):
@@ -207,10 +217,12 @@ class RewardPool:
         with self._lock:
             if self._closed:
                 raise RuntimeError("RewardPool is closed")
-            return self._run(fn, items, keys)
+            return self._run(fn, items, keys, budget_s=budget_s)
 
-    async def amap(self, fn: Callable, items: Sequence[tuple], keys: Sequence[Any] | None = None) -> list[ItemResult]:
-        return await asyncio.to_thread(self.map, fn, items, keys)
+    async def amap(
+        self, fn: Callable, items: Sequence[tuple], keys: Sequence[Any] | None = None, budget_s: float | None = None
+    ) -> list[ItemResult]:
+        return await asyncio.to_thread(self.map, fn, items, keys, budget_s)
 
     def warmup(self) -> None:
         """Block until every worker has started (benchmarks use it to keep start-up out of the timing)."""
@@ -299,9 +311,15 @@ class RewardPool:
                 w.queue.append(i)
 
     def _run(
-        self, fn: Callable | None, items: list[tuple], keys: Sequence[Any] | None, until_ready: bool = False
+        self,
+        fn: Callable | None,
+        items: list[tuple],
+        keys: Sequence[Any] | None,
+        until_ready: bool = False,
+        budget_s: float | None = None,
     ) -> list[ItemResult]:
         results: list[ItemResult | None] = [None] * len(items)
+        budget_end = None if budget_s is None else time.monotonic() + budget_s
         pending = _Pending(range(len(items)) if keys is None else keys)
         failed_starts = 0
         for w in list(self._workers):
@@ -310,9 +328,13 @@ class RewardPool:
                 w.queue.clear()
                 self._retire(w, results, pending, CRASH, "")
         while pending or any(w.queue or (until_ready and not w.ready) for w in self._workers):
+            if budget_end is not None and time.monotonic() >= budget_end:
+                while pending:  # the batch's time is up: what has not started never will
+                    note = f"not started within the batch budget of {budget_s:g} s"
+                    self._record(results, pending.take_any(), TIMEOUT, 0.0, error=note)
             self._dispatch(fn, items, pending, results)
             now = time.monotonic()
-            watched, deadlines = {}, []
+            watched, deadlines = {}, [] if budget_end is None or not pending else [budget_end]
             for w in self._workers:
                 if w.queue or not w.ready:
                     watched[w.conn] = watched[w.proc.sentinel] = w

@@ -276,3 +276,16 @@ def test_interrupted_call_does_not_leak_results_into_the_next(pool):
     w.head_started = time.monotonic()
     out = pool.map(echo, [("fresh",)] * 4)
     assert [r.value for r in out] == ["fresh"] * 4
+
+
+def test_a_batch_budget_bounds_a_batch_of_hangs(pool):
+    """12 items that all hang on 3 workers at 2 s each would take 8 s; a 3 s budget ends the batch after the
+    items running at that moment: the rest are reported `timeout` without running, and the pool serves on."""
+    t0 = time.monotonic()
+    results = pool.map(sleep_then, [(HANG_S, i) for i in range(12)], budget_s=3.0)
+    took = time.monotonic() - t0
+    assert all(r.status == "timeout" for r in results)
+    unstarted = [r for r in results if "not started within the batch budget of 3 s" in r.error]
+    assert 3 <= len(unstarted) <= 6, [r.error for r in results]  # 6 started: 3 at once, 3 after the first kills
+    assert took < 3.0 + TIMEOUT_S + KILL_SLACK_S
+    assert [r.value for r in pool.map(echo, [(1,), (2,)], budget_s=3.0)] == [1, 2]
