@@ -70,6 +70,7 @@ from rl.model.lora import maybe_wrap, reference_scope
 from rl.report.latent_metrics import latent_metrics
 from rl.train.faults import injected
 from rl.train.policy_update import PolicyUpdater, rows_read
+from rl.train.run_dir import saved_files
 from rl.train.workers import tensor_checksums
 
 log = logging.getLogger(__name__)
@@ -344,11 +345,12 @@ class LearnerRank:
         self.transfer.send_weights()
 
     # -- checkpoints -----------------------------------------------------------------------------------------
-    def save_checkpoint(self, directory: str) -> None:
+    def save_checkpoint(self, directory: str) -> dict:
         """`directory/model/` (save_pretrained + tokenizer: a loadable checkpoint) and `directory/deepspeed/`
         (DeepSpeed's own: module, fp32 master weights and optimizer partitions of every rank); a LoRA learner's
         model/ is the merged model, and `directory/adapter/` holds its adapters in peft's format. Collective.
-        The caller makes `directory` atomic; with several nodes it must be on a shared filesystem."""
+        The caller makes `directory` atomic; with several nodes it must be on a shared filesystem: the returned
+        `saved_files` let the driver check that it sees what every rank wrote."""
         state = self.full_state()
         if self.rank == 0:
             model_dir = Path(directory) / MODEL_SUBDIR
@@ -364,6 +366,7 @@ class LearnerRank:
             save_latest=False,
             exclude_frozen_parameters=self.lora is not None,
         )
+        return saved_files(directory, self.rank)
 
     def export_adapter(self, directory: str) -> str | None:
         """A LoRA learner's adapters in peft's format at `directory` (rank 0; None elsewhere or without LoRA)."""

@@ -28,6 +28,7 @@ from rl.decode_modes import record_rl_mode
 from rl.estimators.mismatch_parts import MismatchProbe
 from rl.model.lora import maybe_wrap, reference_scope
 from rl.train.policy_update import PolicyUpdater, TorchBackend
+from rl.train.run_dir import saved_files
 from rl.train.workers import tensor_checksums
 
 
@@ -117,13 +118,14 @@ class TorchLearner:
         self.lora.save_adapter(directory)
         return directory
 
-    def save_checkpoint(self, directory: str) -> None:
+    def save_checkpoint(self, directory: str) -> dict:
         model_dir = Path(directory) / "model"
         model_dir.mkdir(parents=True, exist_ok=True)
         self.policy.save_pretrained(str(model_dir), state_dict=self.full_state(), safe_serialization=True)
         self.export_adapter(str(Path(directory) / ADAPTER_SUBDIR))
         copy_tokenizer_files(self.cfg.model.tokenizer or self.cfg.model.path, str(model_dir))
         torch.save(self.backend.optimizer.state_dict(), Path(directory) / self.OPTIMIZER_FILE)
+        return saved_files(directory, 0)
 
     def load_checkpoint(self, directory: str) -> None:
         if self.lora is not None:  # the adapters and the trained fusion; the frozen base is the loaded model's
@@ -177,8 +179,8 @@ class LocalLearner:
     def weight_checksums(self) -> dict[str, float]:
         return self.rank.weight_checksums()
 
-    def save_checkpoint(self, directory: str) -> None:
-        self.rank.save_checkpoint(directory)
+    def save_checkpoint(self, directory: str) -> list[dict]:
+        return [self.rank.save_checkpoint(directory)]
 
     def load_checkpoint(self, directory: str) -> None:
         self.rank.load_checkpoint(directory)

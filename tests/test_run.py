@@ -57,6 +57,43 @@ def test_crash_during_checkpoint_keeps_last_good_one(tmp_path):
     assert not list((tmp_path / "run" / "checkpoints").glob(".tmp-*"))
 
 
+class TwoNodeLearner(FileLearner):
+    """Rank 0 writes on the driver's node; rank 1's files land on another node's disk (reported, not here)."""
+
+    def save_checkpoint(self, directory):
+        from rl.train.run_dir import saved_files
+
+        super().save_checkpoint(directory)
+        return [saved_files(directory, 0), {"rank": 1, "host": "node-b", "files": ["ds/rank1_optim.pt"]}]
+
+    def export_weights(self, path):
+        return "/elsewhere/on/node-b/weights.safetensors"
+
+
+def test_a_checkpoint_the_driver_cannot_see_whole_is_refused(tmp_path):
+    """Ranks on nodes without shared storage: the driver refuses the checkpoint (exit 2, naming train.run_dir and
+    shared storage) instead of renaming half of it into place; the last good checkpoint stays `latest`."""
+    from rl.train.faults import EXIT_BAD_INPUT, RunStopped
+
+    run = RunDir(str(tmp_path / "run"))
+    run.save_checkpoint(1, FileLearner(1), {"version": 1})
+    with pytest.raises(RunStopped, match=r"rank 1 on node-b: 1 files, e.g. ds/rank1_optim.pt.*train.run_dir=") as e:
+        run.save_checkpoint(2, TwoNodeLearner(2), {"version": 2})
+    assert e.value.exit_code == EXIT_BAD_INPUT and "storage every node shares" in str(e.value)
+    assert run.latest_checkpoint().name == "step_000001"
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["latest", "step_000001"]
+
+
+def test_a_policy_export_the_driver_cannot_see_fails_loudly(tmp_path):
+    from rl.train.faults import RunStopped
+    from rl.train.run_dir import save_step
+
+    cfg = load_config(None, ["train.steps=2", "train.checkpoint_every=0"])
+    run = RunDir(str(tmp_path / "run"))
+    with pytest.raises(RunStopped, match=r"exported the policy's weights to /elsewhere.*cannot see.*train.run_dir="):
+        save_step(run, cfg, TwoNodeLearner(), 2, {"version": 2})
+
+
 def test_resume_refuses_changed_estimator_naming_it(tmp_path):
     run = RunDir(str(tmp_path / "run"))
     run.write_config(load_config(None, ["likelihood.estimator=replay"]))
@@ -177,6 +214,21 @@ def test_a_torn_last_metrics_row_does_not_block_resume(tmp_path):
     path.write_text(whole.replace('"step": 2', '"step": 2,,'))
     with pytest.raises(RunDirError, match=r"metrics\.jsonl:2: not a JSON row"):
         run.read_metrics()
+
+
+def test_nonfinite_metrics_are_written_as_strict_json(tmp_path):
+    """A NaN loss or an infinite gradient norm is logged as null: every line parses as strict JSON (Python's
+    default writer would emit NaN / Infinity, which jq, pandas and browsers refuse)."""
+    run = RunDir(str(tmp_path / "run"))
+    run.log_metrics({"step": 1, "learner/grad_norm": float("inf"), "learner/loss": float("nan"), "reward_mean": 0.5})
+    line = (tmp_path / "run" / "metrics.jsonl").read_text()
+
+    def refuse(constant):
+        raise ValueError(f"non-standard JSON constant {constant}")
+
+    row = json.loads(line, parse_constant=refuse)
+    assert row == {"step": 1, "learner/grad_norm": None, "learner/loss": None, "reward_mean": 0.5}
+    assert run.read_metrics() == [row]
 
 
 def test_a_submitted_job_puts_its_run_where_it_lasts(tmp_path):

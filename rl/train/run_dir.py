@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import random
 import shutil
+import socket
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,7 +39,7 @@ from rl.config.secrets import redacted
 from rl.config.serialize import yaml_dump
 from rl.decode_modes import rl_modes
 from rl.errors import InputError
-from rl.train.faults import RunStopped
+from rl.train.faults import EXIT_BAD_INPUT, RunStopped
 
 if TYPE_CHECKING:
     from rl.train.workers import LearnerWorkers
@@ -199,7 +201,7 @@ class RunDir:
     def log_metrics(self, row: dict) -> None:
         """Append one row in a single write(2) on an O_APPEND descriptor: a crash or a full disk can cut the last
         row short (read_metrics drops it), never interleave two."""
-        data = (json.dumps(row, sort_keys=True) + "\n").encode()
+        data = metrics_line(row).encode()
         fd = os.open(self.path / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             if os.write(fd, data) != len(data):
@@ -233,7 +235,7 @@ class RunDir:
     def truncate_metrics_after(self, step: int) -> None:
         """On resume, drop rows logged after the checkpoint (they will be logged again)."""
         rows = [r for r in self.read_metrics() if r.get("step", 0) <= step]
-        write_text(self.path / "metrics.jsonl", "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+        write_text(self.path / "metrics.jsonl", "".join(metrics_line(r) for r in rows))
 
     def write_eval(self, step: int, record: dict) -> Path:
         """RUN_DIR/eval/step_<step>.json: one held-out evaluation's per-problem outcomes
@@ -256,7 +258,7 @@ class RunDir:
         tmp = self.ckpt_root / f".tmp-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        learner.save_checkpoint(str(tmp / "learner"))
+        check_saved(tmp / "learner", learner.save_checkpoint(str(tmp / "learner")), self.path)
         state = dict(trainer_state, step=step, python_rng=_jsonable(random.getstate()))
         write_text(tmp / "trainer_state.json", json.dumps(state, indent=1, sort_keys=True))
         save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
@@ -389,7 +391,15 @@ def save_step(run: RunDir, cfg: Config, learner, step: int, state: dict) -> bool
     if step == cfg.train.steps or on_schedule:
         # exported here: only the file transport writes the weights file at every sync
         path = learner.export_weights(weights_file(run))
-        if path and os.path.isfile(path):  # (a learner stand-in in tests may export no file)
+        if path is not None and not os.path.isfile(path):
+            raise RunStopped(
+                f"learner rank 0 exported the policy's weights to {path}, which this driver (on "
+                f"{socket.gethostname()}) cannot see: train.run_dir={run.path} must be on storage every node "
+                f"shares (NFS or a cluster filesystem), or learner rank 0 on the driver's node",
+                resumable=False,
+                exit_code=EXIT_BAD_INPUT,
+            )
+        if path is not None:  # (a learner stand-in in tests may export no file)
             run.export_policy(
                 path, cfg.model.path, cfg.model.tokenizer, rl_modes(cfg.model.path, cfg.rollout.decode_mode)
             )
@@ -416,6 +426,49 @@ def stopped_before_step(stop: RunStopped, run: RunDir, learner: LearnerWorkers, 
         run.save_checkpoint(last, learner, unsaved)
     where = f"stopped after step {last}, which is checkpointed" if last else "stopped before step 1"
     return RunStopped(f"{stop.reason}; {where}", stop.resumable, stop.exit_code)
+
+
+def saved_files(directory: str | Path, rank: int) -> dict:
+    """What a learner rank reports after writing its part of a checkpoint: its host and every file it sees under
+    `directory` (with several nodes, only its own node's unless the storage is shared)."""
+    root = Path(directory)
+    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    return {"rank": rank, "host": socket.gethostname(), "files": files}
+
+
+def check_saved(directory: Path, receipts: list[dict] | None, run_path: Path) -> None:
+    """Refuse a checkpoint the driver cannot see whole: a file a rank wrote that is not under `directory` here means
+    the ranks wrote to their own nodes' disks, and resuming (or rebuilding the learner) from it would fail later.
+    `receipts`: the ranks' `saved_files` (None: a learner stand-in that reports none)."""
+    if receipts is None:
+        return
+    missing = {}
+    for r in receipts:
+        lost = [f for f in r["files"] if not (directory / f).is_file()]
+        if lost:
+            missing[r["rank"]] = (r["host"], lost)
+    if missing:
+        ranks = "; ".join(
+            f"rank {rank} on {host}: {len(lost)} files, e.g. {lost[0]}"
+            for rank, (host, lost) in sorted(missing.items())
+        )
+        shutil.rmtree(directory.parent, ignore_errors=True)
+        raise RunStopped(
+            f"the checkpoint is incomplete as this driver (on {socket.gethostname()}) sees it: the learner ranks "
+            f"wrote files it cannot find under {directory} ({ranks}). train.run_dir={run_path} must be on storage "
+            f"every node shares (NFS or a cluster filesystem), or every learner rank on the driver's node; "
+            f"nothing of this checkpoint was kept",
+            resumable=False,
+            exit_code=EXIT_BAD_INPUT,
+        )
+
+
+def metrics_line(row: dict) -> str:
+    """One metrics.jsonl line. A value that is not finite (a NaN loss, an infinite gradient norm) is written as
+    null: strict JSON readers (jq, pandas, browsers) refuse NaN and Infinity, and the row's `nonfinite` flag and
+    `faults/...` counts already say what happened."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+    return json.dumps(clean, sort_keys=True, allow_nan=False) + "\n"
 
 
 def _jsonable(x):

@@ -86,8 +86,9 @@ class LearnerWorkers(Protocol):
     def weight_checksums(self) -> dict[str, float]:
         """Per-tensor checksums of rank 0's weights, same keys as the engine's."""
 
-    def save_checkpoint(self, directory: str) -> None:
-        """Model (save_pretrained), optimizer / DeepSpeed state into `directory` (caller makes it atomic)."""
+    def save_checkpoint(self, directory: str) -> list[dict] | None:
+        """Model (save_pretrained), optimizer / DeepSpeed state into `directory` (caller makes it atomic); returns
+        each rank's `saved_files` (rl/train/run_dir.py), so the caller can check that it sees every file."""
 
     def load_checkpoint(self, directory: str) -> None: ...
 
