@@ -5,6 +5,7 @@ generated datasets all go through these, so a crash leaves the last complete ver
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -31,6 +32,47 @@ def replace_dir(tmp: str | Path, final: str | Path) -> None:
         os.replace(final, old)
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """A process with this id runs on this machine (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+# The temporaries of the writers above and of the checkpoint writer, each ending in its writer's pid:
+# `.NAME.old-PID` (replace_dir's old copy), `.NAME.tmp-PID` (write_text, a policy export),
+# `.tmp-NAME-PID` / `.tmp-pruned-NAME-PID` (a checkpoint being written or deleted).
+_OLD = re.compile(r"\.(?P<name>.+)\.old-(?P<pid>\d+)")
+_TMP = re.compile(r"\.(?:.+\.)?tmp-(?:.+-)?(?P<pid>\d+)")
+
+
+def sweep_leftovers(parent: str | Path) -> list[str]:
+    """Recover or delete what writers that are gone (a dead pid, or this process, which is writing nothing when it
+    calls this) left in `parent`: a directory renamed aside by `replace_dir` whose replacement never arrived is
+    renamed back (the last complete version); other old copies and temporaries are deleted. Returns one line per
+    entry handled. Call it only while holding the directory (the run-directory lock)."""
+    done = []
+    for entry in sorted(Path(parent).iterdir()) if Path(parent).is_dir() else []:
+        m = _OLD.fullmatch(entry.name) or _TMP.fullmatch(entry.name)
+        if m is None or (int(m["pid"]) != os.getpid() and pid_alive(int(m["pid"]))):
+            continue
+        final = entry.with_name(m["name"]) if m.re is _OLD else None
+        if final is not None and not final.exists():
+            os.replace(entry, final)
+            done.append(f"{final}: restored from {entry.name} (a crash between replace_dir's two renames)")
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        done.append(f"{entry}: deleted (left by process {m['pid']}, which is gone)")
+    return done
 
 
 def fsync_dir(path: str | Path) -> None:

@@ -26,6 +26,7 @@ deleted as soon as it is read; never bulk tensors through RPC between processes)
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import uuid
 from collections.abc import Mapping
@@ -36,7 +37,16 @@ from safetensors.torch import load_file, save_file
 from rl.batch import Sample
 from rl.model import PROMPT_MODES
 from rollout.base import RolloutEngine, SamplingParams, StaleWeightsError, validate_prompts
-from rollout.vllm_env import apply_environment, engine_environment, engine_options, scratch_dir, use_eager_token_ranks
+from rollout.vllm_env import (
+    apply_environment,
+    engine_environment,
+    engine_options,
+    scratch_dir,
+    sweep_scratch,
+    use_eager_token_ranks,
+)
+
+logger = logging.getLogger(__name__)
 
 FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
 
@@ -79,6 +89,8 @@ class VLLMEngine(RolloutEngine):
         from vllm.platforms import current_platform
 
         self.on_cpu = current_platform.is_cpu()
+        for path in sweep_scratch():  # the copies of engines killed on this node
+            logger.info("deleted %s, left by an engine process that is gone", path)
         apply_environment(*engine_environment(self.on_cpu, dtype, weight_transfer_backend))
         if self.on_cpu:
             use_eager_token_ranks()

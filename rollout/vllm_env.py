@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from pathlib import Path
 
 import torch
 
@@ -108,6 +109,21 @@ def use_eager_token_ranks() -> None:
 def scratch_dir() -> str:
     """Shared memory when the machine has it (files there never touch a disk)."""
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def sweep_scratch(directory: str | None = None) -> list[str]:
+    """Delete the weight and state files (`fbrl_<kind>_<pid>_...`) that engine processes which no longer exist
+    left in the scratch directory: a killed engine never removes its copy, and in /dev/shm it holds memory until
+    the machine reboots. Run when an engine starts (a replacement starts on the node its predecessor died on)."""
+    from rl.atomic_files import pid_alive
+
+    gone = []
+    for path in Path(directory or scratch_dir()).glob("fbrl_*_*_*.safetensors"):
+        pid = path.name.split("_")[2]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            path.unlink(missing_ok=True)
+            gone.append(str(path))
+    return gone
 
 
 def engine_options(

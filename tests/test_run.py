@@ -247,3 +247,49 @@ def test_a_submitted_job_puts_its_run_where_it_lasts(tmp_path):
         durable_run_dir("runs/x", copy, env)
     assert durable_run_dir(None, tmp_path, env) is None and durable_run_dir("runs/x", tmp_path, env) == "runs/x"
     assert str(Path(durable_run_dir(None, copy, {})).parent) == str(Path.home() / "fbrl-runs")
+
+
+def test_leftovers_of_dead_writers_are_recovered_or_swept(tmp_path):
+    """At start (under the run-directory lock): a directory `replace_dir` renamed aside whose replacement never
+    arrived (a crash between its two renames) is renamed back; other old copies and temporaries of processes that
+    are gone are deleted; a live process's temporaries are left alone."""
+    import subprocess
+
+    from rl.atomic_files import sweep_leftovers
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        run = tmp_path / "run"
+        (run / f".policy.old-{dead.pid}").mkdir(parents=True)  # policy/ missing: the old copy is all there is
+        (run / f".policy.old-{dead.pid}" / "model.safetensors").write_text("w")
+        (run / "policy_adapter").mkdir()
+        (run / f".policy_adapter.old-{dead.pid}").mkdir()  # its replacement arrived: the old copy goes
+        (run / f".policy.tmp-{dead.pid}").mkdir()
+        (run / f".metrics.jsonl.tmp-{dead.pid}").write_text("{")
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / f".tmp-step_000004-{dead.pid}").mkdir()
+        (run / "checkpoints" / f".tmp-step_000005-{live.pid}").mkdir()  # another live writer's: kept
+        lines = sweep_leftovers(run) + sweep_leftovers(run / "checkpoints")
+        assert (run / "policy" / "model.safetensors").read_text() == "w"
+        assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "policy", "policy_adapter"]
+        assert [p.name for p in (run / "checkpoints").iterdir()] == [f".tmp-step_000005-{live.pid}"]
+        assert len(lines) == 5 and sum("restored from" in x for x in lines) == 1
+    finally:
+        live.kill()
+
+
+def test_a_killed_engines_scratch_files_are_swept(tmp_path):
+    import subprocess
+
+    from rollout.vllm_env import sweep_scratch
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    mine = tmp_path / f"fbrl_weights_{__import__('os').getpid()}_ab_3.safetensors"
+    theirs = tmp_path / f"fbrl_states_{dead.pid}_cd_7.safetensors"
+    for p in (mine, theirs, tmp_path / "other.safetensors"):
+        p.write_text("x")
+    assert sweep_scratch(str(tmp_path)) == [str(theirs)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, "other.safetensors"])

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import math
 import os
 import random
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import load_file, save_file
 
-from rl.atomic_files import fsync_dir, fsync_tree, replace_dir, write_text
+from rl.atomic_files import fsync_dir, fsync_tree, replace_dir, sweep_leftovers, write_text
 from rl.config import Config, check_resume, load_config
 from rl.config.secrets import redacted
 from rl.config.serialize import yaml_dump
@@ -57,6 +58,9 @@ RUN_FILES = (
     "summary.md",
     "summary.json",
 )
+
+
+log = logging.getLogger(__name__)
 
 
 class RunDirError(InputError):
@@ -137,8 +141,9 @@ class RunDir:
         self.path = Path(path or f"runs/{stamp}")
         self.ckpt_root = self.path / "checkpoints"
         self.ckpt_root.mkdir(parents=True, exist_ok=True)
-        for stale in self.ckpt_root.glob(".tmp-*"):  # half-written checkpoints of a crashed run
-            shutil.rmtree(stale, ignore_errors=True)
+        # half-written checkpoints and exports of a crashed driver, and what replace_dir left between its renames
+        for line in sweep_leftovers(self.path) + sweep_leftovers(self.ckpt_root):
+            log.info("run directory: %s", line)
 
     @classmethod
     def new(cls, path: str | None, overwrite: bool = False) -> RunDir:
