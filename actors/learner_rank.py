@@ -149,14 +149,6 @@ class LearnerRank:
             torch.set_num_threads(threads)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.zero3 = lcfg.zero_stage == 3
-        if self.zero3 and world_size > 1 and cfg.likelihood.estimator == "exact":
-            # ZeRO-3 gathers each module's parameters collectively at every call, so all ranks must make the same
-            # module calls; the exact recurrence makes one call per position of each rank's own longest row.
-            raise ValueError(
-                "likelihood.estimator 'exact' cannot run under learner.zero_stage 3 with several "
-                "learner workers (ranks would make different numbers of collective parameter "
-                "gathers); use zero_stage 1-2, one worker, or the kpass / replay estimators"
-            )
         gpu = use_gpu(lcfg)
         if not gpu:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read once, at DeepSpeed's first accelerator query

@@ -65,11 +65,6 @@ def make_engine(cfg, index: int = 0, weight_sync: str = "file"):
 
             drop_vllm_noise()
         v = r.vllm
-        if v.tensor_parallel_size != 1:
-            raise ValueError(
-                f"rollout.vllm.tensor_parallel_size={v.tensor_parallel_size}: the rollout actor runs "
-                f"vLLM in-process (uni executor), which serves one device; use more engines instead"
-            )
         model_config = AutoConfig.from_pretrained(cfg.model.path)
         extra = {}
         if v.enable_prefix_caching:  # passed through so the engine refuses it with its reason

@@ -44,42 +44,51 @@ NATIVE = ("nccl", "ipc", "native_ray")
 
 
 # ---- choosing the transport ---------------------------------------------------------------------------------
-def resolve_transport(cfg, placement) -> tuple[str, str]:
-    """(transport, why) for `rollout.weight_sync` given where the actors were placed (`actors.placement.Placement`;
-    None: in-process workers). Raises ValueError naming the key when the asked transport cannot work there."""
+def transport_problem(cfg, in_process: bool) -> str | None:
+    """Why `rollout.weight_sync` cannot work with the rest of the config (None: it can), naming both keys. Config
+    only, so `fbrl train` refuses it before Ray starts (actors/cli/preflight.py); `in_process`: --no-ray."""
     r, want = cfg.rollout, cfg.rollout.weight_sync
-    if placement is None:
-        if want in ("auto", "file"):
-            return "file", "in-process workers" if want == "auto" else "rollout.weight_sync"
-        raise ValueError(
+    gpu = r.num_gpus_per_engine > 0 and cfg.learner.num_gpus_per_worker > 0
+    if in_process and want not in ("auto", "file"):
+        return (
             f"rollout.weight_sync={want!r} needs Ray actors; in-process workers (--no-ray) sync "
             f"through a file (rollout.weight_sync: file or auto)"
         )
-    gpu = r.num_gpus_per_engine > 0 and cfg.learner.num_gpus_per_worker > 0
-    same_node = all(n == placement.learner_nodes[0] for n in placement.rollout_nodes)
-    if want == "auto":
-        if gpu and r.engine == "vllm":
-            if cfg.ray.colocate:
-                return "ipc", "auto: the engines share the learners' GPUs (ray.colocate)"
-            return "nccl", "auto: GPU engines and learners"
-        if same_node:
-            return "file", "auto: every engine is on learner rank 0's node"
-        return "ray", "auto: engines on other nodes than learner rank 0"
     if want in NATIVE and r.engine != "vllm":
-        raise ValueError(
-            f"rollout.weight_sync={want!r} drives vLLM's native weight transfer; rollout.engine is "
-            f"{r.engine!r} (use file or ray)"
+        return (
+            f"rollout.weight_sync={want!r} drives vLLM's native weight transfer, but rollout.engine is "
+            f"{r.engine!r}: use rollout.weight_sync file, ray or auto (or rollout.engine vllm)"
         )
     if want in ("nccl", "ipc") and not gpu:
-        raise ValueError(
+        return (
             f"rollout.weight_sync={want!r} moves GPU tensors: it needs rollout.num_gpus_per_engine > 0 "
             f"and learner.num_gpus_per_worker > 0 (on CPU use ray, or native_ray for vLLM's lifecycle)"
         )
     if want == "ipc" and not cfg.ray.colocate:
-        raise ValueError(
+        return (
             "rollout.weight_sync='ipc' shares GPU memory by CUDA IPC: the engines must sit on the "
             "learners' GPUs (ray.colocate: true); across GPUs or nodes use nccl"
         )
+    return None
+
+
+def resolve_transport(cfg, placement) -> tuple[str, str]:
+    """(transport, why) for `rollout.weight_sync` given where the actors were placed (`actors.placement.Placement`;
+    None: in-process workers). Raises ValueError naming the keys when the asked transport cannot work there."""
+    r, want = cfg.rollout, cfg.rollout.weight_sync
+    problem = transport_problem(cfg, in_process=placement is None)
+    if problem:
+        raise ValueError(problem)
+    if placement is None:
+        return "file", "in-process workers" if want == "auto" else "rollout.weight_sync"
+    if want == "auto":
+        if r.num_gpus_per_engine > 0 and cfg.learner.num_gpus_per_worker > 0 and r.engine == "vllm":
+            if cfg.ray.colocate:
+                return "ipc", "auto: the engines share the learners' GPUs (ray.colocate)"
+            return "nccl", "auto: GPU engines and learners"
+        if all(n == placement.learner_nodes[0] for n in placement.rollout_nodes):
+            return "file", "auto: every engine is on learner rank 0's node"
+        return "ray", "auto: engines on other nodes than learner rank 0"
     return want, "rollout.weight_sync"
 
 

@@ -9,8 +9,9 @@ message naming what is wrong; `fbrl train` prints it without a traceback and exi
   produce has a row in the model's embedding (`vocab_size`), else the first id without one is named;
 - the rewards (`reward.fns`): built-in names, user `path/to/file.py:fn` (relative to the working directory) and
   `package.module:fn` load and take (prompts, completions, answers, **row_fields);
-- combinations that cannot work (`check_combinations`): a native weight transfer without vLLM engines, one
-  sample per prompt with a group-relative advantage;
+- combinations that cannot work (`check_combinations`): a weight transport the engines, GPUs, colocation or
+  --no-ray rule out, a vLLM tensor-parallel engine, the exact estimator across ZeRO-3 ranks, one sample per
+  prompt with a group-relative advantage;
 - the data (`data`): files exist and parse, rows have the prompt and answer fields, and prompts longer than
   the engine allows are counted (or stop the job here, `data.overlong_prompts: error`).
 
@@ -140,13 +141,29 @@ def check_data(cfg, tokenizer, model_config: dict) -> dict:
     return out
 
 
-def check_combinations(cfg) -> None:
-    """Settings that are each valid but cannot work together, refused naming both keys."""
-    r = cfg.rollout
-    if r.weight_sync in ("nccl", "ipc", "native_ray") and r.engine != "vllm":
+def check_combinations(cfg, in_process: bool = False) -> None:
+    """Settings that are each valid but cannot work together, refused naming both keys (`in_process`: --no-ray).
+    Every rule a worker would otherwise find only once it runs lives here (tests/test_combinations.py walks the
+    cross of the settings that interact)."""
+    from actors.weight_sync import transport_problem
+
+    r, learner = cfg.rollout, cfg.learner
+    problem = transport_problem(cfg, in_process)
+    if problem:
+        raise BadInput(problem)
+    if r.engine == "vllm" and r.vllm.tensor_parallel_size != 1:
         raise BadInput(
-            f"rollout.weight_sync={r.weight_sync} drives vLLM's native weight transfer, but rollout.engine is "
-            f"{r.engine!r}: use rollout.weight_sync file, ray or auto (or rollout.engine vllm)"
+            f"rollout.vllm.tensor_parallel_size={r.vllm.tensor_parallel_size} with rollout.engine vllm: the rollout "
+            f"actor runs vLLM in-process (uni executor), which serves one device; use more engines "
+            f"(rollout.num_engines) instead"
+        )
+    if learner.zero_stage == 3 and learner.num_workers > 1 and cfg.likelihood.estimator == "exact" and not in_process:
+        # ZeRO-3 gathers each module's parameters collectively at every call, so all ranks must make the same
+        # module calls; the exact recurrence makes one call per position of each rank's own longest row.
+        raise BadInput(
+            "likelihood.estimator 'exact' cannot run under learner.zero_stage 3 with several learner workers "
+            "(learner.num_workers > 1: ranks would make different numbers of collective parameter gathers); use "
+            "learner.zero_stage 1-2, one worker, or the kpass / replay estimators"
         )
     if r.n_samples_per_prompt < 2:
         raise BadInput(
@@ -156,9 +173,9 @@ def check_combinations(cfg) -> None:
         )
 
 
-def check_job(cfg, base_dir: str | None = None):
-    """All of the above; returns the tokenizer (the launcher uses it)."""
-    check_combinations(cfg)
+def check_job(cfg, base_dir: str | None = None, in_process: bool = False):
+    """All of the above; returns the tokenizer (the launcher uses it). `in_process`: --no-ray."""
+    check_combinations(cfg, in_process)
     model_config = check_checkpoint(cfg.model.path)
     tokenizer = check_tokenizer(cfg, model_config)
     check_rewards(cfg, base_dir)
