@@ -136,3 +136,44 @@ def test_an_engine_dying_during_the_transfer_is_not_a_learner_death(monkeypatch)
     transport.started = True
     with pytest.raises(RunStopped, match=r"died during the native weight transfer .*version 3.*--resume"):
         transport.push(LosingLearner(), FakeFleet(), 3, "unused")
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_after_a_learner_rebuild_nccl_and_ipc_fall_back_to_the_ray_transport(backend):
+    """A rebuilt learner group (its `generation` counts up) has a new rank 0, which an NCCL / IPC transfer group
+    set up with the old one cannot take: the pushes from then on go through Ray's object store (the buckets rank 0
+    exports, loaded by every engine through `load_weights`), the job says so once, and a dead engine may be
+    replaced again (the fallback's replacements reload the last sync). native_ray sets its transfer up again."""
+    lines = []
+    transport = NativeSync(backend, 2**20, log=lines.append)
+
+    class RebuiltLearner(FakeLearner):
+        generation = 0
+
+        def export_buckets(self, bucket_bytes):
+            self.calls.append(f"export_buckets({bucket_bytes})")
+            return ["bucket-ref"]
+
+    class LoadingFleet(FakeFleet):
+        def load_weights(self, weights, version):
+            self.loaded = (weights.refs, version)
+            return [version] * len(self.actors)
+
+    learner, fleet = RebuiltLearner(), LoadingFleet()
+    transport.push(learner, fleet, 1, "unused")
+    assert learner.calls == ["start_native_sync", "native_send"] and not transport.replaceable
+    learner.generation = 1  # the group was rebuilt
+    assert transport.push(learner, fleet, 2, "unused") == [2, 2]
+    assert learner.calls[2:] == [f"export_buckets({2**20})"] and fleet.loaded == (["bucket-ref"], 2)
+    assert transport.replaceable and len(lines) == 1
+    assert f"rollout.weight_sync={backend}'s transfer group cannot take its new rank 0" in lines[0]
+    assert "rollout.weight_sync: ray" in lines[0] and "--resume" in lines[0]
+    transport.push(learner, fleet, 3, "unused")  # and for the rest of the job, without a second line
+    assert learner.calls[3:] == [f"export_buckets({2**20})"] and len(lines) == 1
+
+    again = NativeSync("native_ray", 2**20, log=lines.append)
+    learner = RebuiltLearner()
+    again.push(learner, fleet, 1, "unused")
+    learner.generation = 1
+    again.push(learner, fleet, 2, "unused")
+    assert learner.calls == ["start_native_sync", "native_send", "start_native_sync", "native_send"]
