@@ -35,7 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rl.batch import Sample
-from rl.model import PROMPT_MODES
+from rl.model import FBT_ARCHITECTURES, PROMPT_MODES
 from rollout.base import RolloutEngine, SamplingParams, StaleWeightsError, validate_prompts
 from rollout.vllm_env import (
     apply_environment,
@@ -103,7 +103,7 @@ class VLLMEngine(RolloutEngine):
 
         self.config = AutoConfig.from_pretrained(checkpoint_dir)
         arch = (self.config.architectures or [""])[0]
-        if arch not in ("FBTLlamaForCausalLM", "FBTQwen2ForCausalLM"):
+        if arch not in FBT_ARCHITECTURES:
             raise ValueError(
                 f"{checkpoint_dir}: architectures[0] is {arch!r}, not an FBT model "
                 f"(convert it with rl.model.convert_to_fbt)"

@@ -1,9 +1,10 @@
-"""vLLM model plugin: FBT (latent-feedback) Llama / Qwen2 decoding inside stock vLLM (docs/DESIGN.md §8).
+"""vLLM model plugin: FBT (latent-feedback) Llama / Qwen2 / Qwen3 / Mistral decoding inside stock vLLM
+(docs/DESIGN.md §8).
 
 `register()` is the `vllm.general_plugins` entry point (pyproject.toml). vLLM calls general plugins in
 `EngineArgs.__post_init__`, before it parses the checkpoint's config, and again in every worker process; so
-importing `rl.model` there is what lets `AutoConfig` resolve `model_type: fbt_llama | fbt_qwen2`, and the
-`architectures` entry of our checkpoints (`FBTLlamaForCausalLM` / `FBTQwen2ForCausalLM`) selects the classes below.
+importing `rl.model` there is what lets `AutoConfig` resolve `model_type: fbt_<backbone>`, and the `architectures`
+entry of our checkpoints (`rl.model.FBT_ARCHITECTURES`, e.g. `FBTQwen3ForCausalLM`) selects the classes below.
 
 How the recurrence lives in vLLM: the model subclasses the in-tree backbone and declares itself hybrid with inner
 state (`IsHybrid`, `HasInnerState`). One extra mamba-style state layer (`LatentStateLayer`) owns a per-request
@@ -34,11 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rl.model import PROMPT_MODES, FBTMixin, Fusion, rms_normalize, rms_value
+from rl.model import FBT_ARCHITECTURES, PROMPT_MODES, FBTMixin, Fusion, rms_normalize, rms_value
 from rollout.vllm_records import RequestInfo, StateRecords, StepBatch, to_device
-
-ARCHITECTURES = ("FBTLlamaForCausalLM", "FBTQwen2ForCausalLM")
-
 
 LATENT_LAYER_TYPE = "fbt_latent_state"
 
@@ -48,9 +46,9 @@ def register() -> None:
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
 
-    import rl.model  # noqa: F401  (registers fbt_llama / fbt_qwen2 with transformers' AutoConfig)
+    import rl.model  # noqa: F401  (registers the fbt_* model types with transformers' AutoConfig)
 
-    for arch in ARCHITECTURES:
+    for arch in FBT_ARCHITECTURES:
         if arch not in ModelRegistry.get_supported_archs():
             # A lazy "module:Class" string: the class is imported in the worker when the model is built.
             ModelRegistry.register_model(arch, f"rollout.vllm_plugin:{arch}")
@@ -92,7 +90,9 @@ from vllm.forward_context import get_forward_context  # noqa: E402
 from vllm.model_executor.layers.mamba.abstract import MambaBase  # noqa: E402
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid  # noqa: E402
 from vllm.model_executor.models.llama import LlamaForCausalLM  # noqa: E402
+from vllm.model_executor.models.mistral import MistralForCausalLM  # noqa: E402
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM  # noqa: E402
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum  # noqa: E402
 
 
@@ -352,6 +352,18 @@ class FBTLlamaForCausalLM(FBTVLLMMixin, LlamaForCausalLM, HasInnerState, IsHybri
 
 
 class FBTQwen2ForCausalLM(FBTVLLMMixin, Qwen2ForCausalLM, HasInnerState, IsHybrid):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs):
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+        self._init_fbt(vllm_config)
+
+
+class FBTQwen3ForCausalLM(FBTVLLMMixin, Qwen3ForCausalLM, HasInnerState, IsHybrid):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs):
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+        self._init_fbt(vllm_config)
+
+
+class FBTMistralForCausalLM(FBTVLLMMixin, MistralForCausalLM, HasInnerState, IsHybrid):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", **kwargs):
         super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
         self._init_fbt(vllm_config)

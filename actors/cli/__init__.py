@@ -76,9 +76,9 @@ examples:
     ),
     "convert": (
         "actors.cli.convert",
-        "a stock Hugging Face Llama/Qwen2 checkpoint (or GGUF) -> an FBT checkpoint",
+        "a stock Hugging Face Llama / Qwen2 / Qwen3 / Mistral checkpoint (or GGUF) -> an FBT checkpoint",
         """\
-Copy a stock Llama or Qwen2 checkpoint (safetensors, or one GGUF file, dequantized) into an FBT checkpoint with new
+Copy a stock Llama, Qwen2, Qwen3 or Mistral checkpoint (safetensors, or one GGUF file, dequantized) into an FBT checkpoint with new
 fusion weights. With --init random the result decodes like the original in standard mode and needs multi-pass
 training (fbrl pretrain) before feedback helps; with --init identity it decodes like the original in every mode.
 

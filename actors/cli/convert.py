@@ -1,5 +1,5 @@
 """`fbrl convert SRC OUT [--fusion-mode MODE] [--init random|identity] [--to fbt|hf]` — a stock Hugging Face
-Llama/Qwen2 checkpoint (a save_pretrained directory, or one GGUF file) → FBT checkpoint.
+Llama / Qwen2 / Qwen3 / Mistral checkpoint (a save_pretrained directory, or one GGUF file) → FBT checkpoint.
 
 The backbone is copied bit for bit (its one-pass logits are unchanged). `--init random` (default) draws the
 paper's fusion init: the result needs multi-pass training (`fbrl pretrain`) before feedback helps.
@@ -22,7 +22,7 @@ from pathlib import Path
 def add_arguments(p) -> None:
     from rl.model import FUSION_INITS, FUSION_MODES
 
-    p.add_argument("src", help="save_pretrained directory of a Llama / Qwen2 causal LM (safetensors), or a .gguf file")
+    p.add_argument("src", help="save_pretrained directory of a Llama / Qwen2 / Qwen3 / Mistral causal LM (safetensors), or a .gguf file")
     p.add_argument("out", help="output directory")
     p.add_argument(
         "--fusion-mode",

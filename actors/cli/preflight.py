@@ -26,8 +26,6 @@ from pathlib import Path
 
 from rl.errors import InputError
 
-FBT_ARCHITECTURES = ("FBTLlamaForCausalLM", "FBTQwen2ForCausalLM")
-
 
 class BadInput(InputError):
     """A job input that cannot work; the message names it."""
@@ -49,6 +47,8 @@ def check_checkpoint(path: str | None, key: str = "model.path") -> dict:
         config = json.loads((p / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise BadInput(f"{key}: {p / 'config.json'} is not valid JSON (line {e.lineno}: {e.msg})") from None
+    from rl.model.fbt import FBT_ARCHITECTURES
+
     arch = (config.get("architectures") or [""])[0]
     if arch not in FBT_ARCHITECTURES:
         raise BadInput(

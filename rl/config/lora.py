@@ -11,7 +11,7 @@ from typing import Annotated
 
 from rl.config.bounds import ge, gt, within
 
-# The attention and MLP projections of every Llama / Qwen2 decoder layer (the usual LoRA targets).
+# The attention and MLP projections of every Llama / Qwen2 / Qwen3 / Mistral decoder layer (the usual LoRA targets).
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

@@ -1,8 +1,8 @@
-"""rl.model — the full-bandwidth transformer (FBT) on Hugging Face backbones (Llama and Qwen2 families).
+"""rl.model — the full-bandwidth transformer (FBT) on Hugging Face backbones (Llama, Qwen2, Qwen3 and Mistral).
 
 `fusion` (the fusion `F(h_{t-1}, e_t)` and its tensor helpers, plain torch), `fbt` (the FBT configs and models:
 multi-pass forward, recurrent step, prefill), `convert` (an FBT from a plain checkpoint and back). Importing
-`rl.model` registers `fbt_llama` / `fbt_qwen2` with transformers' Auto classes.
+`rl.model` registers `fbt_llama` / `fbt_qwen2` / `fbt_qwen3` / `fbt_mistral` with transformers' Auto classes.
 """
 
 from rl.decode_modes import MODES as PROMPT_MODES
@@ -15,6 +15,7 @@ from rl.model.convert import (
     identity_init_fusion,
 )
 from rl.model.fbt import (
+    FBT_ARCHITECTURES,
     FBT_CLASSES,
     FBTLlamaConfig,
     FBTLlamaForCausalLM,
@@ -51,6 +52,7 @@ __all__ = [
     "FBTLlamaForCausalLM",
     "FBTQwen2ForCausalLM",
     "FBT_CLASSES",
+    "FBT_ARCHITECTURES",
     "as_standard_lm",
     "fbt_config_from",
     "identity_init_fusion",

@@ -1,4 +1,4 @@
-"""An FBT made from a plain Llama / Qwen2 checkpoint (`convert_to_fbt`, behind `fbrl convert`), with the fusion at
+"""An FBT made from a plain Llama / Qwen2 / Qwen3 / Mistral checkpoint (`convert_to_fbt`, behind `fbrl convert`), with the fusion at
 its identity point when asked (the converted model then decodes exactly like its source), and the way back
 (`as_standard_lm`: the backbone as a plain causal LM)."""
 
@@ -11,7 +11,7 @@ from rl.model.fbt import FBT_CLASSES, FBTMixin
 
 
 def as_standard_lm(model):
-    """A stock Hugging Face Llama/Qwen2 that decodes in `standard` mode wherever an FBT model does.
+    """A stock Hugging Face causal LM (a supported backbone) that decodes in `standard` mode wherever an FBT model does.
 
     Its class gains `FBTMixin`'s feedback-free building blocks (`embed`, `run_stack`, `logits_from_hidden`,
     `prefill(mode="standard")`); it has no fusion, so every feedback mode refuses it. `fbrl eval` uses this to
@@ -24,7 +24,7 @@ def as_standard_lm(model):
 
 
 def fbt_config_from(base_config, fusion_mode: str = "gate_product", **fbt_fields):
-    """An FBT config carrying every field of a stock Llama/Qwen2 config."""
+    """An FBT config carrying every field of a stock config of a supported backbone."""
     backbone = base_config.model_type.removeprefix("fbt_")
     if backbone not in FBT_CLASSES:
         raise ValueError(

@@ -1,4 +1,4 @@
-"""The full-bandwidth transformer (FBT) on Hugging Face backbones (Llama and Qwen2 families).
+"""The full-bandwidth transformer (FBT) on Hugging Face backbones (Llama, Qwen2, Qwen3 and Mistral families).
 
 An FBT fuses the previous position's final-normalized top-layer state into the next input:
 `x_t = F(h_{t-1}, e_t)`. The backbone is used unchanged through `inputs_embeds`; what this module adds is the
@@ -25,7 +25,18 @@ import torch
 import torch.nn.functional as F
 from huggingface_hub.dataclasses import strict
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 from transformers import initialization as hf_init
 
 from rl.decode_modes import MODES as PROMPT_MODES
@@ -44,7 +55,7 @@ from rl.model.fusion import (
 class FBTLlamaConfig(LlamaConfig):
     model_type = "fbt_llama"
     fbt_fusion_mode: str = "gate_product"
-    # Llama/Qwen2 feed the raw embedding, so the unit-RMS fused vector is rescaled to the token embedding's RMS.
+    # Llama, Qwen2, Qwen3 and Mistral feed the raw embedding, so the unit-RMS fused vector is rescaled to the token embedding's RMS.
     fbt_input_scale: str = "embedding_rms"
     fbt_reset_token_ids: list[int] | None = None  # document starts; None = [bos_token_id]
     fbt_prefill_passes: int = 2  # passes of the `fused` prompt mode
@@ -56,6 +67,26 @@ class FBTLlamaConfig(LlamaConfig):
 @strict
 class FBTQwen2Config(Qwen2Config):
     model_type = "fbt_qwen2"
+    fbt_fusion_mode: str = "gate_product"
+    fbt_input_scale: str = "embedding_rms"
+    fbt_reset_token_ids: list[int] | None = None
+    fbt_prefill_passes: int = 2
+    fbt_rms_eps: float = 1e-6
+
+
+@strict
+class FBTQwen3Config(Qwen3Config):
+    model_type = "fbt_qwen3"
+    fbt_fusion_mode: str = "gate_product"
+    fbt_input_scale: str = "embedding_rms"
+    fbt_reset_token_ids: list[int] | None = None
+    fbt_prefill_passes: int = 2
+    fbt_rms_eps: float = 1e-6
+
+
+@strict
+class FBTMistralConfig(MistralConfig):
+    model_type = "fbt_mistral"
     fbt_fusion_mode: str = "gate_product"
     fbt_input_scale: str = "embedding_rms"
     fbt_reset_token_ids: list[int] | None = None
@@ -377,7 +408,33 @@ class FBTQwen2ForCausalLM(FBTMixin, Qwen2ForCausalLM):
         self.post_init()
 
 
-FBT_CLASSES = {"llama": (FBTLlamaConfig, FBTLlamaForCausalLM), "qwen2": (FBTQwen2Config, FBTQwen2ForCausalLM)}
+class FBTQwen3ForCausalLM(FBTMixin, Qwen3ForCausalLM):
+    config_class = FBTQwen3Config
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._init_fbt(config)
+        self.post_init()
+
+
+class FBTMistralForCausalLM(FBTMixin, MistralForCausalLM):
+    config_class = FBTMistralConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._init_fbt(config)
+        self.post_init()
+
+
+# backbone model_type -> (FBT config, FBT model): every backbone that `fbrl convert`, the torch engine, the vLLM
+# plugin (rollout/vllm_plugin.py) and the estimators support. They all feed the raw token embedding.
+FBT_CLASSES = {
+    "llama": (FBTLlamaConfig, FBTLlamaForCausalLM),
+    "qwen2": (FBTQwen2Config, FBTQwen2ForCausalLM),
+    "qwen3": (FBTQwen3Config, FBTQwen3ForCausalLM),
+    "mistral": (FBTMistralConfig, FBTMistralForCausalLM),
+}
+FBT_ARCHITECTURES = tuple(cls.__name__ for _, cls in FBT_CLASSES.values())
 
 for _cfg, _cls in FBT_CLASSES.values():
     AutoConfig.register(_cfg.model_type, _cfg, exist_ok=True)

@@ -41,7 +41,7 @@ from rl.pretrain.objective import exact_loss, exact_step, lr_factor, max_passes,
 
 
 def load_model_and_tokenizer(cfg: Config):
-    """A fresh FBT model (`model.init` set), an FBT checkpoint, or a stock Llama/Qwen2 converted to FBT."""
+    """A fresh FBT model (`model.init` set), an FBT checkpoint, or a stock Llama / Qwen2 / Qwen3 / Mistral converted to FBT."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     m = cfg.model
