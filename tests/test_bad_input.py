@@ -93,7 +93,10 @@ BAD_INPUT = [  # (overrides, a piece of the message); {d} is the inputs director
         "every one of the 1 prompts is longer than the limit of 3",
     ),
     (["rollout.max_tokens=300"], "rollout.max_tokens=300 leaves no room for a prompt"),
-    (["rollout.weight_sync=native_ray"], "rollout.weight_sync='native_ray' drives vLLM's native weight transfer, but rollout.engine is 'torch'"),
+    (
+        ["rollout.weight_sync=native_ray"],
+        "rollout.weight_sync='native_ray' drives vLLM's native weight transfer, but rollout.engine is 'torch'",
+    ),
     (["rollout.n_samples_per_prompt=1"], "rollout.n_samples_per_prompt=1: algo.adv_estimator=grpo compares"),
 ]
 
