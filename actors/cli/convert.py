@@ -22,7 +22,11 @@ from pathlib import Path
 def add_arguments(p) -> None:
     from rl.model import FUSION_INITS, FUSION_MODES
 
-    p.add_argument("src", help="save_pretrained directory of a Llama / Qwen2 / Qwen3 / Mistral causal LM (safetensors), or a .gguf file")
+    p.add_argument(
+        "src",
+        help="a Llama / Qwen2 / Qwen3 / Mistral causal LM: a save_pretrained directory (safetensors), a Hugging Face "
+        "Hub id (the local cache first), or a .gguf file",
+    )
     p.add_argument("out", help="output directory")
     p.add_argument(
         "--fusion-mode",
@@ -46,14 +50,15 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from rl.errors import InputError
+    from rl.hub import local_model_dir
+    from rl.model.convert import convert_checkpoint
 
-    from rl.decode_modes import MODES, record
-    from rl.model import convert_to_fbt
-
-    src = Path(args.src)
-    tokenizer = None
+    try:
+        src = Path(local_model_dir(args.src, key="fbrl convert SRC"))
+    except InputError as e:
+        raise SystemExit(f"fbrl convert: {e}") from None
+    model = tokenizer = None
     if src.suffix.lower() == ".gguf":
         from rl.model.gguf import load_gguf
 
@@ -61,37 +66,26 @@ def run(args) -> int:
             model, tokenizer = load_gguf(src)
         except (OSError, ImportError, ValueError) as e:  # missing file or package, not a GGUF, unknown architecture
             raise SystemExit(f"fbrl convert: {src}: {e}") from None
-    elif (src / "config.json").exists():
-        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, use_safetensors=True)
-    else:
+    elif not (src / "config.json").exists():
         raise SystemExit(
             f"fbrl convert: {src} is neither a save_pretrained directory (no config.json) nor a .gguf file"
         )
     if args.to == "hf":  # the backbone as it is: no fusion, so --fusion-mode, --init and --seed do not apply
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, use_safetensors=True)
         model.save_pretrained(args.out)
-        _save_tokenizer(tokenizer, src, args.out)
+        try:
+            (tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(src)).save_pretrained(args.out)
+        except (OSError, ValueError):
+            print(f"note: no tokenizer in {src}; copy one into {args.out} before training")
         print(f"wrote the plain Hugging Face checkpoint of {src} to {args.out}")
         return 0
-    mode = args.fusion_mode or ("linear_addition" if args.init == "identity" else "gate_product")
     try:
-        fbt = convert_to_fbt(model, mode, seed=args.seed, init=args.init)
+        mode = convert_checkpoint(src, args.out, args.fusion_mode, args.init, args.seed, model, tokenizer)
     except ValueError as e:
         raise SystemExit(f"fbrl convert: {e}") from None
-    if src.is_dir() and (src / "generation_config.json").is_file():
-        fbt.generation_config = GenerationConfig.from_pretrained(src)
-    # random fusion weights are untrained: only the backbone's own mode is served; the identity init decodes
-    # exactly like the backbone in every mode (W_U = 0: nothing is fed back yet)
-    record(fbt.config, MODES if args.init == "identity" else ["standard"])
-    fbt.save_pretrained(args.out)
-    _save_tokenizer(tokenizer, src, args.out)
     print(f"wrote FBT checkpoint ({mode}, init {args.init}) to {args.out}")
     return 0
-
-
-def _save_tokenizer(tokenizer, src: Path, out: str) -> None:
-    from transformers import AutoTokenizer
-
-    try:
-        (tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(src)).save_pretrained(out)
-    except (OSError, ValueError):
-        print(f"note: no tokenizer in {src}; copy one into {out} before training")

@@ -91,12 +91,14 @@ def load_train_config(args):
 def prepare(args):
     """(cfg, config path, run dir, tokenizer) with every input checked; raises an `rl.errors.InputError` naming
     the first bad one. Starts nothing (no Ray, no engine)."""
+    from actors.cli.model_source import convert_stock_model, resolve_hub_ids
     from actors.cli.preflight import check_job
     from rl.config import ConfigError
     from rl.config.secrets import REDACTED
     from rl.train.run_dir import RunDir, durable_run_dir
 
     config_path, cfg, run_dir = load_train_config(args)
+    cfg = resolve_hub_ids(cfg)
     if args.resume:
         run_dir.check_resume_config(cfg)  # refuse a changed experiment, naming the field
         hidden = _redacted_keys(cfg.to_dict(), REDACTED)
@@ -112,6 +114,7 @@ def prepare(args):
         if durable != cfg.train.run_dir:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, run_dir=durable))
         run_dir = RunDir.new(cfg.train.run_dir, overwrite=args.overwrite)
+        cfg = convert_stock_model(cfg, run_dir.path)
     return cfg, config_path, run_dir, tokenizer
 
 

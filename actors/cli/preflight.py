@@ -31,8 +31,9 @@ class BadInput(InputError):
     """A job input that cannot work; the message names it."""
 
 
-def check_checkpoint(path: str | None, key: str = "model.path") -> dict:
-    """The checkpoint's config.json as a dict; `BadInput` unless `path` is a local FBT checkpoint directory."""
+def check_checkpoint(path: str | None, key: str = "model.path", allow_stock: bool = False) -> dict:
+    """The checkpoint's config.json as a dict; `BadInput` unless `path` is a local FBT checkpoint directory (or,
+    with `allow_stock`, a stock checkpoint of a supported backbone, which the job converts when it starts)."""
     if not path:
         raise BadInput(f"{key}: required (a save_pretrained directory of an FBT checkpoint)")
     p = Path(path).expanduser()
@@ -47,13 +48,18 @@ def check_checkpoint(path: str | None, key: str = "model.path") -> dict:
         config = json.loads((p / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise BadInput(f"{key}: {p / 'config.json'} is not valid JSON (line {e.lineno}: {e.msg})") from None
-    from rl.model.fbt import FBT_ARCHITECTURES
+    from rl.model.convert import stock_backbone
+    from rl.model.fbt import FBT_ARCHITECTURES, FBT_CLASSES
 
     arch = (config.get("architectures") or [""])[0]
-    if arch not in FBT_ARCHITECTURES:
+    if arch not in FBT_ARCHITECTURES and not (allow_stock and stock_backbone(config)):
+        stock = (
+            f"a stock {' / '.join(FBT_CLASSES)} checkpoint (converted when the job starts) or " if allow_stock else ""
+        )
         raise BadInput(
-            f"{key}: {p} holds a {arch or 'model without architectures'} checkpoint, not an FBT one "
-            f"({' / '.join(FBT_ARCHITECTURES)}); make one with `fbrl convert` and `fbrl pretrain`"
+            f"{key}: {p} holds a {arch or 'model without architectures'} checkpoint (model_type "
+            f"{config.get('model_type')!r}); expected {stock}an FBT one ({' / '.join(FBT_ARCHITECTURES)}); "
+            f"supported backbones: {', '.join(FBT_CLASSES)}"
         )
     if not any(p.glob("*.safetensors")):
         raise BadInput(f"{key}: {p} has no *.safetensors weights (only safetensors are loaded)")
@@ -176,7 +182,7 @@ def check_combinations(cfg, in_process: bool = False) -> None:
 def check_job(cfg, base_dir: str | None = None, in_process: bool = False):
     """All of the above; returns the tokenizer (the launcher uses it). `in_process`: --no-ray."""
     check_combinations(cfg, in_process)
-    model_config = check_checkpoint(cfg.model.path)
+    model_config = check_checkpoint(cfg.model.path, allow_stock=not cfg.train.resume)
     tokenizer = check_tokenizer(cfg, model_config)
     check_rewards(cfg, base_dir)
     check_data(cfg, tokenizer, model_config)

@@ -36,11 +36,16 @@ class ConfigError(InputError):
 
 @dataclass
 class ModelConfig:
-    path: str | None = "checkpoints/tiny-arith"  # FBT checkpoint, or a stock HF one to convert
+    # an FBT checkpoint, or a stock Llama / Qwen2 / Qwen3 / Mistral one (converted when the job starts: convert_init);
+    # a local directory or a Hugging Face Hub id (the local cache first)
+    path: str | None = "checkpoints/tiny-arith"
     tokenizer: str | None = None  # null: the tokenizer saved with `path`
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     fusion_mode: Literal["gate_product", "concat_projection", "linear_addition"] = "gate_product"
     init: ModelInitConfig | None = None  # set: build fresh with this architecture, ignore path
+    # the fusion of a stock model.path converted at start: identity (linear_addition unless fusion_mode says
+    # concat_projection) starts exactly at the stock model; random is the paper's init (needs fbrl pretrain first)
+    convert_init: Literal["identity", "random"] = "identity"
 
 
 @dataclass

@@ -97,3 +97,41 @@ def convert_to_fbt(model, fusion_mode: str = "gate_product", seed: int = 0, init
     if init == "identity":
         identity_init_fusion(fbt)
     return fbt
+
+
+def stock_backbone(config: dict) -> str | None:
+    """The backbone `model_type` of a stock checkpoint's config.json that `convert_to_fbt` supports; None for an FBT
+    checkpoint or an unsupported model."""
+    arch = (config.get("architectures") or [""])[0]
+    kind = config.get("model_type", "")
+    return kind if kind in FBT_CLASSES and not arch.startswith("FBT") else None
+
+
+def convert_checkpoint(
+    src, out, fusion_mode: str | None = None, init: str = "identity", seed: int = 0, model=None, tokenizer=None
+) -> str:
+    """A stock checkpoint directory `src` (or an already loaded `model` / `tokenizer`, e.g. from GGUF) written to
+    `out` as an FBT checkpoint, with its tokenizer and generation config. Returns the fusion mode used (default:
+    linear_addition with the identity init, which gate_product lacks; gate_product with the random one)."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from rl.decode_modes import MODES, record
+
+    src = Path(src)
+    if model is None:  # safetensors only: a pickled checkpoint is refused, never unpickled
+        model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, use_safetensors=True)
+    mode = fusion_mode or ("linear_addition" if init == "identity" else "gate_product")
+    fbt = convert_to_fbt(model, mode, seed=seed, init=init)
+    if src.is_dir() and (src / "generation_config.json").is_file():
+        fbt.generation_config = GenerationConfig.from_pretrained(src)
+    # random fusion weights are untrained: only the backbone's own mode is served; the identity init decodes
+    # exactly like the backbone in every mode (W_U = 0: nothing is fed back yet)
+    record(fbt.config, MODES if init == "identity" else ["standard"])
+    fbt.save_pretrained(out)
+    try:
+        (tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(src)).save_pretrained(out)
+    except (OSError, ValueError):
+        print(f"note: no tokenizer in {src}; copy one into {out} before training")
+    return mode
