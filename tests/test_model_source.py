@@ -73,7 +73,7 @@ def test_train_on_a_hub_id_of_a_stock_model_converts_it_and_trains(tmp_path, off
     out = capsys.readouterr().out
     run = tmp_path / "run"
     base = run / "base_model"
-    assert f"is a stock Qwen3ForCausalLM checkpoint: converted to an FBT (linear_addition, " in out
+    assert "is a stock Qwen3ForCausalLM checkpoint: converted to an FBT (linear_addition, " in out
     assert json.loads((base / "conversion.json").read_text())["init"] == "identity"
     assert json.loads((base / "config.json").read_text())["architectures"] == ["FBTQwen3ForCausalLM"]
     saved = (run / "config.yaml").read_text()
