@@ -10,9 +10,8 @@ from rl.data import arith
 from rl.data.loaders import (
     DataError,
     PromptSampler,
-    load_hf_disk,
     load_jsonl,
-    load_parquet,
+    load_rows,
     load_task_split,
     read_jsonl,
     write_jsonl,
@@ -160,9 +159,9 @@ def test_parquet(tmp_path):
 
     p = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist([{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}]), p)
-    assert [r["answer"] for r in load_parquet(p)] == ["1", "2"]
+    assert [r["answer"] for r in load_rows("parquet", p)] == ["1", "2"]
     with pytest.raises(DataError, match="row 0: missing field 'q'"):
-        load_parquet(p, prompt_field="q")
+        load_rows("parquet", p, prompt_field="q")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="datasets not installed")
@@ -176,10 +175,10 @@ def test_hf_disk(tmp_path):
         }
     )
     dd.save_to_disk(str(tmp_path / "ds"))
-    assert load_hf_disk(tmp_path / "ds", "test")[0]["prompt"] == "b"
-    assert load_hf_disk(tmp_path / "ds" / "train")[0]["answer"] == "1"  # a single Dataset dir
+    assert load_rows("hf_disk", tmp_path / "ds", "test")[0]["prompt"] == "b"
+    assert load_rows("hf_disk", tmp_path / "ds" / "train")[0]["answer"] == "1"  # a single Dataset dir
     with pytest.raises(DataError, match="no split 'dev'"):
-        load_hf_disk(tmp_path / "ds", "dev")
+        load_rows("hf_disk", tmp_path / "ds", "dev")
 
 
 def test_sampler_epochs_and_resume_equivalence():

@@ -107,7 +107,7 @@ def prepare(args):
                 f"{', '.join(hidden)}: secret values are never saved with a run; resume with the "
                 f"config that holds them: fbrl train CONFIG --resume {args.resume}"
             )
-    tokenizer = check_job(cfg, in_process=getattr(args, "no_ray", False))
+    tokenizer, cfg = check_job(cfg, in_process=getattr(args, "no_ray", False))
     if not args.resume:
         # inside `ray job submit` the working dir is Ray's temporary copy: the run goes somewhere that lasts
         durable = durable_run_dir(cfg.train.run_dir, os.getcwd())

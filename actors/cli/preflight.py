@@ -21,6 +21,7 @@ The run directory's rules (a new run into a non-empty directory, `--resume` of a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -139,11 +140,14 @@ def check_data(cfg, tokenizer, model_config: dict) -> dict:
         if split == "test" and cfg.train.eval_every == 0:
             continue
         try:
-            rows, over = fitter.fit(load_task_split(cfg.data, split, n=n, tokenizer=tokenizer), what)
+            loaded = load_task_split(cfg.data, split, n, tokenizer, cfg.reward.answer_needed_by())
+            rows, over = fitter.fit(loaded, what)
         except DataError as e:
             key = "data" if cfg.data.task == "arith" else f"data.{split}_path"
             raise BadInput(f"{key}: {e}") from None
         out[split] = (len(rows), over)
+        if split == "train":
+            out["answers"] = sum(r.get("answer") is not None for r in rows)
     return out
 
 
@@ -179,11 +183,15 @@ def check_combinations(cfg, in_process: bool = False) -> None:
         )
 
 
-def check_job(cfg, base_dir: str | None = None, in_process: bool = False):
-    """All of the above; returns the tokenizer (the launcher uses it). `in_process`: --no-ray."""
+def check_job(cfg, base_dir: str | None = None, in_process: bool = False, log=print):
+    """All of the above; returns (the tokenizer, `cfg` with `reward.accuracy: auto` resolved to none when the data
+    has no answers to check against and no reward needs them). `in_process`: --no-ray."""
     check_combinations(cfg, in_process)
     model_config = check_checkpoint(cfg.model.path, allow_stock=not cfg.train.resume)
     tokenizer = check_tokenizer(cfg, model_config)
     check_rewards(cfg, base_dir)
-    check_data(cfg, tokenizer, model_config)
-    return tokenizer
+    counts = check_data(cfg, tokenizer, model_config)
+    if counts.get("answers") == 0 and cfg.reward.accuracy.strip() == "auto":
+        log("reward.accuracy: auto -> none: the training rows carry no answer to check correctness against")
+        cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, accuracy="none"))
+    return tokenizer, cfg

@@ -53,9 +53,11 @@ class DataConfig:
     # arith: rl/data/arith.py; word_problems: rl/data/word_problems.py; cups / cups_moved / modsum / parity: state
     # tracking (rl/data/track.py); the rest read files
     task: Literal[TASKS] = "arith"  # rl/data/tasks.py
-    train_path: str | None = None  # jsonl / parquet file, or a `datasets.save_to_disk` dir
-    test_path: str | None = None
-    train_split: str = "train"  # split names (arith: train|val|test; hf_disk: DatasetDict keys)
+    # a jsonl / json / parquet / csv file, a `datasets.save_to_disk` dir, or (task hub) a Hub dataset id
+    train_path: str | None = None
+    test_path: str | None = None  # task hub: defaults to train_path (another split of the same dataset)
+    hub_config: str | None = None  # task hub: the dataset's config (subset) name, e.g. "main"
+    train_split: str = "train"  # split names (arith: train|val|test; hf_disk / hub: the dataset's splits)
     test_split: str = "test"
     # arith levels to mix (1..4); state-tracking tasks: the chain lengths to mix (1..64)
     difficulty: list[int] = field(default_factory=lambda: [1, 2, 3])
@@ -68,6 +70,8 @@ class DataConfig:
     # arith: fraction of solutions that give the bare answer instead of the worked steps (pretraining / SFT text
     # only; prompts and rewards are unchanged). The demo checkpoint is trained with both behaviours.
     direct_answer_frac: Annotated[float, within(0, 1)] = 0.0
+    # dotted paths reach into nested columns (verl: answer_field reward_model.ground_truth); a prompt column
+    # holding a list of {role, content} is a chat. The answer is optional unless a reward needs it (math does).
     prompt_field: str = "prompt"
     answer_field: str = "answer"
     messages_field: str = "messages"  # a chat (list of {role, content}) used instead of / beside the prompt
@@ -265,6 +269,14 @@ class RewardConfig:
             yield "accuracy", "expected 'auto', 'none', the name of a reward in fns, or a reward spec"
         if not self.fns:
             yield "fns", "needs at least one reward"
+
+    def answer_needed_by(self) -> str | None:
+        """What needs every row to carry a reference answer: the built-in math reward (in `fns`, or as the
+        correctness check) compares against it; None when nothing does (answers are then optional)."""
+        for i, f in enumerate(self.fns):
+            if f.fn == "math":
+                return f"reward.fns[{i}] (the math reward)"
+        return "reward.accuracy (the math check)" if self.accuracy.strip() == "math" else None
 
     def entries(self) -> list[dict]:
         """`fns` as the dicts `rewards.loader.build_reward_set` takes (unset timeouts left out)."""

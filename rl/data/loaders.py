@@ -1,11 +1,13 @@
 """Prompt/answer datasets from files, and the resumable prompt sampler.
 
-Owns: JSONL read/write (errors name file:line), parquet (pyarrow, when installed), Hugging Face `datasets`
-saved to disk (when `datasets` is installed), `load_task_split` which maps a `data` config section to rows, and
+Owns: the rows of a source (rl/data/sources.py: JSON lines, JSON, parquet, CSV, a `datasets` directory, a Hub
+dataset) normalized to `prompt` / `answer` (dotted field paths, chats, optional answers), `load_task_split`
+which maps a `data` config section to rows, and
 `PromptSampler`, which draws prompts in a seeded per-epoch order and can save/restore its position so that a
 resumed run draws exactly the prompts an uninterrupted run would have.
 
-Rows are plain dicts with at least `prompt` (str) and `answer` (str); every other column rides along and reaches
+Rows are plain dicts with `prompt` (str) and `answer` (str, or None where the data has none and no reward needs
+one); every other column rides along and reaches
 the reward functions as a keyword list (`reward_columns`, TRL's convention; docs/REWARDS.md). A dataset may give
 a `messages` chat (list of {role, content}) instead of, or beside, a prompt string: `render_prompts` turns it into
 the prompt text with the tokenizer's chat template (`data.chat_template`: auto / on / off), and `encode_prompt`
@@ -18,40 +20,52 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rl.data.jsonl import DataError, read_jsonl, read_numbered, write_jsonl  # noqa: F401  (re-exported)
+from rl.data.jsonl import DataError, read_jsonl, write_jsonl  # noqa: F401  (re-exported)
+from rl.data.sources import field, read_rows
 from rl.data.tasks import LEVEL_TASKS, TRACK_TASKS
 
 
 def _normalize(
-    rows: list[dict], where, prompt_field: str, answer_field: str, messages_field: str = "messages"
+    rows: list[dict],
+    where,
+    prompt_field: str,
+    answer_field: str,
+    messages_field: str = "messages",
+    answer_needed_by: str | None = None,
 ) -> list[dict]:
     """Rename the configured fields to `prompt` / `answer` (and `messages`); `where(i)` names row i for errors.
 
-    A row needs a prompt string or a `messages` list of {role, content} dicts (a chat, rendered later by
-    `render_prompts`), and an answer.
+    Fields may be dotted paths into nested columns (`reward_model.ground_truth`). A row needs a prompt: a string,
+    or a chat — a list of {role, content} in the prompt field (verl's and TRL's layout) or in `messages_field` —
+    rendered later by `render_prompts`. The answer is optional: rows without one get None, unless
+    `answer_needed_by` names what needs it (the math reward), which makes a missing answer an error naming it.
     """
     out = []
     for i, row in enumerate(rows):
-        if answer_field not in row or row[answer_field] is None:
-            raise DataError(f"{where(i)}: missing field {answer_field!r} (fields: {sorted(row)})")
-        has_messages = row.get(messages_field) is not None
-        if not has_messages and (prompt_field not in row or row[prompt_field] is None):
+        prompt, answer = field(row, prompt_field), field(row, answer_field)
+        messages = field(row, messages_field)
+        if isinstance(prompt, list):  # a chat in the prompt column
+            messages, prompt = prompt, None
+        if answer is None and answer_needed_by:
+            raise DataError(
+                f"{where(i)}: missing field {answer_field!r}, which {answer_needed_by} needs (fields: {sorted(row)}); "
+                f"set data.answer_field to the column holding the reference answer"
+            )
+        if messages is None and prompt is None:
             raise DataError(f"{where(i)}: missing field {prompt_field!r} or {messages_field!r} (fields: {sorted(row)})")
-        answer = row[answer_field]
-        if isinstance(answer, bool) or not isinstance(answer, (str, int, float)):
+        if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (str, int, float))):
             raise DataError(
                 f"{where(i)}: field {answer_field!r} must be a string or number, got {type(answer).__name__}"
             )
         new = dict(row)
-        if has_messages:
-            new["messages"] = _check_messages(row[messages_field], f"{where(i)}: field {messages_field!r}")
-        if row.get(prompt_field) is not None:
-            if not isinstance(row[prompt_field], str):
-                raise DataError(
-                    f"{where(i)}: field {prompt_field!r} must be a string, got {type(row[prompt_field]).__name__}"
-                )
-            new["prompt"] = row[prompt_field]
-        new["answer"] = str(answer)
+        if messages is not None:
+            new["messages"] = _check_messages(messages, f"{where(i)}: field {messages_field!r}")
+        new.pop("prompt", None)
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise DataError(f"{where(i)}: field {prompt_field!r} must be a string, got {type(prompt).__name__}")
+            new["prompt"] = prompt
+        new["answer"] = None if answer is None else str(answer)
         out.append(new)
     return out
 
@@ -106,68 +120,42 @@ def encode_prompt(tokenizer, row: dict) -> list[int]:
     return tokenizer.encode(row["prompt"], add_special_tokens=not row.get("chat_templated", False))
 
 
-def load_jsonl(
-    path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer", messages_field: str = "messages"
-) -> list[dict]:
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    numbered = read_numbered(path)  # keep line numbers so that a missing field names its line
-    return _normalize(
-        [row for _, row in numbered], lambda i: f"{path}:{numbered[i][0]}", prompt_field, answer_field, messages_field
-    )
-
-
-def load_parquet(
-    path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer", messages_field: str = "messages"
-) -> list[dict]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
-    if not Path(path).exists():
-        raise DataError(f"{path}: no such file")
-    rows = pq.read_table(path).to_pylist()
-    return _normalize(rows, lambda i: f"{path}: row {i}", prompt_field, answer_field, messages_field)
-
-
-def load_hf_disk(
+def load_rows(
+    task: str,
     path: str | Path,
-    split: str | None = None,
+    split: str = "train",
     prompt_field: str = "prompt",
     answer_field: str = "answer",
     messages_field: str = "messages",
+    hub_config: str | None = None,
+    answer_needed_by: str | None = "the math reward",
 ) -> list[dict]:
-    """A `datasets` Dataset or DatasetDict written by `save_to_disk`; `split` picks from a DatasetDict."""
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(f"{path}: reading a saved Hugging Face dataset needs `datasets`") from None
-    if not Path(path).exists():
-        raise DataError(f"{path}: no such directory")
-    ds = datasets.load_from_disk(str(path))
-    where = str(path)
-    if isinstance(ds, datasets.DatasetDict):
-        if split not in ds:
-            raise DataError(f"{path}: no split {split!r} (splits: {sorted(ds)})")
-        ds, where = ds[split], f"{path}[{split}]"
-    return _normalize(ds.to_list(), lambda i: f"{where}: row {i}", prompt_field, answer_field, messages_field)
+    """The rows of one source (rl/data/sources.py: jsonl, json, parquet, csv, hf_disk, hub), normalized."""
+    rows, where = read_rows(task, str(path), split, hub_config)
+    return _normalize(rows, where, prompt_field, answer_field, messages_field, answer_needed_by)
 
 
-def load_task_split(data: Any, split: str, n: int | None = None, tokenizer=None) -> list[dict]:
+def load_jsonl(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer") -> list[dict]:
+    return load_rows("jsonl", path, prompt_field=prompt_field, answer_field=answer_field)
+
+
+def load_task_split(
+    data: Any, split: str, n: int | None = None, tokenizer=None, answer_needed_by: str | None = "the math reward"
+) -> list[dict]:
     """Rows for `split` ('train', 'val' or 'test') of a `data` config section (rl.config.DataConfig), each with
     its `prompt` text (`messages` rendered by `render_prompts` with `tokenizer` per `data.chat_template`).
 
     arith, word_problems and the state-tracking tasks (rl/data/track.py: cups, modsum, parity; `data.difficulty`
     = chain lengths): generated (`n` problems; train defaults to `data.num_train`), with split names
     `data.train_split` / `data.test_split` mapping onto the task's own splits. Files: `train_path` for train,
-    `test_path` for the others; `n` keeps the first n rows.
+    `test_path` for the others (a Hub dataset: `train_path` for both unless `test_path` is set); `n` keeps the
+    first n rows. A row without an answer is an error naming `answer_needed_by` (None: answers are optional).
     """
-    rows = _task_rows(data, split, n)
+    rows = _task_rows(data, split, n, answer_needed_by)
     return render_prompts(rows, tokenizer, getattr(data, "chat_template", "auto"))
 
 
-def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
+def _task_rows(data: Any, split: str, n: int | None, answer_needed_by: str | None) -> list[dict]:
     name = data.train_split if split == "train" else data.test_split if split == "test" else split
     if data.task in LEVEL_TASKS:
         if n is None:
@@ -199,21 +187,20 @@ def _task_rows(data: Any, split: str, n: int | None) -> list[dict]:
             n = data.num_train
         return track.generate(data.task, name, n, seed=data.seed, lengths=tuple(data.difficulty))
     path = data.train_path if split == "train" else data.test_path
+    if not path and data.task == "hub":
+        path = data.train_path  # one Hub dataset, another split
     if not path:
         raise DataError(f"data.{'train' if split == 'train' else 'test'}_path: required for task {data.task!r}")
-    fields = dict(
-        prompt_field=data.prompt_field,
-        answer_field=data.answer_field,
-        messages_field=getattr(data, "messages_field", "messages"),
+    rows = load_rows(
+        data.task,
+        path,
+        name,
+        data.prompt_field,
+        data.answer_field,
+        getattr(data, "messages_field", "messages"),
+        getattr(data, "hub_config", None),
+        answer_needed_by,
     )
-    if data.task == "jsonl":
-        rows = load_jsonl(path, **fields)
-    elif data.task == "parquet":
-        rows = load_parquet(path, **fields)
-    elif data.task == "hf_disk":
-        rows = load_hf_disk(path, name, **fields)
-    else:
-        raise DataError(f"data.task: unknown task {data.task!r}")
     return rows if n is None else rows[:n]
 
 

@@ -48,11 +48,12 @@ class JobParts:
         object for the whole job, so a generation still in flight from a pass that a rebuilt learner ended
         finishes before the next pass syncs."""
         fitter = PromptFitter(tokenizer, prompt_token_limit(cfg), cfg.data.overlong_prompts)
-        train = load_task_split(cfg.data, "train", tokenizer=tokenizer)
+        needed = cfg.reward.answer_needed_by()
+        train = load_task_split(cfg.data, "train", tokenizer=tokenizer, answer_needed_by=needed)
         train_rows = fitter.fit_reported(train, "train data", faults, log)
         eval_rows = []
         if cfg.train.eval_every > 0:
-            test = load_task_split(cfg.data, "test", n=cfg.train.eval_n, tokenizer=tokenizer)
+            test = load_task_split(cfg.data, "test", n=cfg.train.eval_n, tokenizer=tokenizer, answer_needed_by=needed)
             eval_rows = fitter.fit_reported(test, "eval data", faults, log)
         reward_columns(train_rows + eval_rows)  # a column that would shadow a reward argument fails now, not at step 1
         serial_rollout, serial_rewards = Serialized(rollout), Serialized(rewards)
