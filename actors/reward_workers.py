@@ -108,7 +108,9 @@ class RewardHost:
         correct = None
         if self.accuracy_name is not None:
             correct = [s >= CORRECT_AT for s in result.per_reward[self.accuracy_name]]
-        return Scores([float(r) for r in result.rewards], correct, dict(result.metrics), list(result.errors))
+        return Scores(
+            [float(r) for r in result.rewards], correct, dict(result.metrics), list(result.errors), result.unscored
+        )
 
     def close(self) -> None:
         self.reward_set.close()

@@ -47,11 +47,19 @@ class RewardResult(list):
     """Scores (a plain list of floats) plus what the reward counted itself: items it scored 0 because of an
     error or a timeout, and named counters (e.g. the math reward's `no_answer`, `truncated`)."""
 
-    def __init__(self, scores=(), errors: int = 0, timeouts: int = 0, counts: dict[str, int] | None = None):
+    def __init__(
+        self,
+        scores=(),
+        errors: int = 0,
+        timeouts: int = 0,
+        counts: dict[str, int] | None = None,
+        unscored: list[bool] | None = None,
+    ):
         super().__init__(scores)
         self.errors = errors
         self.timeouts = timeouts
         self.counts = dict(counts or {})
+        self.unscored = unscored  # per item: the reward declined it (TRL's None), its 0 is no judgement
 
 
 def fn_name(fn: Any) -> str:
@@ -117,6 +125,8 @@ class RewardSetResult:
     per_reward: dict[str, list[float]]  # each reward's (unweighted) scores
     metrics: dict[str, float]  # rewards/<name>/{mean,errors,timeouts,latency_s,...}, rewards/total/mean
     errors: list[str]  # one readable line per failed call, naming the function
+    # per sample: every weighted reward declined it (TRL's None from each): it has no reward to learn from
+    unscored: list[bool] = field(default_factory=list)
 
 
 class _Call:
@@ -214,9 +224,13 @@ class RewardSet:
             if c is not None and e.timeout_s is None:
                 c._run(e, args, c.kwargs)
         total, per_reward, metrics, errors = [0.0] * n, {}, {}, []
+        unscored = [any(e.weight != 0 for e in self.entries)] * n
         for e in self.entries:
             c = calls[e.name]
             scores, n_err, n_to, counts, problem, seconds = self._collect(e, c, n, e.name in skipped)
+            declined = getattr(c.out, "unscored", None) if c is not None and not problem else None
+            if e.weight != 0:
+                unscored = [u and bool(declined and declined[i]) for i, u in enumerate(unscored)]
             if problem:
                 msg = f"reward {e.name!r} {problem}"
                 errors.append(msg)
@@ -234,7 +248,8 @@ class RewardSet:
             )
             metrics.update({pre + k: float(v) for k, v in counts.items()})
         metrics["rewards/total/mean"] = sum(total) / n if n else 0.0
-        return RewardSetResult(total, per_reward, metrics, errors)
+        metrics["rewards/unscored"] = float(sum(unscored))
+        return RewardSetResult(total, per_reward, metrics, errors, unscored)
 
     def _collect(self, e: RewardEntry, c: _Call | None, n: int, skipped: bool):
         """(scores, errors, timeouts, counts, problem, seconds) for one reward's call."""

@@ -118,7 +118,7 @@ class TrlReward(_Adapter):
         out = list(out)
         none = sum(x is None for x in out)
         counts = {"none": none, **{k: sum(v) / len(v) for k, v in logged.items()}}
-        return RewardResult([0.0 if x is None else x for x in out], counts=counts)
+        return RewardResult([0.0 if x is None else x for x in out], counts=counts, unscored=[x is None for x in out])
 
 
 class VerlReward(_Adapter):

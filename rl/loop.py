@@ -126,7 +126,8 @@ def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
 
             # 3. advantages per prompt group; groups with no signal are dropped if asked
             groups = torch.tensor([s.group_id for s in samples], dtype=torch.long)
-            advantages = algos.compute_advantages(reward, groups, cfg.algo.adv_estimator, cfg.algo.adv_eps)
+            scored = ~torch.tensor(batch.unscored, dtype=torch.bool) if batch.unscored else None  # TRL's None
+            advantages = algos.compute_advantages(reward, groups, cfg.algo.adv_estimator, cfg.algo.adv_eps, scored)
             has_signal, equal_groups = algos.dynamic_sampling_mask(reward, groups)
             keep = has_signal if cfg.algo.dynamic_sampling else torch.ones(len(samples), dtype=torch.bool)
             dropped = equal_groups if cfg.algo.dynamic_sampling else 0

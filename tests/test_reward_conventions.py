@@ -196,3 +196,41 @@ def test_tiny_job_trains_with_a_trl_reward(tmp_path):
     for h in rows:
         assert h["reward/rewards/correct/errors"] == 0.0 and h["reward/rewards/correct/timeouts"] == 0.0, h
     assert any(h["reward/rewards/correct/mean"] > 0 for h in rows)  # the checkpoint half-solves the task
+
+
+def test_a_completion_every_reward_declines_is_unscored():
+    """TRL's `None` means "does not apply": a completion scored None by one function keeps the others' scores; one
+    that every weighted function scores None is unscored (a weight-0 check does not count)."""
+
+    def maybe_a(completions, **kwargs):
+        return [None if c.startswith("skip") else 1.0 for c in completions]
+
+    def maybe_b(completions, **kwargs):
+        return [None if "b" not in c else 0.5 for c in completions]
+
+    def check(prompts, completions, answers, **_):
+        return [1.0] * len(completions)
+
+    fa, _ = adapt(maybe_a, "trl")
+    fb, _ = adapt(maybe_b, "trl")
+    rs = RewardSet([fa, fb, (check, 0.0)], timeout_s=None)
+    out = rs(["p"] * 4, ["skip", "skip b", "ok", "ok b"], ["a"] * 4)
+    assert out.unscored == [True, False, False, False]
+    assert out.rewards == [0.0, 0.5, 1.0, 1.5] and out.metrics["rewards/unscored"] == 1.0
+
+
+def test_unscored_samples_leave_the_group_statistics_and_get_advantage_zero():
+    import torch
+
+    from rl import algos
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    scored = torch.tensor([True, True, False, True, True, True])
+    adv = algos.compute_advantages(rewards, groups, "grpo", 1e-6, scored)
+    alone = algos.compute_advantages(rewards[:2], groups[:2], "grpo", 1e-6)  # group 0 without the unscored one
+    assert adv[2] == 0 and torch.allclose(adv[:2], alone)
+    assert torch.allclose(adv[3:], algos.compute_advantages(rewards[3:], groups[3:], "grpo", 1e-6))
+    assert torch.equal(
+        algos.compute_advantages(rewards, groups, "grpo", 1e-6, torch.zeros(6, dtype=torch.bool)), torch.zeros(6)
+    )

@@ -108,9 +108,22 @@ def rloo_advantages(rewards: Tensor, group_ids: GroupIds, eps: float = 1e-6) -> 
     return _finish(scale * (r - mean), equal, rewards)
 
 
-def compute_advantages(rewards: Tensor, group_ids: GroupIds, estimator: str = "grpo", eps: float = 1e-6) -> Tensor:
-    """Advantages `[N]` with the estimator registered as `estimator`."""
-    return get_advantage_estimator(estimator)(rewards, group_ids, eps=eps)
+def compute_advantages(
+    rewards: Tensor, group_ids: GroupIds, estimator: str = "grpo", eps: float = 1e-6, scored: Tensor | None = None
+) -> Tensor:
+    """Advantages `[N]` with the estimator registered as `estimator`. `scored` (bool `[N]`): samples that no reward
+    scored (TRL's `None` from every reward function) are left out of their group's statistics and get 0."""
+    fn = get_advantage_estimator(estimator)
+    if scored is None or bool(scored.all()):
+        return fn(rewards, group_ids, eps=eps)
+    out = torch.zeros_like(_float(rewards))
+    if bool(scored.any()):
+        if isinstance(group_ids, Tensor):
+            ids = group_ids[scored]
+        else:
+            ids = [g for g, keep in zip(group_ids, scored.tolist()) if keep]
+        out[scored] = fn(rewards[scored], ids, eps=eps).to(out.dtype)
+    return out
 
 
 def dynamic_sampling_mask(rewards: Tensor, group_ids: GroupIds, atol: float = 0.0) -> tuple[Tensor, int]:

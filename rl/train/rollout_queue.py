@@ -64,6 +64,7 @@ class RolloutBatch:
     preempted: int = 0
     rewards: list[float] = field(default_factory=list)
     correct: list[bool] | None = None
+    unscored: list[bool] = field(default_factory=list)  # Scores.unscored (empty: every sample scored)
     reward_metrics: dict = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)  # the rewards' failure lines (ScoredBatch.failures)
     time_rollout_s: float = 0.0
@@ -80,6 +81,7 @@ class RolloutBatch:
             self.preempted,
             [self.rewards[i] for i in keep],
             None if self.correct is None else [self.correct[i] for i in keep],
+            [self.unscored[i] for i in keep] if self.unscored else [],
             self.reward_metrics,
             self.failures,
             self.time_rollout_s,
@@ -311,5 +313,6 @@ def score_batch(tokenizer, rewards: RewardWorkers, batch: RolloutBatch) -> Rollo
     )
     batch.rewards, batch.correct, batch.reward_metrics = list(scored.rewards), scored.correct, dict(scored.metrics)
     batch.failures = list(scored.failures)
+    batch.unscored = list(getattr(scored, "unscored", []) or [])
     batch.time_reward_s = time.perf_counter() - t0
     return batch

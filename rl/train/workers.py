@@ -52,6 +52,9 @@ class Scores:
     correct: list[bool] | None
     metrics: dict[str, float]
     failures: list[str] = field(default_factory=list)
+    # per completion: every weighted reward declined to score it (TRL's None): left out of its group's statistics,
+    # advantage 0 (empty: all scored)
+    unscored: list[bool] = field(default_factory=list)
 
 
 class RewardWorkers(Protocol):
