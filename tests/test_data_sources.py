@@ -103,3 +103,31 @@ def test_a_hub_dataset_from_the_local_cache_offline(tmp_path, monkeypatch):
         )
     with pytest.raises(Exception, match=r"data.train_path: acme/elsewhere is not in the local Hugging Face cache"):
         load_task_split(DataConfig(task="hub", train_path="acme/elsewhere"), "train")
+
+
+def test_eval_and_compare_likelihood_read_the_same_sources(tmp_path):
+    """`fbrl eval` and `fbrl compare-likelihood` take the config's data options: here verl's parquet layout with a
+    chat prompt and the answer nested in reward_model.ground_truth, read with --prompt-field / --answer-field."""
+    from pathlib import Path
+
+    from actors.cli import main
+
+    ckpt = Path(__file__).resolve().parent.parent / "checkpoints" / "tiny-arith"
+    rows = [
+        {"prompt": [{"role": "user", "content": f"{i}+{i}="}], "reward_model": {"ground_truth": str(2 * i)}}
+        for i in range(1, 5)
+    ]
+    write_parquet(rows, tmp_path / "test.parquet")
+    data = ["--task", "parquet", "--data-path", str(tmp_path / "test.parquet"), "--chat-template", "off"]
+    fields = ["--answer-field", "reward_model.ground_truth"]
+    out = tmp_path / "eval.json"
+    argv = ["eval", "--checkpoint", str(ckpt), *data, *fields, "--n", "4", "--decode-mode", "soft", "--samples", "0"]
+    assert main([*argv, "--scorer", "plain", "--threads", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["meta"]["n"] == 4 and report["meta"]["task"] == "parquet" and "soft" in report["modes"]
+    cmp = tmp_path / "cmp.json"
+    argv = ["compare-likelihood", "--checkpoint", str(ckpt), *data, "--n-samples", "3", "--max-passes", "2"]
+    assert main([*argv, "--max-tokens", "4", "--json", str(cmp)]) == 0
+    assert json.loads(cmp.read_text())["n_samples"] == 3
+    with pytest.raises(SystemExit, match=r"fbrl eval: .*test.parquet: row 0: missing field 'answer', which the math"):
+        main(["eval", "--checkpoint", str(ckpt), *data, "--n", "4", "--decode-mode", "soft", "--samples", "0"])

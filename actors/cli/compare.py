@@ -15,20 +15,22 @@ import json
 import random
 from pathlib import Path
 
-TASKS = ("arith", "word_problems", "jsonl", "cups", "cups_moved", "modsum", "parity", "random")
+from actors.cli.data_args import add_data_arguments, data_section
+from rl.data.tasks import FILE_TASKS
+from rl.data.tasks import TASKS as DATA_TASKS
+
+TASKS = (*DATA_TASKS, "random")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="FBT checkpoint directory (save_pretrained + tokenizer)")
-    p.add_argument(
-        "--task",
-        choices=TASKS,
-        default="arith",
-        help="prompt source: a generated task's test split (arith, word_problems, or the state-tracking cups / "
-        "modsum / parity; needs the checkpoint's tokenizer), rows of a JSONL file (jsonl: --data-path; chats "
-        "rendered with the tokenizer's template) or random token ids",
+    add_data_arguments(
+        p,
+        TASKS,
+        what="prompt source: a generated task's test split (arith, word_problems, or the state-tracking cups / "
+        "modsum / parity; needs the checkpoint's tokenizer), the rows of a dataset (jsonl / json / parquet / csv / "
+        "hf_disk / hub: --data-path; chats rendered with the tokenizer's template) or random token ids",
     )
-    p.add_argument("--data-path", default=None, help="JSONL file of the jsonl task (prompt or messages per row)")
     p.add_argument(
         "--difficulty",
         type=int,
@@ -68,21 +70,20 @@ def task_prompts(
     bos_id: int | None = None,
     seed: int = 0,
     difficulty: list[int] | None = None,
-    data_path: str | None = None,
+    data: dict | None = None,
 ) -> list[list[int]]:
     """n prompts as token ids: a generated task's test-split prompts through the tokenizer, or random ids (BOS
     first). `difficulty`: arith levels or state-tracking chain lengths (None: arith 1 2 3, chains of 8)."""
     if task != "random":
         if tokenizer is None:
             raise ValueError(f"--task {task} needs a tokenizer in the checkpoint directory (or use --task random)")
-        if task in ("word_problems", "jsonl"):
-            from rl.config import DataConfig
+        if task == "word_problems" or task in FILE_TASKS:
+            from rl.config import config_from_dict
             from rl.data.loaders import encode_prompt, load_task_split
 
-            if task == "jsonl" and not data_path:
-                raise ValueError("--task jsonl needs --data-path")
-            data = DataConfig(task=task, train_path=data_path, test_path=data_path, difficulty=difficulty or [1, 2])
-            return [encode_prompt(tokenizer, r) for r in load_task_split(data, "test", n, tokenizer)]
+            section = config_from_dict({"data": {**(data or {"task": task}), "difficulty": difficulty or [1, 2]}}).data
+            rows = load_task_split(section, "test", n, tokenizer, answer_needed_by=None)  # (no scoring here)
+            return [encode_prompt(tokenizer, r) for r in rows]
         if task == "arith":
             from rl.data import arith
 
@@ -164,7 +165,7 @@ def run(args) -> int:
             cfg.bos_token_id,
             args.seed,
             args.difficulty or _trained_difficulty(args.checkpoint, args.task),
-            args.data_path,
+            data_section(args) if args.task in FILE_TASKS else None,
         )
     except (ValueError, DataError) as e:
         raise SystemExit(f"compare-likelihood: {e}") from None

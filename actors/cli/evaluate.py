@@ -20,9 +20,10 @@ from pathlib import Path
 
 import yaml
 
+from actors.cli.data_args import add_data_arguments, data_section
 from rl.atomic_files import write_text
 from rl.config import DataConfig, config_from_dict
-from rl.data.tasks import GENERATED_TASKS
+from rl.data.tasks import GENERATED_TASKS, TASKS
 from rl.decode_modes import MODES
 
 # GENERATED_TASKS: their problems are generated (difficulty levels apply, the checkpoint's training levels are the
@@ -31,22 +32,14 @@ from rl.decode_modes import MODES
 
 def add_arguments(p) -> None:
     p.add_argument("--checkpoint", required=True, help="FBT checkpoint directory (save_pretrained + tokenizer)")
-    p.add_argument(
-        "--task",
-        default="arith",
-        choices=["arith", "jsonl", *GENERATED_TASKS[1:]],
-        help="arith: the synthetic arithmetic; word_problems: templated chat word problems; cups / "
-        "modsum / parity: state tracking (rl/data/track.py); jsonl: rows with prompt (or messages) "
-        "and answer from --data-path",
+    add_data_arguments(
+        p,
+        TASKS,
+        what="arith: the synthetic arithmetic; word_problems: templated chat word problems; cups / modsum / "
+        "parity: state tracking; jsonl / json / parquet / csv / hf_disk / hub: rows with a prompt (or chat) and an "
+        "answer from --data-path",
     )
-    p.add_argument(
-        "--chat-template",
-        default="auto",
-        choices=["auto", "on", "off"],
-        help="render chat rows (messages) with the tokenizer's chat template (off: base models)",
-    )
-    p.add_argument("--data-path", default=None, help="JSONL file of the jsonl task")
-    p.add_argument("--split", default="test", help="arith split: train | val | test")
+    p.add_argument("--split", default="test", help="generated tasks: train | val | test; hf_disk / hub: a split")
     p.add_argument(
         "--difficulty",
         type=int,
@@ -97,18 +90,11 @@ def _data_config(args) -> DataConfig:
     data = {}
     if saved.is_file():
         data = dict((yaml.safe_load(saved.read_text()) or {}).get("data") or {})
-    if data.get("task") != args.task:
-        data.pop("difficulty", None)  # levels of another task mean nothing here
-    data["task"] = args.task
-    data["chat_template"] = args.chat_template
-    if args.task == "jsonl":
-        if not args.data_path:
-            raise SystemExit("fbrl eval: --task jsonl needs --data-path")
-        data["test_path"] = args.data_path
+    if data.get("task") != args.task:  # levels, files and fields of another task mean nothing here
+        data = {"seed": data["seed"]} if "seed" in data else {}
+    data.update(data_section(args, args.split))
     if args.difficulty:
         data["difficulty"] = args.difficulty
-    if data["task"] not in GENERATED_TASKS and not data.get("train_path"):
-        data["train_path"] = args.data_path  # the schema wants one for file tasks; eval never reads it
     return config_from_dict({"data": data}).data
 
 
@@ -145,7 +131,7 @@ def run(args) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import rl.model  # noqa: F401  (registers the FBT model classes)
-    from rl.data.loaders import load_task_split
+    from rl.data.loaders import DataError, load_task_split
     from rl.decode_modes import mode_warning
     from rl.model import as_standard_lm
     from rl.train.evaluate import evaluate, format_levels, format_table, paired_tests
@@ -179,12 +165,15 @@ def run(args) -> int:
     try:
         for level in levels:
             # generated tasks: train / val / test are the task's own hash-disjoint splits; jsonl: the one file
-            rows = load_task_split(
-                dataclasses.replace(data, difficulty=level),
-                args.split if args.split in ("train", "val") else "test",
-                n=args.n,
-                tokenizer=engines[0][2],
-            )
+            try:
+                rows = load_task_split(
+                    dataclasses.replace(data, difficulty=level),
+                    args.split if args.split in ("train", "val") else "test",
+                    n=args.n,
+                    tokenizer=engines[0][2],
+                )
+            except DataError as e:
+                raise SystemExit(f"fbrl eval: {e}") from None
             if args.by_difficulty:
                 print(f"-- difficulty {level[0]}")
             result = None
