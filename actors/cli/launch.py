@@ -176,10 +176,11 @@ def run(args) -> int:
             print(warning, flush=True)
 
     from actors.placement import build_workers, init_ray
+    from actors.trackers import Trackers
 
     faults = FaultLog(print)
     stop = StopSignals()
-    steps, stopped, wandb_run, bar = {}, None, None, None  # step -> its metrics (a step run again: the last)
+    steps, stopped, trackers, bar = {}, None, None, None  # step -> its metrics (a step run again: the last)
     plots, rewards, worker_logs = None, None, None
     try:
         stop.install()
@@ -193,13 +194,12 @@ def run(args) -> int:
         rollout, learner, rewards = build_workers(cfg, use_ray=not args.no_ray, faults=faults, startup=startup)
         print(_ready_line(time.perf_counter() - t_workers, t_ray, startup, time.perf_counter() - t_start), flush=True)
         worker_logs = _worker_logs_dir(args.no_ray)
-        wandb_run = _wandb(cfg, run_dir)
+        trackers = Trackers(cfg, run_dir)
         bar = console.progress_bar(cfg.train.steps, cfg.logging.progress)
 
         def on_step(metrics):
             steps[metrics["step"]] = metrics
-            if wandb_run is not None:
-                wandb_run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=metrics["step"])
+            trackers.log(metrics)
             if bar is not None:
                 bar.n = metrics["step"]
                 bar.refresh()
@@ -239,10 +239,7 @@ def run(args) -> int:
                 rewards.close()
             except Exception as e:
                 print(f"closing the rewards failed: {type(e).__name__}: {e}", flush=True)
-        wandb_dir = None
-        if wandb_run is not None:
-            wandb_dir = getattr(wandb_run, "dir", None)
-            wandb_run.finish()
+        wandb_dir = trackers.close() if trackers is not None else None
         _shutdown(args.no_ray)
         stop.uninstall()
     wandb_dir = str(Path(wandb_dir).parent) if wandb_dir else None  # the run's folder, not its files/
@@ -338,26 +335,6 @@ def _plot_title(cfg, run_dir) -> str:
         f"{run_dir.path.name}: {Path(cfg.model.path or 'model').name}, {cfg.data.task}, "
         f"{cfg.rollout.decode_mode} decoding, {cfg.likelihood.estimator} estimator, "
         f"{cfg.train.prompts_per_step}x{cfg.rollout.n_samples_per_prompt} samples per step"
-    )
-
-
-def _wandb(cfg, run_dir):
-    if cfg.logging.wandb_mode == "disabled":
-        return None
-    import wandb
-
-    from rl.config.secrets import redacted
-
-    settings = None if cfg.logging.verbose else wandb.Settings(silent=True)  # its 30-line summary: metrics.jsonl
-    return wandb.init(
-        project=cfg.logging.wandb_project,
-        entity=cfg.logging.wandb_entity,
-        mode=cfg.logging.wandb_mode,
-        dir=str(run_dir.path),
-        config=redacted(cfg.to_dict()),
-        resume="allow" if cfg.train.resume else None,
-        name=run_dir.path.name,
-        settings=settings,
     )
 
 

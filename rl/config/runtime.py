@@ -11,6 +11,9 @@ from rl.config.bounds import ge, within
 
 @dataclass
 class LoggingConfig:
+    # trackers fed every step beside RUN_DIR/metrics.jsonl and the plots (actors/trackers.py): wandb (see
+    # wandb_mode), tensorboard (event files in RUN_DIR/tensorboard; needs the tensorboard package)
+    report_to: list[Literal["wandb", "tensorboard"]] = field(default_factory=lambda: ["wandb"])
     wandb_project: str = "fbrl"
     wandb_entity: str | None = None
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
