@@ -192,10 +192,11 @@ class LocalLearner:
 class LocalRewards(RewardHost):
     """`RewardWorkers` in this process (the reward set of `reward.fns`)."""
 
-    def __init__(self, cfg, base_dir: str | None = None):
-        super().__init__(cfg.reward, base_dir, cfg.data.task)
+    def __init__(self, cfg, base_dir: str | None = None, python_fns: dict | None = None):
+        super().__init__(cfg.reward, base_dir, cfg.data.task, python_fns)
 
 
-def build_local_workers(cfg, learner_backend: str = "deepspeed"):
-    """`(rollout, learner, rewards)` in this process; a multi-worker learner config runs as one rank."""
-    return LocalRollout(cfg), LocalLearner(cfg, learner_backend), LocalRewards(cfg)
+def build_local_workers(cfg, learner_backend: str = "deepspeed", python_fns: dict | None = None):
+    """`(rollout, learner, rewards)` in this process; a multi-worker learner config runs as one rank.
+    `python_fns`: reward functions handed to `actors.api.train` (`python:NAME` in reward.fns)."""
+    return LocalRollout(cfg), LocalLearner(cfg, learner_backend), LocalRewards(cfg, python_fns=python_fns)

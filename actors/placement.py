@@ -236,14 +236,15 @@ def start_learner_group(cfg, placement: Placement, supervisor=None):
     return LearnerGroup(cfg, [make(r) for r in range(len(placement.learner))], make, supervisor)
 
 
-def start_reward_workers(cfg, base_dir: str | None = None, supervisor=None):
+def start_reward_workers(cfg, base_dir: str | None = None, supervisor=None, python_fns: dict | None = None):
     from actors.reward_workers import RewardWorkersOnRay, reward_actor_class
 
     base_dir = base_dir or os.getcwd()
     opts = {"num_cpus": 1, **({"resources": dict(cfg.ray.reward_resources)} if cfg.ray.reward_resources else {})}
 
     def make():
-        return reward_actor_class().options(**opts).remote(cfg.reward, base_dir, cfg.data.task)
+        # python_fns: functions handed to actors.api.train, pickled by value into the actor (cloudpickle)
+        return reward_actor_class().options(**opts).remote(cfg.reward, base_dir, cfg.data.task, python_fns)
 
     return RewardWorkersOnRay(make(), make, supervisor)
 
@@ -309,18 +310,21 @@ def role_threads(
     return max(1, int(reserved_cpus))
 
 
-def build_workers(cfg, use_ray: bool, faults=None, log=print, startup: dict | None = None):
+def build_workers(
+    cfg, use_ray: bool, faults=None, log=print, startup: dict | None = None, python_fns: dict | None = None
+):
     """`(rollout, learner, rewards)` for `rl.loop.train`: Ray actors placed as above, or in-process workers; the
     rollout workers carry the weight-sync transport (`rollout.weight_sync`, resolved for this placement).
     On Ray, dead actors are replaced within `cfg.faults`' bounds and counted in `faults` (a `rl.train.faults.FaultLog`
     shared with the loop). `startup`, when given, receives the seconds after which each role's actors were up
-    (`reward`, `rollout`, `learner`: they start at once and come up concurrently) and the engines' `threads`."""
+    (`reward`, `rollout`, `learner`: they start at once and come up concurrently) and the engines' `threads`.
+    `python_fns`: reward functions handed to `actors.api.train`, by name (`python:NAME` in reward.fns)."""
     from actors.weight_sync import attach_transport, resolve_transport
 
     if not use_ray:
         from actors.local import build_local_workers
 
-        rollout, learner, rewards = build_local_workers(cfg)
+        rollout, learner, rewards = build_local_workers(cfg, python_fns=python_fns)
         attach_transport(cfg, rollout, learner, *resolve_transport(cfg, None), log=log)
         return rollout, learner, rewards
     import ray
@@ -333,7 +337,7 @@ def build_workers(cfg, use_ray: bool, faults=None, log=print, startup: dict | No
     transport, why = resolve_transport(cfg, placement)
     t0 = time.time()
     rollout = start_rollout_fleet(cfg, placement, transport, supervisor)  # engines load while the learners meet
-    rewards = start_reward_workers(cfg, supervisor=supervisor)
+    rewards = start_reward_workers(cfg, supervisor=supervisor, python_fns=python_fns)
     ready = {"rollout": [_ready_at(a) for a in rollout.actors], "reward": [_ready_at(rewards.actor)]}
     learner = start_learner_group(cfg, placement, supervisor)
     t_learner = time.time() - t0

@@ -50,7 +50,7 @@ def _math_options(entry: dict, rcfg, task: str | None) -> dict:
     return entry
 
 
-def build_scorer(rcfg, base_dir: str, task: str | None = None):
+def build_scorer(rcfg, base_dir: str, task: str | None = None, python_fns: dict | None = None):
     """`(reward_set, accuracy_name)`: the rewards of `reward.fns`, plus the correctness check at weight 0 when it
     is not one of them; `accuracy_name` is the entry whose scores say which samples are correct (None: off)."""
     from rewards.base import RewardSet
@@ -58,7 +58,7 @@ def build_scorer(rcfg, base_dir: str, task: str | None = None):
     from rewards.math import MathReward
 
     entries = reward_entries(rcfg, task)
-    reward_set = build_reward_set(entries, base_dir=base_dir, default_timeout_s=rcfg.timeout_s)
+    reward_set = build_reward_set(entries, base_dir, rcfg.timeout_s, python_fns=python_fns)
     accuracy = rcfg.accuracy.strip()
     names = [e.name for e in reward_set.entries]
     # an entry is named by its metrics name ("format_reward") or by what `fn` says in the config ("format")
@@ -78,7 +78,7 @@ def build_scorer(rcfg, base_dir: str, task: str | None = None):
         {"fn": "math" if accuracy == "auto" else accuracy, "weight": 0.0, "name": ACCURACY_ENTRY}, rcfg, task
     )
     try:
-        extra = build_reward_set([check], base_dir=base_dir, default_timeout_s=rcfg.timeout_s)
+        extra = build_reward_set([check], base_dir, rcfg.timeout_s, python_fns=python_fns)
     except RewardLoadError as e:
         raise RewardLoadError(
             f"reward.accuracy: {accuracy!r} is not a reward of reward.fns ({', '.join(names)}), "
@@ -91,8 +91,8 @@ def build_scorer(rcfg, base_dir: str, task: str | None = None):
 class RewardHost:
     """The reward set in this process. `score` is `RewardWorkers.score`."""
 
-    def __init__(self, rcfg, base_dir: str | None = None, task: str | None = None):
-        self.reward_set, self.accuracy_name = build_scorer(rcfg, base_dir or os.getcwd(), task)
+    def __init__(self, rcfg, base_dir: str | None = None, task: str | None = None, python_fns: dict | None = None):
+        self.reward_set, self.accuracy_name = build_scorer(rcfg, base_dir or os.getcwd(), task, python_fns)
 
     def score(
         self,

@@ -98,11 +98,16 @@ def _import_module(mod: str, spec: str) -> Any:
         raise RewardLoadError(f"importing reward module {mod!r} failed: {type(e).__name__}: {e}") from e
 
 
-def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None, convention: str = "fbrl") -> Callable:
+def load_reward_fn(
+    spec: str, base_dir: str | os.PathLike | None = None, convention: str = "fbrl", python_fns: dict | None = None
+) -> Callable:
     """Load `path/to/file.py:fn` (relative paths from base_dir, default the working directory) or
-    `package.module:fn`. A class is instantiated without arguments (for rewards that keep state). With fbrl's
-    convention the result must be callable with the reward signature; another convention (trl, verl, openrlhf, or
-    auto: by signature; rewards/conventions.py) returns it wrapped into fbrl's contract."""
+    `package.module:fn`, or take `python:NAME` from `python_fns` (functions handed to `actors.api.train`). A class
+    is instantiated without arguments (for rewards that keep state). With fbrl's convention the result must be
+    callable with the reward signature; another convention (trl, verl, openrlhf, or auto: by signature;
+    rewards/conventions.py) returns it wrapped into fbrl's contract."""
+    if isinstance(spec, str) and spec.startswith(PYTHON_PREFIX):
+        return _python_fn(spec, convention, python_fns or {})
     if not isinstance(spec, str) or spec.count(":") < 1:
         raise RewardLoadError(f"reward spec {spec!r} must look like 'path/to/file.py:fn' or 'package.module:fn'")
     where, attr = spec.rsplit(":", 1)
@@ -145,7 +150,30 @@ def load_reward_fn(spec: str, base_dir: str | os.PathLike | None = None, convent
     return fn
 
 
-def make_reward(spec: str, base_dir: str | os.PathLike | None = None, convention: str = "fbrl", **options) -> Callable:
+PYTHON_PREFIX = "python:"  # a reward passed as a Python function to actors.api.train, by name
+
+
+def _python_fn(spec: str, convention: str, python_fns: dict) -> Callable:
+    name = spec.removeprefix(PYTHON_PREFIX)
+    if name not in python_fns:
+        raise RewardLoadError(
+            f"reward {spec!r} was a Python function handed to actors.api.train (reward_fns=[...]); it exists only "
+            f"in that call: resume the run with `api.train(RUN_DIR / 'config.yaml', resume=RUN_DIR, "
+            f"reward_fns=[{name}])`"
+        )
+    fn, resolved = adapt(python_fns[name], convention)
+    if resolved == "fbrl":
+        check_reward_signature(python_fns[name], name)
+    return fn
+
+
+def make_reward(
+    spec: str,
+    base_dir: str | os.PathLike | None = None,
+    convention: str = "fbrl",
+    python_fns: dict | None = None,
+    **options,
+) -> Callable:
     """A built-in reward by name (`math` -> MathReward(**options), `format` -> format_reward) or a user one
     called with `convention` (rewards/conventions.py)."""
     if spec == "math":
@@ -158,7 +186,7 @@ def make_reward(spec: str, base_dir: str | os.PathLike | None = None, convention
         return format_reward
     if options:
         raise RewardLoadError(f"options {sorted(options)} are only for built-in rewards, not {spec!r}")
-    return load_reward_fn(spec, base_dir, convention)
+    return load_reward_fn(spec, base_dir, convention, python_fns)
 
 
 def build_reward_set(
@@ -166,6 +194,7 @@ def build_reward_set(
     base_dir: str | os.PathLike | None = None,
     default_timeout_s: float = 60.0,
     num_workers: int | None = None,
+    python_fns: dict | None = None,
 ) -> RewardSet:
     """A RewardSet from config entries: a spec string, or {fn, weight?, timeout_s?, name?, options?, convention?}
     (convention: how a user function is called, rewards/conventions.py; default auto, by its signature).
@@ -192,6 +221,6 @@ def build_reward_set(
             timeout = None
         elif timeout is None:
             timeout = default_timeout_s
-        fn = make_reward(e["fn"], base_dir, e.get("convention", "auto"), **options)
+        fn = make_reward(e["fn"], base_dir, e.get("convention", "auto"), python_fns, **options)
         out.append(RewardEntry(fn, float(e.get("weight", 1.0)), e.get("name", ""), timeout))
     return RewardSet(out)

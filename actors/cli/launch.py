@@ -107,7 +107,8 @@ def prepare(args):
                 f"{', '.join(hidden)}: secret values are never saved with a run; resume with the "
                 f"config that holds them: fbrl train CONFIG --resume {args.resume}"
             )
-    tokenizer, cfg = check_job(cfg, in_process=getattr(args, "no_ray", False))
+    python_fns = getattr(args, "python_fns", None)
+    tokenizer, cfg = check_job(cfg, in_process=getattr(args, "no_ray", False), python_fns=python_fns)
     if not args.resume:
         # inside `ray job submit` the working dir is Ray's temporary copy: the run goes somewhere that lasts
         durable = durable_run_dir(cfg.train.run_dir, os.getcwd())
@@ -191,7 +192,8 @@ def run(args) -> int:
         t_ray = time.perf_counter() - t_ray
         print(_workers_line(cfg, not args.no_ray), flush=True)
         t_workers, startup = time.perf_counter(), {}
-        rollout, learner, rewards = build_workers(cfg, use_ray=not args.no_ray, faults=faults, startup=startup)
+        python_fns = getattr(args, "python_fns", None)
+        rollout, learner, rewards = build_workers(cfg, not args.no_ray, faults, startup=startup, python_fns=python_fns)
         print(_ready_line(time.perf_counter() - t_workers, t_ray, startup, time.perf_counter() - t_start), flush=True)
         worker_logs = _worker_logs_dir(args.no_ray)
         trackers = Trackers(cfg, run_dir)

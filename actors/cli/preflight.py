@@ -97,8 +97,9 @@ def check_tokenizer(cfg, model_config: dict):
     return tok
 
 
-def check_rewards(cfg, base_dir: str | None = None) -> None:
-    """Every reward of `reward.fns` resolves (user files and modules are imported here, in the driver)."""
+def check_rewards(cfg, base_dir: str | None = None, python_fns: dict | None = None) -> None:
+    """Every reward of `reward.fns` resolves (user files and modules are imported here, in the driver;
+    `python:NAME` entries are the functions handed to `actors.api.train`)."""
     from rewards.loader import BUILTINS, RewardLoadError, load_reward_fn
 
     for i, entry in enumerate(cfg.reward.fns):
@@ -110,7 +111,7 @@ def check_rewards(cfg, base_dir: str | None = None) -> None:
                 f"{', '.join(BUILTINS)}; a user reward is 'path/to/file.py:fn' or 'package.module:fn')"
             )
         try:
-            load_reward_fn(entry.fn, base_dir)
+            load_reward_fn(entry.fn, base_dir, entry.convention, python_fns)
         except RewardLoadError as e:
             raise BadInput(f"reward.fns[{i}].fn: {e}") from None
     check = cfg.reward.accuracy.strip()  # 'auto', 'none', an entry of fns, or a reward spec of its own
@@ -183,13 +184,13 @@ def check_combinations(cfg, in_process: bool = False) -> None:
         )
 
 
-def check_job(cfg, base_dir: str | None = None, in_process: bool = False, log=print):
+def check_job(cfg, base_dir: str | None = None, in_process: bool = False, log=print, python_fns: dict | None = None):
     """All of the above; returns (the tokenizer, `cfg` with `reward.accuracy: auto` resolved to none when the data
     has no answers to check against and no reward needs them). `in_process`: --no-ray."""
     check_combinations(cfg, in_process)
     model_config = check_checkpoint(cfg.model.path, allow_stock=not cfg.train.resume)
     tokenizer = check_tokenizer(cfg, model_config)
-    check_rewards(cfg, base_dir)
+    check_rewards(cfg, base_dir, python_fns)
     counts = check_data(cfg, tokenizer, model_config)
     if counts.get("answers") == 0 and cfg.reward.accuracy.strip() == "auto":
         log("reward.accuracy: auto -> none: the training rows carry no answer to check correctness against")
