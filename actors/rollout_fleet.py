@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 from actors.placement import role_threads
 from actors.supervision import actor_class, describe, gather, kill, lost_object
 from rl.batch import Sample
+from rl.train.faults import hang_injected
 from rl.train.workers import tensor_checksums
 
 
@@ -329,6 +331,7 @@ class RolloutActor(EngineHost):
 
         super().__init__(cfg, *args, **kwargs)
         self.heap = HeapTrimmer(cfg.ray.trim_heap_every)
+        self.calls = 0
 
     def generate(self, prompts: list[list[int]], params, min_version: int | None = None) -> list[Sample]:
         """Samples whose states are objects this actor put and owns (they die with it): for direct calls."""
@@ -344,6 +347,9 @@ class RolloutActor(EngineHost):
         (actors/state_plane.py)."""
         from actors.state_plane import pack
 
+        self.calls += 1
+        if hang_injected("GENERATE", self.calls):  # fault injection: a stuck engine (docs/RELIABILITY.md)
+            time.sleep(24 * 3600)
         out = pack(super().generate(prompts, params, min_version))
         self.heap.after_batch()
         return out

@@ -165,3 +165,17 @@ def injected(name: str) -> set[int]:
     worker method that fail on purpose (the workers say which). Empty unless the variable is set."""
     text = os.environ.get(f"FBRL_INJECT_{name}", "")
     return {int(x) for x in text.replace(" ", "").split(",") if x}
+
+
+def hang_injected(name: str, call: int) -> bool:
+    """Fault injection: `FBRL_INJECT_HANG_<name>=N:PATH` makes the N-th call (1-based) of a worker method hang
+    while its process stays alive, once per job: the first process to get there creates PATH and hangs; a
+    replacement, which counts its calls anew, finds PATH and does not. False unless the variable is set."""
+    n, _, marker = os.environ.get(f"FBRL_INJECT_HANG_{name}", "").partition(":")
+    if not n or call != int(n):
+        return False
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
