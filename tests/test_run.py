@@ -140,6 +140,49 @@ def test_keep_checkpoints_keeps_the_newest_and_survives_a_kill_mid_delete(tmp_pa
     ]
 
 
+def test_a_checkpoint_is_durable_before_latest_names_it(tmp_path, monkeypatch):
+    """After a power loss `latest` must not name files the disk never got: every file and directory of the new
+    checkpoint is fsynced before it is renamed into place, and the rename is fsynced before `latest` is replaced."""
+    import os
+
+    import rl.atomic_files as atomic
+    import rl.train.run_dir as run_dir
+
+    events, synced = [], set()
+    real_fsync, real_open = os.fsync, os.open
+    opened = {}
+
+    def tracking_open(path, flags, *a):
+        fd = real_open(path, flags, *a)
+        opened[fd] = str(path)
+        return fd
+
+    def tracking_fsync(fd):
+        synced.add(opened.get(fd, fd))
+        return real_fsync(fd)
+
+    def recorded(name, fn):
+        def call(*args, **kwargs):
+            events.append((name, *(str(a) for a in args[:2])))
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(atomic.os, "open", tracking_open)
+    monkeypatch.setattr(atomic.os, "fsync", tracking_fsync)
+    for name in ("fsync_tree", "fsync_dir", "replace_dir", "write_text"):
+        monkeypatch.setattr(run_dir, name, recorded(name, getattr(run_dir, name)))
+    run = RunDir(str(tmp_path / "run"))
+    final = run.save_checkpoint(3, FileLearner(3), {"version": 3})
+    kinds = [e[0] for e in events]
+    tree, swap = kinds.index("fsync_tree"), kinds.index("replace_dir")
+    latest = next(i for i, e in enumerate(events) if e[0] == "write_text" and e[1].endswith("latest"))
+    assert tree < swap < latest and "fsync_dir" in kinds[swap:latest] and kinds[latest + 1] == "fsync_dir", events
+    tmp = events[tree][1]  # every file and directory of the checkpoint, under its temporary name
+    files = [str(p.relative_to(final)) for p in final.rglob("*")]
+    assert {str(Path(tmp) / f) for f in files} <= synced and tmp in synced, (files, synced)
+
+
 def test_resume_falls_back_when_latest_names_an_incomplete_checkpoint(tmp_path):
     """After a power loss `latest` can name a checkpoint whose files are empty: resume takes the newest complete
     one, with a warning, instead of a traceback."""
