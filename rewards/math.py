@@ -67,9 +67,16 @@ def plain_number_gold(gold: str) -> str | None:
     return None
 
 
+_GSM8K_FINAL_RE = re.compile(r"^####\s*(.+?)\s*$", re.M)
+
+
 def gold_text(gold: Any) -> str:
-    """The text of a gold answer as it is parsed (see the module docstring)."""
+    """The text of a gold answer as it is parsed (see the module docstring). A whole GSM8K solution (worked steps,
+    then `#### 72`: the `answer` column of openai/gsm8k as it comes) is read as its final line's answer."""
     g = str(gold).strip()
+    final = _GSM8K_FINAL_RE.findall(g)
+    if final:
+        g = final[-1]
     # Delimited LaTeX (an unescaped `$`) or a whole solution with a box: math-verify finds the answer in it.
     if re.search(r"(?<!\\)\$", g) or "\\boxed" in g:
         return normalize(g, strip_dollars=False)

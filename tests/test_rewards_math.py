@@ -205,3 +205,13 @@ def test_format_reward():
     comps = ["\\boxed{3}", "final answer: 3", "3", "\\boxed{3", "\\boxed{3}"]
     assert format_reward(["q"] * 5, comps, ["3"] * 5) == [1.0, 1.0, 0.0, 0.0, 1.0]
     assert format_reward(["q"] * 5, comps, ["3"] * 5, finish_reasons=[None] * 4 + ["length"])[4] == 0.0
+
+
+def test_a_whole_gsm8k_solution_is_read_as_its_final_answer():
+    """openai/gsm8k's `answer` column as it comes (worked steps, calculator notes, `#### N` with a thousands comma):
+    the gold is N, so a Hub dataset needs no preprocessing (what verl's gsm8k script does by hand)."""
+    from rewards.math import MathReward
+
+    gold = "She sold 48/2 = <<48/2=24>>24 clips.\nIn all 48+24 = <<48+24=72>>72.\n#### 1,072"
+    out = MathReward(in_process=True)(["q"] * 3, ["So \\boxed{1072}.", "It is 72.", "\\boxed{1,072}"], [gold] * 3)
+    assert list(out) == [1.0, 0.0, 1.0]
