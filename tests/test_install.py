@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,3 +98,28 @@ def test_pip_install_then_fbrl_train_from_an_empty_directory(tmp_path):
     model_path = yaml.safe_load((work / "run" / "config.yaml").read_text())["model"]["path"]
     assert model_path.startswith(installed) and model_path.endswith("fbrl_data/checkpoints/tiny-arith-mixed")
     assert sorted(p.name for p in work.iterdir()) == ["run"]
+
+
+@pytest.mark.slow  # (~1-2 min of index lookups; untested on a GPU: this only checks that the GPU stack resolves)
+def test_the_gpu_install_resolves():
+    """`make venv-gpu`'s second line, as pip's dry run: fbrl's gpu extra (vLLM 0.32 for CUDA) with the dev extra
+    and constraints.txt resolves to one consistent set (torch 2.13, vllm 0.32, transformers 5.19)."""
+    proc = run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "-c",
+            "constraints.txt",
+            ".[gpu,dev]",
+        ],
+        cwd=REPO,
+        env=dict(os.environ, DS_BUILD_OPS="0"),
+    )
+    wanted = proc.stdout.splitlines()[-1]
+    assert wanted.startswith("Would install")
+    for pin in ("vllm-0.32.", "transformers-5.19.0", "torch-2.13.0"):
+        assert pin in wanted, wanted

@@ -72,3 +72,20 @@ def test_checkpoint_card_config_loads(tmp_path, card, index, block):
     path = tmp_path / f"{card.parent.name}-card-{index}.yaml"
     path.write_text(block)
     _assert_loads_as_written(path, block)
+
+
+def test_the_one_gpu_recipe_passes_the_load_time_checks_and_colocates_over_ipc():
+    """configs/gpu_1x.yaml (untested on a GPU here): its engine, GPU shares, colocation and transport pass the
+    combination checks and resolve to CUDA IPC with the engine on the learner's node."""
+    from actors.cli.preflight import check_combinations
+    from actors.weight_sync import resolve_transport
+
+    cfg = load_config(PACKAGE_ROOT / "configs" / "gpu_1x.yaml")
+    check_combinations(cfg)
+
+    class OneNode:
+        rollout_nodes = learner_nodes = ["gpu-node"]
+
+    assert resolve_transport(cfg, OneNode()) == ("ipc", "rollout.weight_sync")
+    assert cfg.ray.colocate and cfg.rollout.num_gpus_per_engine + cfg.learner.num_gpus_per_worker <= 1
+    assert cfg.data.task == "hub" and cfg.reward.answer_needed_by() is not None
