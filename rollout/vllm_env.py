@@ -200,20 +200,32 @@ def engine_options(
     return opts
 
 
+def kv_sequences_fit(config, max_model_len: int, kv_cache_gib: float, dtype) -> float:
+    """How many sequences of `max_model_len` tokens a CPU KV cache of `kv_cache_gib` holds, as vLLM pages a
+    hybrid model's cache: ceil(L / 128) + 1 blocks of 128 tokens each (measured: it predicts vLLM's own
+    `kv_cache_max_concurrency` to the digit shown in the engine's refusal)."""
+    per_token = _kv_bytes_per_token(config, dtype)
+    return kv_cache_gib * 2**30 / (per_token * (math.ceil(max_model_len / 128) + 1) * 128)
+
+
+def _kv_bytes_per_token(c, dtype) -> int:
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    half = dtype in ("bfloat16", "float16", "half") or (
+        dtype == "auto" and str(getattr(c, "dtype", "float32")) in ("bfloat16", "float16")
+    )
+    return (
+        2
+        * c.num_hidden_layers
+        * (getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
+        * head_dim
+        * (2 if half else 4)
+    )
+
+
 def kv_gib_needed(config, max_model_len, max_num_seqs, dtype) -> float:
     """KV bytes for max_num_seqs full-length sequences, with head-room for vLLM's hybrid page padding and
     the state slots."""
-    c = config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    nbytes = (
-        2
-        if (
-            dtype in ("bfloat16", "float16", "half")
-            or (dtype == "auto" and str(getattr(c, "dtype", "float32")) in ("bfloat16", "float16"))
-        )
-        else 4
-    )
-    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * nbytes
+    per_token = _kv_bytes_per_token(config, dtype)
     # vLLM CPU pages a hybrid model's KV in 128-token blocks, and each request also holds one state page of a
     # block's size: ceil(L / 128) + 1 blocks (2 x L alone fell short at L = 140: 53 of 64 sequences fit)
     tokens = max(2 * max_model_len, (math.ceil(max_model_len / 128) + 1) * 128)

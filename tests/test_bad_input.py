@@ -83,6 +83,10 @@ BAD_INPUT = [  # (overrides, a piece of the message); {d} is the inputs director
         "{d}/latin1.jsonl:2: not UTF-8 (byte 0xe9 at column 19)",
     ),
     (["algo.adv_eps=0"], "algo.adv_eps: must be > 0"),
+    (
+        ["rollout.engine=vllm", "rollout.vllm.kv_cache_gib=0.01"],
+        "rollout.vllm.kv_cache_gib=0.01 holds 9.1 sequences of rollout.vllm.max_model_len=256 tokens",
+    ),
     (["model.tokenizer={d}/bigtok"], "vocabulary mismatch"),
     (
         ["data.task=jsonl", "data.train_path={d}/long.jsonl", "data.overlong_prompts=error"],

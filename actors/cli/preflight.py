@@ -184,12 +184,39 @@ def check_combinations(cfg, in_process: bool = False) -> None:
         )
 
 
+def check_kv_cache(cfg, model_config: dict) -> None:
+    """A vLLM engine on CPU refuses a KV cache that cannot hold `max_num_seqs` full-length sequences (decoding could
+    preempt and lose latent states): found here, naming the keys and a size that works, instead of in the engine
+    actor after Ray started."""
+    from types import SimpleNamespace
+
+    from rl.data.prompts import vllm_max_model_len
+    from rollout.vllm_env import kv_gib_needed, kv_sequences_fit
+
+    r, v = cfg.rollout, cfg.rollout.vllm
+    if r.engine != "vllm" or r.num_gpus_per_engine > 0:
+        return
+    config = SimpleNamespace(**model_config)
+    length = vllm_max_model_len(cfg, config)
+    fits = kv_sequences_fit(config, length, v.kv_cache_gib, cfg.model.dtype)
+    if fits < v.max_num_seqs:
+        enough = kv_gib_needed(config, length, v.max_num_seqs, cfg.model.dtype)
+        raise BadInput(
+            f"rollout.vllm.kv_cache_gib={v.kv_cache_gib:g} holds {fits:.1f} sequences of rollout.vllm.max_model_len="
+            f"{length} tokens{'' if v.max_model_len else ' (the model context, at most 2048)'}, fewer than "
+            f"rollout.vllm.max_num_seqs={v.max_num_seqs} (the engine refuses a cache that could preempt): set "
+            f"kv_cache_gib to {enough:g}, or lower max_model_len (the longest prompt plus rollout.max_tokens is "
+            f"enough) or max_num_seqs"
+        )
+
+
 def check_job(cfg, base_dir: str | None = None, in_process: bool = False, log=print, python_fns: dict | None = None):
     """All of the above; returns (the tokenizer, `cfg` with `reward.accuracy: auto` resolved to none when the data
     has no answers to check against and no reward needs them). `in_process`: --no-ray."""
     check_combinations(cfg, in_process)
     model_config = check_checkpoint(cfg.model.path, allow_stock=not cfg.train.resume)
     tokenizer = check_tokenizer(cfg, model_config)
+    check_kv_cache(cfg, model_config)
     check_rewards(cfg, base_dir, python_fns)
     counts = check_data(cfg, tokenizer, model_config)
     if counts.get("answers") == 0 and cfg.reward.accuracy.strip() == "auto":
