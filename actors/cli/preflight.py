@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from rl.errors import InputError
@@ -191,7 +192,7 @@ def check_kv_cache(cfg, model_config: dict) -> None:
     from types import SimpleNamespace
 
     from rl.data.prompts import vllm_max_model_len
-    from rollout.vllm_env import kv_gib_needed, kv_sequences_fit
+    from rollout.vllm_env import kv_sequences_fit
 
     r, v = cfg.rollout, cfg.rollout.vllm
     if r.engine != "vllm" or r.num_gpus_per_engine > 0:
@@ -200,7 +201,7 @@ def check_kv_cache(cfg, model_config: dict) -> None:
     length = vllm_max_model_len(cfg, config)
     fits = kv_sequences_fit(config, length, v.kv_cache_gib, cfg.model.dtype)
     if fits < v.max_num_seqs:
-        enough = kv_gib_needed(config, length, v.max_num_seqs, cfg.model.dtype)
+        enough = math.ceil(v.kv_cache_gib * v.max_num_seqs / fits * 1.05 * 8) / 8  # 5 % over the pages, in GiB/8
         raise BadInput(
             f"rollout.vllm.kv_cache_gib={v.kv_cache_gib:g} holds {fits:.1f} sequences of rollout.vllm.max_model_len="
             f"{length} tokens{'' if v.max_model_len else ' (the model context, at most 2048)'}, fewer than "
