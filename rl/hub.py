@@ -59,5 +59,15 @@ def snapshot(repo_id: str, repo_type: str = "model", key: str = "model.path") ->
 
 
 def local_model_dir(path: str | None, key: str = "model.path") -> str | None:
-    """`path` itself when it is a local directory (or None), else the snapshot of the Hub id it names."""
-    return snapshot(path, "model", key) if is_hub_id(path) else path
+    """`path` itself when it is a local directory (or None), else the snapshot of the Hub id it names. `org/name`
+    is also how a relative path looks: when it is neither, the error says both."""
+    if not is_hub_id(path):
+        return path
+    try:
+        return snapshot(path, "model", key)
+    except HubError as e:
+        raise HubError(
+            f"{key}: checkpoint not found: {Path(path).expanduser().resolve()} is no directory (relative paths are "
+            f"taken from the working directory, {Path.cwd()}), and as a Hugging Face Hub id: "
+            f"{str(e).removeprefix(key + ': ')}"
+        ) from None

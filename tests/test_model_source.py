@@ -86,7 +86,10 @@ def test_a_hub_id_missing_from_the_cache_offline_is_refused_naming_the_key(tmp_p
     args = local_args(tmp_path, "model.path=acme/not-cached", "train.steps=1")
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "model.path: acme/not-cached is not in the local Hugging Face cache" in err and "HF_HUB_OFFLINE=1" in err
+    assert (
+        "model.path: checkpoint not found: " in err and "acme/not-cached is not in the local Hugging Face cache" in err
+    )
+    assert "HF_HUB_OFFLINE=1" in err
     assert not (tmp_path / "run").exists()
 
 
