@@ -56,6 +56,11 @@ def ray_session():
 
 
 def fleet_of(engines: list, fcfg: FaultsConfig, lines: list[str]):
+    """A supervised fleet over `engines`, once their processes are up (as `build_workers` waits for them): a
+    deadline counts from a call's submission, and an actor's start on a loaded machine takes seconds."""
+    import ray
+
+    ray.get([e.version.remote() for e in engines])
     engine = stub_engine_class()
     supervisor = Supervisor(fcfg, FaultLog(lines.append))
     return RolloutFleet(engines, make_actor=lambda k: engine.remote(), supervisor=supervisor), supervisor
@@ -69,6 +74,7 @@ def test_a_hung_engine_is_replaced_after_the_deadline_with_the_same_seeds(ray_se
     prompts = [[1, 2], [3], [4, 5], [6]]
     params = SamplingParams(n=2, seed=100)
     first = fleet.generate(prompts, params, 0)
+    assert not supervisor.faults.counts  # the first calls returned in time
     t0 = time.monotonic()
     second = fleet.generate(prompts, params, 0)  # engine 1's 2nd call hangs
     waited = time.monotonic() - t0
