@@ -87,7 +87,7 @@ class RecordingLearner:
         return {}
 
     def export_weights(self, path):
-        return path
+        return None  # a stand-in writes no weights (and so exports no policy/)
 
 
 def run_loop(tmp_path, table, steps=1, **algo):

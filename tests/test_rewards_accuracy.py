@@ -142,7 +142,7 @@ class NoLearner:
         return {}
 
     def export_weights(self, path):
-        return path
+        return None  # a stand-in writes no weights (and so exports no policy/)
 
 
 def test_loop_accuracy_and_eval_accuracy_use_the_check(tmp_path):
