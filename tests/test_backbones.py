@@ -103,7 +103,7 @@ def test_identity_conversion_is_exact_through_every_estimator_and_the_torch_engi
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < TOL, (kind, mode)
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "mistral"])
+@pytest.mark.parametrize("kind", ["qwen3", pytest.param("mistral", marks=pytest.mark.slow)])
 def test_identity_conversion_in_vllm_equals_the_backbone(tmp_path, kind):
     """The plugin's class for the backbone (FBTQwen3ForCausalLM, FBTMistralForCausalLM) decodes the identity-
     converted checkpoint like the stock model, in soft and fused mode. (Llama and Qwen2: tests/test_identity.py,

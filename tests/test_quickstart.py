@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from test_data_sources import write_parquet
 from test_model_source import hub_cache
@@ -57,6 +58,7 @@ def bash_blocks(text: str) -> list[str]:
     return re.findall(r"```bash\n(.*?)```", text, re.S)
 
 
+@pytest.mark.slow  # (~1.5 min: five fbrl processes; each path is also in CI through test_model_source / _data_sources)
 def test_the_quickstart_runs_as_written(tmp_path):
     blocks = bash_blocks(DOC.read_text())
     assert len(blocks) == 5

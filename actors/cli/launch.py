@@ -193,7 +193,9 @@ def run(args) -> int:
         print(_workers_line(cfg, not args.no_ray), flush=True)
         t_workers, startup = time.perf_counter(), {}
         python_fns = getattr(args, "python_fns", None)
-        rollout, learner, rewards = build_workers(cfg, not args.no_ray, faults, startup=startup, python_fns=python_fns)
+        rollout, learner, rewards = build_workers(
+            cfg, use_ray=not args.no_ray, faults=faults, startup=startup, python_fns=python_fns
+        )
         print(_ready_line(time.perf_counter() - t_workers, t_ray, startup, time.perf_counter() - t_start), flush=True)
         worker_logs = _worker_logs_dir(args.no_ray)
         trackers = Trackers(cfg, run_dir)

@@ -135,8 +135,10 @@ def load_rows(
     return _normalize(rows, where, prompt_field, answer_field, messages_field, answer_needed_by)
 
 
-def load_jsonl(path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer") -> list[dict]:
-    return load_rows("jsonl", path, prompt_field=prompt_field, answer_field=answer_field)
+def load_jsonl(
+    path: str | Path, prompt_field: str = "prompt", answer_field: str = "answer", messages_field: str = "messages"
+) -> list[dict]:
+    return load_rows("jsonl", path, prompt_field=prompt_field, answer_field=answer_field, messages_field=messages_field)
 
 
 def load_task_split(
