@@ -107,7 +107,8 @@ def load_reward_fn(
     callable with the reward signature; another convention (trl, verl, openrlhf, or auto: by signature;
     rewards/conventions.py) returns it wrapped into fbrl's contract."""
     if isinstance(spec, str) and spec.startswith(PYTHON_PREFIX):
-        return _python_fn(spec, convention, python_fns or {})
+        name = spec.removeprefix(PYTHON_PREFIX)
+        return _adapted(_python_fn(name, spec, python_fns or {}), name, spec, convention)
     if not isinstance(spec, str) or spec.count(":") < 1:
         raise RewardLoadError(f"reward spec {spec!r} must look like 'path/to/file.py:fn' or 'package.module:fn'")
     where, attr = spec.rsplit(":", 1)
@@ -139,12 +140,17 @@ def load_reward_fn(
             obj.__name__ = attr
         except (AttributeError, TypeError):
             pass
+    return _adapted(obj, attr, spec, convention)
+
+
+def _adapted(obj: Callable, name: str, spec: str, convention: str) -> Callable:
+    """`obj` called with `convention` (rewards/conventions.py); fbrl's own must take the reward signature."""
     try:
         fn, resolved = adapt(obj, convention)
     except ValueError as e:
         raise RewardLoadError(f"reward {spec!r}: {e}") from None
     if resolved == "fbrl":
-        check_reward_signature(obj, attr)
+        check_reward_signature(obj, name)
     if convention == "auto":
         log.info("reward %s: called with the %s convention (auto, by its signature)", spec, resolved)
     return fn
@@ -153,18 +159,13 @@ def load_reward_fn(
 PYTHON_PREFIX = "python:"  # a reward passed as a Python function to actors.api.train, by name
 
 
-def _python_fn(spec: str, convention: str, python_fns: dict) -> Callable:
-    name = spec.removeprefix(PYTHON_PREFIX)
+def _python_fn(name: str, spec: str, python_fns: dict) -> Callable:
     if name not in python_fns:
         raise RewardLoadError(
             f"reward {spec!r} was a Python function handed to actors.api.train (reward_fns=[...]); it exists only "
-            f"in that call: resume the run with `api.train(RUN_DIR / 'config.yaml', resume=RUN_DIR, "
-            f"reward_fns=[{name}])`"
+            f"in that call: resume the run with `api.train(resume=RUN_DIR, reward_fns=[{name}])`"
         )
-    fn, resolved = adapt(python_fns[name], convention)
-    if resolved == "fbrl":
-        check_reward_signature(python_fns[name], name)
-    return fn
+    return python_fns[name]
 
 
 def make_reward(

@@ -334,7 +334,8 @@ class RewardPool:
                     self._record(results, pending.take_any(), TIMEOUT, 0.0, error=note)
             self._dispatch(fn, items, pending, results)
             now = time.monotonic()
-            watched, deadlines = {}, [] if budget_end is None or not pending else [budget_end]
+            watched = {}
+            deadlines = [budget_end] if budget_end is not None and pending else []  # the batch's, then each item's
             for w in self._workers:
                 if w.queue or not w.ready:
                     watched[w.conn] = watched[w.proc.sentinel] = w

@@ -397,12 +397,11 @@ def save_step(run: RunDir, cfg: Config, learner, step: int, state: dict) -> bool
         # exported here: only the file transport writes the weights file at every sync
         path = learner.export_weights(weights_file(run))
         if path is not None and not os.path.isfile(path):
-            raise RunStopped(
+            raise not_shared(
                 f"learner rank 0 exported the policy's weights to {path}, which this driver (on "
-                f"{socket.gethostname()}) cannot see: train.run_dir={run.path} must be on storage every node "
-                f"shares (NFS or a cluster filesystem), or learner rank 0 on the driver's node",
-                resumable=False,
-                exit_code=EXIT_BAD_INPUT,
+                f"{socket.gethostname()}) cannot see",
+                run.path,
+                "learner rank 0",
             )
         if path is not None:  # (a learner stand-in in tests may export no file)
             run.export_policy(
@@ -458,14 +457,23 @@ def check_saved(directory: Path, receipts: list[dict] | None, run_path: Path) ->
             for rank, (host, lost) in sorted(missing.items())
         )
         shutil.rmtree(directory.parent, ignore_errors=True)
-        raise RunStopped(
-            f"the checkpoint is incomplete as this driver (on {socket.gethostname()}) sees it: the learner ranks "
-            f"wrote files it cannot find under {directory} ({ranks}). train.run_dir={run_path} must be on storage "
-            f"every node shares (NFS or a cluster filesystem), or every learner rank on the driver's node; "
-            f"nothing of this checkpoint was kept",
-            resumable=False,
-            exit_code=EXIT_BAD_INPUT,
+        raise not_shared(
+            f"the checkpoint is incomplete as this driver (on {socket.gethostname()}) sees it, and nothing of it was "
+            f"kept: the learner ranks wrote files it cannot find under {directory} ({ranks})",
+            run_path,
+            "every learner rank",
         )
+
+
+def not_shared(what: str, run_path: Path, ranks: str) -> RunStopped:
+    """The stop for files the learner ranks wrote where this driver cannot read them (nodes without shared
+    storage): exit 2, naming `train.run_dir` and the fix."""
+    return RunStopped(
+        f"{what}. train.run_dir={run_path} must be on storage every node shares (NFS or a cluster filesystem), or "
+        f"{ranks} on the driver's node",
+        resumable=False,
+        exit_code=EXIT_BAD_INPUT,
+    )
 
 
 def metrics_line(row: dict) -> str:
