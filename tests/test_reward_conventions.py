@@ -234,3 +234,23 @@ def test_unscored_samples_leave_the_group_statistics_and_get_advantage_zero():
     assert torch.equal(
         algos.compute_advantages(rewards, groups, "grpo", 1e-6, torch.zeros(6, dtype=torch.bool)), torch.zeros(6)
     )
+
+
+def test_a_trl_reward_reads_chat_completions_and_a_nested_ground_truth(tmp_path):
+    """The reward a TRL user has for verl-layout data: `completion[0]["content"]` of each conversational completion
+    against the nested `reward_model["ground_truth"]` column, loaded from its file by `auto`."""
+    (tmp_path / "trl_gsm8k.py").write_text(
+        "def correct(completions, reward_model, **kwargs):\n"
+        "    return [float(c[0]['content'].strip().endswith(rm['ground_truth'])) for c, rm in"
+        " zip(completions, reward_model)]\n"
+    )
+    rs = build_reward_set([{"fn": "trl_gsm8k.py:correct"}], base_dir=tmp_path)
+    chats = [[{"role": "user", "content": "2+3?"}], [{"role": "user", "content": "7-4?"}]]
+    out = rs(
+        ["<rendered>"] * 2,
+        ["#### 5", "#### 4"],
+        ["5", "3"],
+        messages=chats,
+        reward_model=[{"style": "rule", "ground_truth": "5"}, {"style": "rule", "ground_truth": "3"}],
+    )
+    assert out.rewards == [1.0, 0.0] and not out.errors
