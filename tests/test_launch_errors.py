@@ -2,6 +2,7 @@
 through with its traceback."""
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +56,13 @@ def test_other_errors_keep_their_traceback(monkeypatch, capsys, bug):
 def test_every_input_error_shares_the_base():
     for cls in (ConfigError, DataError, RunDirError, RewardLoadError, BadInput):
         assert issubclass(cls, InputError) and issubclass(cls, ValueError), cls
+
+
+def test_every_command_prints_a_config_error_as_one_line(capsys):
+    """`fbrl pretrain` (and every other command) reports a bad key or value by name, exit 2, no traceback."""
+    from actors.cli import main
+
+    config = Path(__file__).resolve().parent.parent / "configs" / "cups_pretrain.yaml"
+    assert main(["pretrain", str(config), "pretrain.eval_every=-1"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("fbrl pretrain: error: pretrain.eval_every: must be >= 0") and "Traceback" not in err

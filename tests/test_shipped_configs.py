@@ -89,3 +89,18 @@ def test_the_one_gpu_recipe_passes_the_load_time_checks_and_colocates_over_ipc()
     assert resolve_transport(cfg, OneNode()) == ("ipc", "rollout.weight_sync")
     assert cfg.ray.colocate and cfg.rollout.num_gpus_per_engine + cfg.learner.num_gpus_per_worker <= 1
     assert cfg.data.task == "hub" and cfg.reward.answer_needed_by() is not None
+
+
+def test_the_cluster_recipe_passes_the_load_time_checks_and_names_no_file_outside_the_run_tree():
+    """configs/gpu_1b.yaml (untested on a GPU here): its combination of engines, learners and transport is accepted,
+    its data are Hub ids and its model and run directory live under runs/, where its documented recipe writes."""
+    from actors.cli.preflight import check_combinations
+
+    path = PACKAGE_ROOT / "configs" / "gpu_1b.yaml"
+    cfg = load_config(path)
+    check_combinations(cfg)
+    assert cfg.data.task == "hub" and cfg.reward.answer_needed_by() is not None
+    written = yaml.safe_load(path.read_text())
+    model_path, run_dir = written["model"]["path"], written["train"]["run_dir"]
+    assert model_path.startswith("runs/") and run_dir.startswith("runs/")
+    assert f"pretrain.out_dir={model_path}" in path.read_text()  # the recipe in its header makes the model

@@ -126,4 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray or rest)}")
     if rest:
         args.overrides = list(args.overrides) + rest
-    return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+    from rl.config import ConfigError
+
+    try:
+        return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
+    except ConfigError as e:  # a bad key or value: the message names it; a traceback would bury it
+        print(f"fbrl {args.command}: error: {e}", file=sys.stderr)
+        return 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-from rl.config.bounds import within
+from rl.config.bounds import ge, within
 
 
 @dataclass
@@ -68,7 +68,7 @@ class PretrainConfig:
     # where passes >= 2 fuse the previous pass's state: every position (pretraining, `fused` prompts) or only
     # the loss-masked response positions, the prompt staying plain — exactly what `soft` decoding does
     feedback_on: Literal["all", "response"] = "all"
-    eval_every: int = 200
+    eval_every: Annotated[int, ge(0, "(0: at the last step only)")] = 200
     val_batches: int = 4
     out_dir: str = "runs/pretrain"  # never a shipped checkpoint by default: replacing one is deliberate
     seed: int = 0

@@ -307,7 +307,7 @@ def train(cfg: Config, log=print) -> dict:
                 + f" lr={sched.get_last_lr()[0]:.2e} gnorm={float(grad_norm):.2f} tok/s={tokens / el:.0f}"
                 + f" elapsed={el:.0f}s cpu={time.process_time() - cpu_start:.0f}s"
             )
-        if (step + 1) % p.eval_every == 0 or step + 1 == p.steps:
+        if (p.eval_every and (step + 1) % p.eval_every == 0) or step + 1 == p.steps:
             val = validation_losses(model, val_batches, k_eval, p.feedback_on, with_exact)
             history.append(
                 {
