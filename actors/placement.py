@@ -20,7 +20,7 @@ Ray itself (`init_ray`):
 - `ray.address` set: connect to that cluster. Null inside a job started by `ray job submit`: the job's cluster.
 - otherwise a NEW private local instance (`address="local"`: never attaches to a cluster someone else started on
   this machine), as many logical CPUs as the machine has or the job needs, whichever is larger (a scheduling
-  count; a 2-core laptop still runs 1 engine + 2 ranks). It is loopback-only: Ray's node IP is 127.0.0.1, so
+  count; a 2-core laptop still runs an engine, 2 learner ranks and the reward actor). It is loopback-only: Ray's node IP is 127.0.0.1, so
   GCS, raylet, object manager, workers, agents and the dashboard (off unless `ray.dashboard`) all listen on
   127.0.0.1; and every Ray RPC needs a token made for this run (`RAY_AUTH_MODE=token`, `RAY_AUTH_TOKEN`, set in
   this process and inherited by Ray's processes; never logged). The learners' gloo sockets stay on `lo`

@@ -75,7 +75,7 @@ def tiny_setup() -> Setup:
     if (TINY_CKPT / "config.json").exists():
         model, note = AutoModelForCausalLM.from_pretrained(str(TINY_CKPT), dtype=torch.float32).eval(), str(TINY_CKPT)
     else:
-        # the tiny default's shape (rl/config.py ModelInitConfig); vocab = the character tokenizer's 101 ids
+        # the tiny default's shape (rl/config/pretrain.py ModelInitConfig); vocab = the character tokenizer's 101 ids
         model = _random_fbt(
             hidden_size=128,
             num_hidden_layers=2,

@@ -3,13 +3,13 @@
     python -m bench.weight_sync [--models tiny,135m] [--steps 6] [--reps 5] [--out runs/bench_sync]
 
 For each model and transport the real stack is built (`actors.placement.build_workers`: a private local Ray, one
-vLLM CPU engine, two DeepSpeed ZeRO-2 learner ranks, the reward actor — the demo's layout) and the RL loop
+vLLM CPU engine, two DeepSpeed ZeRO-2 learner ranks, the reward actor) and the RL loop
 (`rl.loop.train`) runs `--steps` steps with that transport: metrics.jsonl gives each step's `time_sync_s` and
 `time_step_s` (medians over steps 2.., the first being warm-up), hence sync / step. Then, on the same workers,
 `--reps` syncs of each transport alternate (file, ray, file, ray, ...): seconds per sync at identical state,
 the ratio ray / file being the fairer comparison (both measured within seconds of each other).
 
-Models: `tiny` = configs/tiny.yaml as is (the demo: checkpoints/tiny-arith-mixed, 0.7M parameters); `135m` = a
+Models: `tiny` = configs/tiny.yaml on that layout (the demo's model: checkpoints/tiny-arith-mixed, 0.7M parameters); `135m` = a
 random-weight FBT of SmolLM2-135M's shape (d=576, 30 layers, 9 heads of 64, 3 KV heads, vocab 49,152, tied;
 134.5M parameters, 538 MB fp32) with the character tokenizer, 8 prompts x 4 samples x 16 tokens per step, and
 `alternating_reward` (random weights earn no task reward; without a signal the loop would skip update and sync).
@@ -80,6 +80,10 @@ def overrides_for(model: str, out: Path, steps: int) -> list[str]:
         "train.checkpoint_every=0",
         "logging.progress=false",
         "logging.wandb_mode=disabled",
+        # the layout the figures were measured on (the demo's default is now the torch engine and one rank)
+        "rollout.engine=vllm",
+        "learner.num_workers=2",
+        "learner.zero_stage=2",
     ]
     if model == "tiny":
         return common

@@ -19,17 +19,17 @@ fbrl: online reinforcement-learning post-training (GRPO family) for full-bandwid
 decoder LMs that feed the previous token's top-layer state back into the next input."""
 EPILOG = """\
 `fbrl COMMAND --help` shows a command's description, examples and options.
-First run: `make demo` (= fbrl train configs/tiny.yaml: the embedded RL job, about 3 minutes on 2 CPU cores)."""
+First run: `make demo` (= fbrl train configs/tiny.yaml: the embedded RL job, about 4 minutes on 2 CPU cores)."""
 
 COMMANDS = {
     "train": (
         "actors.cli.launch",
         "run an RL job (local Ray unless ray.address names a cluster)",
         """\
-Run an online RL job: a vLLM rollout fleet decoding with latent feedback, DeepSpeed learners, rule-based or your
-own reward functions (docs/REWARDS.md), the likelihood estimator of your choice, on Ray. Without ray.address a
-private local Ray is started (loopback only, dashboard off). Without CONFIG the embedded default runs
-(configs/tiny.yaml: the tiny checkpoint on synthetic arithmetic).
+Run an online RL job: rollout engines decoding with latent feedback (vLLM with fbrl's plugin, or the pure-torch
+engine), DeepSpeed learners, rule-based or your own reward functions (docs/REWARDS.md), the likelihood estimator
+of your choice, on Ray. Without ray.address a private local Ray is started (loopback only, dashboard off).
+Without CONFIG the embedded default runs (configs/tiny.yaml: the tiny checkpoint on synthetic arithmetic).
 
 The console shows one line per step and a summary at the end; everything else is in RUN_DIR: config.yaml,
 metrics.jsonl (one JSON object per step), checkpoints/, plots/summary.png, wandb/.

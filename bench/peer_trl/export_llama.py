@@ -17,7 +17,7 @@ tokens); without it, arithmetic rows as before. `--rows` (default 64) sets how m
 
 With latent feedback off (fbrl's `standard` decode mode and `standard` likelihood estimator) an FBT model *is* its
 backbone: `FBTMixin.multipass_forward(..., num_passes=1)` and `run_stack(embed(ids))` never call the fusion
-(rl/model.py `_fused_inputs` returns the plain embedding when nothing is fused). So the export is: every tensor but
+(rl/model/fbt.py `_fused_inputs` returns the plain embedding when nothing is fused). So the export is: every tensor but
 `fusion.*`, copied bit for bit into a `LlamaForCausalLM` whose config is the FBT config without its `fbt_*` keys.
 fbrl has no command for this direction (`fbrl convert` goes stock -> FBT).
 
@@ -123,7 +123,7 @@ def main() -> int:
         ids, am = enc["input_ids"], enc["attention_mask"]
         pos = positions_from_mask(am)
         with torch.no_grad():
-            h_std, _ = fbt.run_stack(fbt.embed(ids), am, pos)  # rl/likelihood.py `standard`
+            h_std, _ = fbt.run_stack(fbt.embed(ids), am, pos)  # rl/estimators/likelihood.py `standard`
             ref = fbt.logits_from_hidden(h_std)
             h_mp = fbt.multipass_forward(ids, 1, am).last_hidden  # one pass = no feedback anywhere
             got = plain(input_ids=ids, attention_mask=am, position_ids=pos).logits

@@ -5,7 +5,7 @@
 Each file is py-spy's raw (collapsed) output of one learner rank (10 Hz, so a sample is 0.1 s); the number after
 the colon is how many trained steps the record covers (the per-step figures divide by it). Samples are put in
 phases by the frames they contain: fbrl's micro-batch forward (the decoder stack; the LM head + log_softmax +
-entropy at the response tokens, rl/likelihood.py `token_logprobs`), the backward (autograd; DeepSpeed ZeRO-2's
+entropy at the response tokens, rl/estimators/likelihood.py `token_logprobs`), the backward (autograd; DeepSpeed ZeRO-2's
 gradient hooks: bucket flatten / copy into the partition, and gloo's all_reduce of the buckets), the optimizer step
 (AdamW, the parameter all-gather, norm / flatten / clip), and outside the update the mismatch parts and the
 weight export (rank 0). Prints a markdown table in seconds per trained step.
