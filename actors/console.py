@@ -45,7 +45,7 @@ QUIET_LOGGERS = (
     "matplotlib",
     "PIL",
 )
-# fbrl's own per-call warnings that the loop already prints once per kind (rl/report/console.py `report_failures`); in-process
+# fbrl's own per-call warnings that the loop already prints once per kind (rl/report/step_lines.py `report_failures`); in-process
 # (--no-ray) they would repeat every step. On Ray they stay in the reward worker's log.
 REPORTED_BY_THE_LOOP = ("rewards.base", "actors.reward_workers")
 # vLLM warnings that every fbrl engine triggers and that ask nothing of the user (substring → why it is harmless).

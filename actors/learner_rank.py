@@ -63,11 +63,11 @@ from actors.policy_io import (
     stream_safetensors_atomic,
     write_safetensors_atomic,
 )
-from rl.batch import collate
 from rl.decode_modes import record_rl_mode
 from rl.estimators.mismatch_parts import MismatchProbe
-from rl.model.lora import maybe_wrap, reference_scope
+from rl.model.lora_policy import maybe_wrap, reference_scope
 from rl.report.latent_metrics import latent_metrics
+from rl.samples.batch import collate
 from rl.train.faults import injected
 from rl.train.policy_update import PolicyUpdater, rows_read
 from rl.train.run_dir import saved_files
@@ -76,7 +76,7 @@ from rl.train.workers import tensor_checksums
 log = logging.getLogger(__name__)
 
 DS_SUBDIR, MODEL_SUBDIR, DS_TAG = "deepspeed", "model", "state"
-ADAPTER_SUBDIR = "adapter"  # a LoRA learner's adapters in peft's format, beside model/ (rl/model/lora.py)
+ADAPTER_SUBDIR = "adapter"  # a LoRA learner's adapters in peft's format, beside model/ (rl/model/lora_policy.py)
 
 
 def compute_latent_metrics(policy, cfg, samples) -> dict[str, float]:
@@ -173,7 +173,7 @@ class LearnerRank:
 
         self.policy = load_policy(cfg.model.path)
         record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
-        # learner.lora: peft adapters and the fusion train, the rest is frozen (rl/model/lora.py)
+        # learner.lora: peft adapters and the fusion train, the rest is frozen (rl/model/lora_policy.py)
         self.policy, self.lora = maybe_wrap(self.policy, lcfg.lora, cfg.train.seed)
         self.pad_id = pad_id_of(self.policy)
         routed = _Routed(self.policy)
@@ -201,7 +201,7 @@ class LearnerRank:
         self.engine.checkpoint_engine = safe_checkpoint_engine(self.engine)
         self.backend = DeepSpeedBackend(self.engine, world_size)
         ref = None
-        if cfg.algo.kl_coef > 0 and self.lora is not None:  # the policy itself, adapters off (rl/model/lora.py)
+        if cfg.algo.kl_coef > 0 and self.lora is not None:  # the policy itself, adapters off (rl/model/lora_policy.py)
             ref = self.policy
         elif cfg.algo.kl_coef > 0:  # frozen copy of the starting policy, outside DeepSpeed (never updated)
             ref = load_policy(cfg.model.path, torch.bfloat16 if lcfg.bf16 else torch.float32)
@@ -277,7 +277,7 @@ class LearnerRank:
     def full_tensors(self):
         """(name, full weight on CPU) per parameter on rank 0, (name, None) on the other ranks, named as in the
         checkpoint (tied weights once). Collective under ZeRO-3: parameters are gathered one at a time (bounding
-        memory), so every rank must run it to the end. A LoRA learner's are the merged weights (rl/model/lora.py)."""
+        memory), so every rank must run it to the end. A LoRA learner's are the merged weights (rl/model/lora_policy.py)."""
         if self.lora is not None:  # merged tensors are new, the others frozen or stable until the next update
             for name, t in self.lora.merged_tensors():
                 yield name, (t.to("cpu") if self.rank == 0 else None)

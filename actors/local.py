@@ -26,7 +26,7 @@ from actors.reward_workers import RewardHost
 from actors.rollout_fleet import EngineHost, chunk_params, merge_chunks, split_prompts
 from rl.decode_modes import record_rl_mode
 from rl.estimators.mismatch_parts import MismatchProbe
-from rl.model.lora import maybe_wrap, reference_scope
+from rl.model.lora_policy import maybe_wrap, reference_scope
 from rl.train.policy_update import PolicyUpdater, TorchBackend
 from rl.train.run_dir import saved_files
 from rl.train.workers import tensor_checksums
@@ -75,7 +75,9 @@ class TorchLearner:
         self.cfg = cfg
         self.policy = load_policy(cfg.model.path)
         record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
-        self.policy, self.lora = maybe_wrap(self.policy, lcfg.lora, cfg.train.seed)  # learner.lora (rl/model/lora.py)
+        self.policy, self.lora = maybe_wrap(
+            self.policy, lcfg.lora, cfg.train.seed
+        )  # learner.lora (rl/model/lora_policy.py)
         self.backend = TorchBackend(self.policy, lcfg.lr, lcfg.weight_decay, tuple(lcfg.adam_betas), lcfg.grad_clip)
         ref = None
         if cfg.algo.kl_coef > 0:  # a LoRA policy is its own reference, adapters off
@@ -137,7 +139,7 @@ class TorchLearner:
         self.backend.optimizer.load_state_dict(opt)
 
     def _load_model(self, model_dir: Path) -> None:
-        from rollout.base import load_state_dict_from  # safetensors only, never pickle
+        from rollout.engine import load_state_dict_from  # safetensors only, never pickle
 
         state = load_state_dict_from(model_dir)
         with torch.no_grad():

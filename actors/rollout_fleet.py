@@ -24,7 +24,7 @@ import time
 
 from actors.placement import role_threads
 from actors.supervision import actor_class, describe, gather, kill, lost_object
-from rl.batch import Sample
+from rl.samples.batch import Sample
 from rl.train.faults import hang_injected
 from rl.train.workers import tensor_checksums
 
@@ -80,7 +80,7 @@ def make_engine(cfg, index: int = 0, weight_sync: str = "file"):
 
             from rollout import vllm_inline_transfer
 
-            vllm_inline_transfer.register()
+            vllm_inline_transfer.register_inline_transfer()
             extra["weight_transfer_config"] = WeightTransferConfig(backend=vllm_inline_transfer.BACKEND)
         return VLLMEngine(
             cfg.model.path,

@@ -5,7 +5,7 @@ reference shape in bf16). Samples go through the driver (rewards, advantages); t
 
 1. `pack` (in the rollout actor, after its engine returned the samples): the states of all its samples, one
    after the other, become ONE array, which the actor call returns as a second return value; each sample carries
-   an `rl.estimators.states.StateRef` (its first row and row count) in their place. Ray stores a return value of more
+   an `rl.samples.states.StateRef` (its first row and row count) in their place. Ray stores a return value of more
    than 100 KB in the object store of the actor's node, and its owner is the caller: the driver holds the reference, not
    the bytes, and the object outlives the actor that made it — a batch already generated and queued, or between
    `generate` and the ranks' fetch, keeps its states when its engine's actor is killed (`RolloutFleet.generate`
@@ -38,8 +38,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rl.batch import Sample
-from rl.estimators.states import StateRef, width
+from rl.samples.batch import Sample
+from rl.samples.states import StateRef, width
 
 # storage dtype <-> what numpy carries (numpy has no bf16 or fp8: same-size integer views of the same bytes)
 _CARRIER = {torch.float32: torch.float32, torch.bfloat16: torch.int16, torch.uint8: torch.uint8}
@@ -67,8 +67,7 @@ def to_carrier(states: torch.Tensor):
     """The numpy array Ray stores for a stored-states tensor (same bytes)."""
     if states.dtype not in _CARRIER:
         raise TypeError(
-            f"state plane: recorded states of dtype {states.dtype} (expected a storage format of "
-            f"rl/estimators/states.py)"
+            f"state plane: recorded states of dtype {states.dtype} (expected a storage format of rl/samples/states.py)"
         )
     return states.detach().cpu().contiguous().view(_CARRIER[states.dtype]).numpy()
 

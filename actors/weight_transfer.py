@@ -68,7 +68,7 @@ class MergedWeights:
     `GatheredWeights`: `metadata()` and `__iter__`, the same names and order)."""
 
     def __init__(self, lora):
-        self.lora = lora  # rl.model.lora.LoraPolicy
+        self.lora = lora  # rl.model.lora_policy.LoraPolicy
 
     def metadata(self) -> list:
         return [ParamMeta(n, dtype, shape) for n, dtype, shape in self.lora.metadata()]

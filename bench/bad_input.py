@@ -41,7 +41,7 @@ CASES = [  # (what the user got wrong, overrides; {d} is the scratch directory)
 
 
 def make_inputs(d: Path) -> None:
-    from rl.data.loaders import write_jsonl
+    from rl.data.jsonl import write_jsonl
     from rl.data.tokenizer import ALPHABET, build_tokenizer
 
     (d / "my_rewards.py").write_text(

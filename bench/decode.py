@@ -37,7 +37,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from rl.model import convert_to_fbt  # noqa: E402
-from rollout.base import SamplingParams  # noqa: E402
+from rl.samples.request import SamplingParams  # noqa: E402
 from rollout.prompt_batch import left_pad  # noqa: E402
 from rollout.torch_engine import TorchEngine  # noqa: E402
 

@@ -76,7 +76,7 @@ def build_model(shape: str):
 
 def mixed_samples(n: int, vocab: int, d: int, seed: int = 0):
     """GRPO-shaped rows (groups of 8) of mixed lengths, with recorded states (values do not change the cost)."""
-    from rl.batch import Sample
+    from rl.samples.batch import Sample
 
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -174,8 +174,8 @@ def measure_memory(shape: str, rows: int, threads: int) -> dict:
 
 
 def throughput(shape: str, repeats: int, rows: int = 256) -> dict:
-    from rl.batch import collate
     from rl.estimators.likelihood import get_estimator, response_hidden, response_log_dists
+    from rl.samples.batch import collate
     from rl.train.policy_update import plan_update
 
     model = build_model(shape).train()

@@ -70,7 +70,7 @@ def real_batch(cfg, seed: int = 0):
 
 
 def load_or_make_batch(cfg, path: str | None):
-    from rl.batch import load_samples, save_samples
+    from rl.samples.batch import load_samples, save_samples
 
     if path and os.path.isfile(path):
         return load_samples(path)

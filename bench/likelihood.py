@@ -33,9 +33,9 @@ import time
 
 import torch  # noqa: E402
 
-from rl.batch import LearnerBatch  # noqa: E402
 from rl.estimators.likelihood import get_estimator  # noqa: E402
 from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM  # noqa: E402
+from rl.samples.batch import LearnerBatch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CKPT = os.path.join(ROOT, "checkpoints", "tiny-arith")

@@ -108,7 +108,7 @@ def run_variant(config: str, overrides: list[str], samples_path: str, updates: i
     from rl.config import load_config
 
     cfg = load_config(config, overrides)
-    from rl.batch import load_samples
+    from rl.samples.batch import load_samples
 
     samples, adv = load_samples(samples_path)
     samples, adv = samples[:rows], adv[:rows]

@@ -77,7 +77,7 @@ def export_plain_llama(fbt_dir: str, out: str) -> str:
 
 
 def fbrl_params(cfg, mode: str, seed: int):
-    from rl.train.sampling import SamplingParams
+    from rl.samples.request import SamplingParams
 
     r = cfg.rollout
     return SamplingParams(

@@ -46,7 +46,7 @@ if not os.environ.get("PYTHONPATH"):  # no tree named: this one (the actors inhe
 
 import torch  # noqa: E402
 
-from rl.batch import Sample, collate  # noqa: E402
+from rl.samples.batch import Sample, collate  # noqa: E402
 
 try:  # this tree: recorded states travel through the state plane
     from actors import state_plane
@@ -78,7 +78,7 @@ class PrerecordedEngine:
             g = torch.Generator().manual_seed(self.seed)
             raw = torch.randn(n, self.tokens, self.hidden, generator=g)
             if dtype == "float8_rowscale":
-                from rl.estimators.states import encode
+                from rl.samples.states import encode
 
                 self.states[(n, dtype)] = [encode(raw[i], dtype) for i in range(n)]
             else:
@@ -178,7 +178,7 @@ def run(args) -> list[dict]:
     from actors.placement import start_local_ray
     from actors.rollout_fleet import RolloutFleet, rollout_actor_class
     from rl.config import load_config
-    from rl.train.sampling import SamplingParams
+    from rl.samples.request import SamplingParams
 
     cfg = load_config(
         None,
@@ -241,7 +241,7 @@ def run(args) -> list[dict]:
                 # the driver process's peak resident memory so far (run one format per process to read it per
                 # format); it includes Ray's client and torch, so compare trees side by side, not to zero
                 "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "rl_tree": os.path.dirname(os.path.dirname(sys.modules["rl.batch"].__file__)),
+                "rl_tree": os.path.dirname(os.path.dirname(sys.modules["rl.samples.batch"].__file__)),
             }
             out.append(record)
             print(json.dumps(record), flush=True)

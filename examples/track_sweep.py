@@ -71,7 +71,7 @@ def run(
 
     def answer_accuracy(length: int, n: int = 200) -> float:
         rows = track.generate(task, "val", n, lengths=(length,), unique=False)
-        ids, am, lm = P.collate(P.encode_rows(rows, tok, 96, "response"), 0)
+        ids, am, lm = P.collate_documents(P.encode_rows(rows, tok, 96, "response"), 0)
         with torch.no_grad():
             if mode == "exact":
                 h = model.recurrent_forward(ids, feedback_mask=model.feedback_mask(ids, am) & lm.bool())
@@ -84,7 +84,7 @@ def run(
     t0 = time.process_time()
     print(f"== {task} {fusion} L{layers} d{d} lr{lr} {mode} lengths {lo}..{hi} init {init} wt {wt}", flush=True)
     for step in range(steps):
-        batch = P.collate([enc[rng.randrange(len(enc))] for _ in range(32)], 0)
+        batch = P.collate_documents([enc[rng.randrange(len(enc))] for _ in range(32)], 0)
         for g in opt.param_groups:
             g["lr"] = lr * min(1, (step + 1) / 50)
         loss = (P.exact_loss(model, *batch, "response") if mode == "exact" else P.multipass_loss(model, *batch, 1))[0]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-MODES = ("standard", "soft", "fused")
+DECODE_MODES = ("standard", "soft", "fused")
 CONFIG_KEY = "fbt_decode_modes"
 
 
@@ -39,7 +39,7 @@ def modes_of_pretraining(pcfg) -> list[str]:
             modes.add("fused")
         if get("feedback_on") == "response" or (get("prefix_mixin") or 0) > 0:
             modes.add("soft")
-    return sorted(modes, key=MODES.index)
+    return sorted(modes, key=DECODE_MODES.index)
 
 
 def trained_decode_modes(checkpoint: str | Path) -> list[str] | None:
@@ -51,7 +51,7 @@ def trained_decode_modes(checkpoint: str | Path) -> list[str] | None:
     except (OSError, ValueError):
         recorded = None
     if recorded:
-        return sorted(set(recorded) & set(MODES), key=MODES.index)
+        return sorted(set(recorded) & set(DECODE_MODES), key=DECODE_MODES.index)
     saved = path / "pretrain_config.yaml"
     if saved.is_file():
         import yaml
@@ -64,14 +64,14 @@ def trained_decode_modes(checkpoint: str | Path) -> list[str] | None:
 
 def record(model_config, modes) -> None:
     """Set the record on a transformers config before `save_pretrained`."""
-    setattr(model_config, CONFIG_KEY, sorted(set(modes) & set(MODES), key=MODES.index))
+    setattr(model_config, CONFIG_KEY, sorted(set(modes) & set(DECODE_MODES), key=DECODE_MODES.index))
 
 
 def rl_modes(checkpoint: str | Path, mode: str) -> list[str] | None:
     """RL trains the rollout's decode mode: the policy's modes are the starting checkpoint's plus that one (None,
     unknown, when the starting checkpoint's modes are)."""
     base = trained_decode_modes(checkpoint)
-    return None if base is None else sorted({*base, mode}, key=MODES.index)
+    return None if base is None else sorted({*base, mode}, key=DECODE_MODES.index)
 
 
 def record_rl_mode(model_config, checkpoint: str | Path, mode: str) -> None:

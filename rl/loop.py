@@ -29,8 +29,8 @@ from rl import algos
 from rl.config import Config
 from rl.data.loaders import PromptSampler
 from rl.estimators.mismatch_parts import measure_parts
-from rl.report.console import report_failures
 from rl.report.metrics import PhaseClock, sample_row, update_row
+from rl.report.step_lines import report_failures
 from rl.train.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, nonfinite_update, partly_applied
 from rl.train.job import JobParts, JobState, heldout, log_step, start_pass, sync_weights
 from rl.train.rollout_queue import RolloutQueue, generate_batch, score_batch, split_stale, staleness_metrics

@@ -3,7 +3,7 @@ step) and the logits only — not on the batch it was decoded in.
 
 Sample k of prompt i draws one uniform per step from a hash of (seed, i, k, step) and inverts the CDF of
 softmax(logits / T) (after top-k / top-p if asked); no per-row `torch.Generator` loop in the step. Log-probs
-follow the log-prob contract (rl/estimators/logprob_contract.py): log π_b of the sampled token, where π_b is the
+follow the log-prob contract (rl/samples/logprob_contract.py): log π_b of the sampled token, where π_b is the
 distribution sampled from (truncated by top-k / top-p and renormalised, the same kept set as vLLM's); T = 0 is
 greedy with log-probs of the untempered logits.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from rl.estimators.logprob_contract import behaviour_log_softmax, truncation_active
-from rollout.base import SamplingParams
+from rl.samples.logprob_contract import behaviour_log_softmax, truncation_active
+from rl.samples.request import SamplingParams
 
 _MASK32 = 0xFFFFFFFF
 

@@ -46,10 +46,11 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-import rl.estimators.states as state_formats
-from rl.batch import Sample
+import rl.samples.states as state_formats
 from rl.model import rms_normalize, rms_value
-from rollout.base import RolloutEngine, SamplingParams, load_state_dict_from, validate_prompts
+from rl.samples.batch import Sample
+from rl.samples.request import SamplingParams
+from rollout.engine import RolloutEngine, load_state_dict_from, validate_prompts
 from rollout.kv_cache import preallocate
 from rollout.prompt_batch import left_pad, prefill_groups
 from rollout.sampling import row_keys, sample_tokens, uniforms

@@ -1,6 +1,6 @@
 """`VLLMEngine`: the rollout engine on vLLM, decoding FBT checkpoints with latent feedback (docs/DESIGN.md §8).
 
-Token ids in, `rl.batch.Sample`s out, like every `RolloutEngine`. The model side is `rollout.vllm_plugin` (per-request
+Token ids in, `rl.samples.batch.Sample`s out, like every `RolloutEngine`. The model side is `rollout.vllm_plugin` (per-request
 `h_prev` slot, soft / fused / standard per request), the worker side `rollout.vllm_worker_ext` (weights in through
 files; recorded states out as the tensor when the worker shares this process, else through a scratch file that is
 deleted as soon as it is read; never bulk tensors through RPC between processes).
@@ -10,7 +10,7 @@ deleted as soon as it is read; never bulk tensors through RPC between processes)
   (`fbt_decode_mode`), which applies to requests that do not come through this class.
 - Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`: log_softmax of the logits after temperature
   and top-k / top-p masking, i.e. log π_b of the sampled token, the truncated renormalised distribution sampled
-  from — our contract (rl/estimators/logprob_contract.py; T = 0: log_softmax(logits)), which the torch engine and the
+  from — our contract (rl/samples/logprob_contract.py; T = 0: log_softmax(logits)), which the torch engine and the
   learner's estimators follow too (tests/test_logprob_contract.py).
 - Samples are matched to their recorded states by a per-sample key (not vLLM's request id, which vLLM suffixes
   internally). A sample whose request vLLM preempted and recomputed is returned with `preempted=True` and no
@@ -34,9 +34,11 @@ from collections.abc import Mapping
 import torch
 from safetensors.torch import load_file, save_file
 
-from rl.batch import Sample
-from rl.model import FBT_ARCHITECTURES, PROMPT_MODES
-from rollout.base import RolloutEngine, SamplingParams, StaleWeightsError, validate_prompts
+from rl.decode_modes import DECODE_MODES
+from rl.model import FBT_ARCHITECTURES
+from rl.samples.batch import Sample
+from rl.samples.request import SamplingParams
+from rollout.engine import RolloutEngine, StaleWeightsError, validate_prompts
 from rollout.vllm_env import (
     apply_environment,
     engine_environment,
@@ -84,8 +86,8 @@ class VLLMEngine(RolloutEngine):
         eos_token_ids=None,
         **engine_kwargs,
     ):
-        if decode_mode not in PROMPT_MODES:
-            raise ValueError(f"decode_mode: expected one of {PROMPT_MODES}, got {decode_mode!r}")
+        if decode_mode not in DECODE_MODES:
+            raise ValueError(f"decode_mode: expected one of {DECODE_MODES}, got {decode_mode!r}")
         from vllm.platforms import current_platform
 
         self.on_cpu = current_platform.is_cpu()

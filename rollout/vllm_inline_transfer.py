@@ -9,7 +9,7 @@ as IPC handles. So on a machine without a GPU the whole native path — the trai
 as vLLM's sync client, the worker's lifecycle, the FBT model's reload and the version tag — is exercised, all but
 the GPU data plane (docs/CLUSTER.md).
 
-Registered under `BACKEND` in vLLM's `WeightTransferEngineFactory` by `register()`; an engine built with
+Registered under `BACKEND` in vLLM's `WeightTransferEngineFactory` by `register_inline_transfer()`; an engine built with
 `weight_transfer_config=WeightTransferConfig(backend=BACKEND)` gets it.
 """
 
@@ -89,7 +89,7 @@ class InlineWeightTransferEngine(WeightTransferEngine[InlineInitInfo, InlineUpda
         self.ready = False
 
 
-def register() -> None:
+def register_inline_transfer() -> None:
     """Make `BACKEND` known to vLLM's worker-side factory (idempotent; in the process that builds the engine)."""
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 

@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rl.model import FBT_ARCHITECTURES, PROMPT_MODES, FBTMixin, Fusion, rms_normalize, rms_value
+from rl.decode_modes import DECODE_MODES
+from rl.model import FBT_ARCHITECTURES, FBTMixin, Fusion, rms_normalize, rms_value
 from rollout.vllm_records import RequestInfo, StateRecords, StepBatch, to_device
 
 LATENT_LAYER_TYPE = "fbt_latent_state"
@@ -144,8 +145,8 @@ class FBTVLLMMixin:
         if self.fbt_passes < 1:
             raise ValueError(f"fbt_prefill_passes must be >= 1, got {self.fbt_passes}")
         self.fbt_default_mode = getattr(cfg, "fbt_decode_mode", "soft")
-        if self.fbt_default_mode not in PROMPT_MODES:
-            raise ValueError(f"fbt_decode_mode: expected one of {PROMPT_MODES}, got {self.fbt_default_mode!r}")
+        if self.fbt_default_mode not in DECODE_MODES:
+            raise ValueError(f"fbt_decode_mode: expected one of {DECODE_MODES}, got {self.fbt_default_mode!r}")
         n, dtype = cfg.num_hidden_layers, vllm_config.model_config.dtype
         self.fbt_state = LatentStateLayer(cfg.hidden_size, dtype, f"model.layers.{n}.fbt_state")
         # vLLM groups a hybrid model's layers into KV-cache groups of min(#layers per type) layers: with one state
@@ -202,8 +203,8 @@ class FBTVLLMMixin:
                 state = runner.requests[rid]
                 extra = ((state.sampling_params.extra_args or {}).get("fbt") or {}) if state.sampling_params else {}
                 mode = extra.get("mode", self.fbt_default_mode)
-                if mode not in PROMPT_MODES:
-                    raise ValueError(f"request {rid}: decode mode {mode!r} not in {PROMPT_MODES}")
+                if mode not in DECODE_MODES:
+                    raise ValueError(f"request {rid}: decode mode {mode!r} not in {DECODE_MODES}")
                 info = RequestInfo(extra.get("key"), mode, bool(extra.get("record", False)), state.num_prompt_tokens)
                 self._fbt_req_cache[rid] = info
             infos.append(info)

@@ -17,7 +17,7 @@ import os
 import torch
 from safetensors.torch import load_file, save_file
 
-import rl.estimators.states as state_formats
+import rl.samples.states as state_formats
 
 
 class _RotaryReloadNoise(logging.Filter):
@@ -122,7 +122,7 @@ class FBTWorkerExtension:
         """Hand over what the model recorded for these sample keys and forget it.
 
         Returns {"preempted": [keys], "index": {key: [row_offset, num_rows]}, "path": path or None, "states":
-        tensor or None}: the states [sum rows, d] in storage format `states_dtype` (rl/estimators/states.py) are
+        tensor or None}: the states [sum rows, d] in storage format `states_dtype` (rl/samples/states.py) are
         returned as `states` when `inline` (only when the caller shares this process: RPC would turn them into lists),
         else written to `path` (safetensors, tensor "states"). Only rank 0 hands them over (all tensor-parallel ranks
         hold the same replicated states).

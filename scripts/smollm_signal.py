@@ -58,8 +58,8 @@ def rows_for(levels, numbers, shots, split, n, tokenizer, seed=0):
 def measure(engine, tokenizer, rows, scorer, *, samples, temperature, max_tokens, seed=0, batch=64) -> dict:
     """Accuracy of `samples` completions per row (temperature 0: one greedy completion) under both reads."""
     from rl.data.loaders import encode_prompt
-    from rl.train.evaluate import last_number_score
-    from rl.train.sampling import SamplingParams
+    from rl.samples.request import SamplingParams
+    from rl.train.evaluator import last_number_score
 
     n = 1 if temperature == 0 else samples
     strict, lenient, lengths, truncated, solved = [], [], [], [], []

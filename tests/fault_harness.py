@@ -92,7 +92,7 @@ def wait_for(predicate, timeout: float, what: str, poll: float = 0.2):
 def write_jsonl_task(path: Path, n: int, long_prompts: int = 1) -> list[str]:
     """n arithmetic rows plus `long_prompts` prompts longer than the engine's context; returns the long ones."""
     from rl.data import arith
-    from rl.data.loaders import write_jsonl
+    from rl.data.jsonl import write_jsonl
 
     rows = [
         {"prompt": r["prompt"], "answer": r["answer"]} for r in arith.generate("train", n, seed=0, difficulties=(1, 2))

@@ -24,11 +24,11 @@ import rl.model  # noqa: F401  (registers the FBT Auto classes)
 from actors.learner_group import merge_rank_metrics
 from actors.local import LocalLearner, LocalRewards, LocalRollout
 from actors.rollout_fleet import chunk_params, merge_chunks, split_prompts
-from rl.batch import Sample
 from rl.config import load_config
 from rl.data.tokenizer import build_tokenizer
-from rl.train.sampling import SamplingParams
-from rollout.base import StaleWeightsError
+from rl.samples.batch import Sample
+from rl.samples.request import SamplingParams
+from rollout.engine import StaleWeightsError
 
 LR = 1e-3
 ALPHABET = "0123456789+-*/=()?., \\boxed{}Whatisnum\n"
@@ -356,7 +356,7 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
 
     import ray
 
-    from rl.estimators.states import StateRef
+    from rl.samples.states import StateRef
     from rl.train.policy_update import rows_read
 
     cfg, rollout, learner, _ = ray_workers

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from rl.algos import mismatch_decomposition
-from rl.batch import Sample
 from rl.estimators.mismatch_parts import WeightHistory, diagnostic_rows
+from rl.samples.batch import Sample
 from rl.train.rollout_queue import RolloutBatch, RolloutQueue, Serialized, gate_step, split_stale
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,7 +183,7 @@ def test_rows_of_the_current_version_run_the_exact_recurrence_once():
     from actors.policy_io import load_policy, pad_id_of
     from rl.config import load_config
     from rl.estimators.mismatch_parts import MismatchProbe
-    from rl.train.sampling import SamplingParams
+    from rl.samples.request import SamplingParams
     from rollout.torch_engine import TorchEngine
 
     cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [f"model.path={CKPT}", "train.max_staleness=1"])
@@ -466,7 +466,7 @@ def test_engine_part_of_a_vllm_rollout_is_tiny(tmp_path):
     from actors.local import LocalLearner, LocalRollout
     from rl.data.loaders import encode_prompt, load_task_split
     from rl.data.tokenizer import load_tokenizer
-    from rl.train.sampling import sampling_params
+    from rl.train.requests import sampling_params
 
     cfg = job(tmp_path, "vllm", "rollout.engine=vllm")
     tok = load_tokenizer(cfg.model.path)

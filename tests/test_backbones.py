@@ -24,10 +24,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from rl.batch import collate
 from rl.estimators.likelihood import get_estimator
 from rl.model import FBT_CLASSES, as_standard_lm, convert_to_fbt
-from rollout.base import SamplingParams
+from rl.samples.batch import collate
+from rl.samples.request import SamplingParams
 from rollout.torch_engine import TorchEngine
 
 TOL, VLLM_TOL = 1e-5, 1e-4

@@ -24,7 +24,7 @@ MY_REWARDS = "def zero(prompts, completions, answers, **fields):\n    return [0.
 def write_task_with_long_prompt(path: Path, n: int) -> None:
     """n arithmetic rows with one prompt longer than the engine's context at row n // 2."""
     from rl.data import arith
-    from rl.data.loaders import write_jsonl
+    from rl.data.jsonl import write_jsonl
 
     rows = [
         {"prompt": r["prompt"], "answer": r["answer"]} for r in arith.generate("train", n, seed=0, difficulties=(1, 2))
@@ -50,7 +50,7 @@ def prepare(*argv: str, cwd: Path | None = None):
 @pytest.fixture
 def inputs(tmp_path):
     """Files for the bad-input cases: a reward file, data sets, a tokenizer bigger than the model's vocabulary."""
-    from rl.data.loaders import write_jsonl
+    from rl.data.jsonl import write_jsonl
     from rl.data.tokenizer import ALPHABET, build_tokenizer
 
     (tmp_path / "my_rewards.py").write_text(MY_REWARDS)
@@ -226,7 +226,7 @@ def test_untrusted_files_load_without_pickle_or_remote_code():
 
 # ---- the pieces, without Ray --------------------------------------------------------------------------------------
 def test_prompt_fitter_drops_truncates_or_refuses():
-    from rl.data.loaders import DataError
+    from rl.data.jsonl import DataError
     from rl.data.prompts import PromptFitter
     from rl.data.tokenizer import build_tokenizer
 

@@ -10,10 +10,10 @@ import pytest
 
 from actors.rollout_fleet import RolloutFleet
 from actors.supervision import Supervisor, actor_class
-from rl.batch import Sample
 from rl.config import FaultsConfig
+from rl.samples.batch import Sample
+from rl.samples.request import SamplingParams
 from rl.train.faults import FaultLog, RunStopped
-from rl.train.sampling import SamplingParams
 
 
 def stub_engine_class():

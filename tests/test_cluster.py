@@ -301,7 +301,7 @@ class TestLocalRun:
         """Engines are first set to perturbed weights (a file, version v); the transport then pushes the ZeRO-3
         learners' weights (still the checkpoint's) as v + 1: every engine must hold exactly the checkpoint's
         weights — an independent reference, so a partial or missing gather fails — and refuse newer versions."""
-        from rollout.base import StaleWeightsError
+        from rollout.engine import StaleWeightsError
 
         cfg, (rollout, learner, _), (ref, ref_out), _ = run
         v = max(rollout.versions()) + 1
@@ -323,7 +323,7 @@ class TestLocalRun:
     def test_native_transfer_refuses_to_generate_until_tagged(self, run):
         import ray
 
-        from rollout.base import StaleWeightsError
+        from rollout.engine import StaleWeightsError
 
         cfg, (rollout, learner, _), _, _ = run
         engine = rollout.actors[0]
@@ -342,7 +342,7 @@ class TestLocalRun:
         """After a real DeepSpeed update (ZeRO-3, 2 ranks) the ray transport delivers the new weights."""
         cfg, (rollout, learner, _), (ref, _), _ = run
         v = max(rollout.versions())
-        from rl.train.sampling import sampling_params
+        from rl.train.requests import sampling_params
 
         samples = rollout.generate([[1, 5, 6, 7], [1, 8, 9]], sampling_params(cfg, 2, seed=0), min_version=v)
         learner.update(samples, [1.0 if i % 2 else -1.0 for i in range(len(samples))])
@@ -369,7 +369,7 @@ def _outputs(rollout) -> list[float]:
 
 
 def _greedy(max_tokens=4):
-    from rl.train.sampling import SamplingParams
+    from rl.samples.request import SamplingParams
 
     return SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, stop_token_ids=(2,))
 

@@ -14,7 +14,7 @@ from actors.cli import COMMANDS, build_parser, main
 from rl import decode_modes
 from rl.config import load_config
 from rl.report import plots
-from rl.report.console import console_line
+from rl.report.step_lines import console_line
 from rl.train.run_dir import RunDir
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,15 +7,8 @@ import pytest
 
 from rl.config import ConfigError, DataConfig, config_from_dict
 from rl.data import arith
-from rl.data.loaders import (
-    DataError,
-    PromptSampler,
-    load_jsonl,
-    load_rows,
-    load_task_split,
-    read_jsonl,
-    write_jsonl,
-)
+from rl.data.jsonl import DataError, read_jsonl, write_jsonl
+from rl.data.loaders import PromptSampler, load_jsonl, load_rows, load_task_split
 
 ALL = (1, 2, 3, 4)
 
@@ -210,6 +203,6 @@ def test_task_names_are_one_registry():
     from rl.config import DataConfig
     from rl.data import tasks, track
 
-    assert set(tasks.TRACK_TASKS) == set(track.TASKS)
+    assert set(tasks.TRACK_TASKS) == set(track.TRACKING_RULES)
     assert typing.get_args(typing.get_type_hints(DataConfig)["task"]) == tasks.TASKS
     assert set(tasks.TASKS) == set(tasks.GENERATED_TASKS) | set(tasks.FILE_TASKS)

@@ -12,7 +12,8 @@ import pytest
 from test_model_source import hub_cache
 
 from rl.config import DataConfig, load_config
-from rl.data.loaders import DataError, load_rows, load_task_split
+from rl.data.jsonl import DataError
+from rl.data.loaders import load_rows, load_task_split
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+3?"}]
 VERL_ROWS = [  # verl's parquet layout (its gsm8k preprocessing), as a verl user has it on disk

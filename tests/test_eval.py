@@ -1,4 +1,4 @@
-"""Evaluation (rl/train/evaluate.py, `fbrl eval`): estimators by hand, the logic on a scripted engine, the CLI on the
+"""Evaluation (rl/train/evaluator.py, `fbrl eval`): estimators by hand, the logic on a scripted engine, the CLI on the
 committed checkpoint."""
 
 import json
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rl.batch import Sample
 from rl.data.tokenizer import build_tokenizer
-from rl.train.evaluate import evaluate, format_table, mcnemar_exact, pass_at_k, plain_numeric_score
-from rl.train.sampling import SamplingParams
+from rl.samples.batch import Sample
+from rl.samples.request import SamplingParams
+from rl.train.evaluator import evaluate, format_table, mcnemar_exact, pass_at_k, plain_numeric_score
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPT = ROOT / "checkpoints" / "tiny-arith"
@@ -70,7 +70,7 @@ def test_evaluate_on_a_scripted_engine():
     tok = build_tokenizer()
     rows = [{"prompt": f"Q: {i}+1=?", "answer": str(i + 1)} for i in range(10)]
     engine = ScriptedEngine(tok, rows)
-    res = evaluate(engine, SamplingParams, tok, rows, ["standard", "soft"], samples=4, batch_size=3)
+    res = evaluate(engine, tok, rows, ["standard", "soft"], samples=4, batch_size=3)
     std, soft = res["modes"]["standard"], res["modes"]["soft"]
     assert std["accuracy"] == {"greedy": 0.5, "sampled": 0.5} and soft["accuracy"]["greedy"] == 1.0
     assert set(std["pass_at_k"]) == {"1", "2", "4"} and std["pass_at_k"]["4"] == 0.5
@@ -154,7 +154,7 @@ def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys, monkeypatch):
 
 
 def test_paired_tests_across_checkpoints_and_level_table():
-    from rl.train.evaluate import format_levels, paired_tests
+    from rl.train.evaluator import format_levels, paired_tests
 
     a = {"greedy": [1, 1, 1, 1, 1, 1, 0, 0], "sampled": [1, 0, 1, 0, 1, 0, 1, 0]}
     b = {"greedy": [0, 0, 0, 0, 0, 1, 0, 1], "sampled": [1, 0, 1, 0, 1, 0, 1, 0]}
@@ -237,7 +237,7 @@ def test_fbrl_eval_baseline_by_difficulty_on_a_state_tracking_task(tmp_path, cap
 
 
 def test_lenient_read_takes_the_last_number_anywhere():
-    from rl.train.evaluate import last_number, last_number_score
+    from rl.train.evaluator import last_number, last_number_score
 
     assert last_number("3 * 4 = 12\n12 - 2 = 10\nSo Ana has 10 pens.") == 10
     assert last_number("It costs $1,250.") == 1250 and last_number("10-3") == 3 and last_number("-7") == -7

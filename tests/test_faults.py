@@ -49,7 +49,7 @@ from fault_harness import (  # noqa: F401
     write_jsonl_task,
 )
 
-from rl.model.lora import ADAPTER_FILE
+from rl.model.lora_policy import ADAPTER_FILE
 
 
 # ---- in CI: the two kills the issue names ------------------------------------------------------------------------

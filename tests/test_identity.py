@@ -18,11 +18,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import rl.model  # noqa: F401  (registers the Auto classes)
-from rl.batch import collate
 from rl.estimators.likelihood import get_estimator
 from rl.model import IDENTITY_RMS_EPS, convert_to_fbt, identity_init_fusion
 from rl.report.latent_metrics import latent_metrics, weight_norms
-from rollout.base import SamplingParams
+from rl.samples.batch import collate
+from rl.samples.request import SamplingParams
 from rollout.torch_engine import TorchEngine
 
 TOL = 1e-5

@@ -10,7 +10,7 @@ from actors.cli import launch
 from actors.cli.preflight import BadInput
 from rewards.loader import RewardLoadError
 from rl.config import ConfigError
-from rl.data.loaders import DataError
+from rl.data.jsonl import DataError
 from rl.errors import InputError
 from rl.train.faults import EXIT_BAD_INPUT
 from rl.train.run_dir import RunDirError

@@ -8,11 +8,11 @@ import torch
 
 import rl.model  # noqa: F401
 from rl import algos
-from rl.batch import collate
 from rl.config import load_config
 from rl.estimators.likelihood import get_estimator
+from rl.samples.batch import collate
+from rl.samples.request import SamplingParams
 from rl.train.policy_update import PolicyUpdater, TorchBackend
-from rl.train.sampling import SamplingParams
 from rollout.torch_engine import TorchEngine
 
 CKPT = "checkpoints/tiny-arith"

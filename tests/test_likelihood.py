@@ -10,7 +10,6 @@ import pathlib
 import pytest
 import torch
 
-from rl.batch import Sample, collate
 from rl.estimators.likelihood import (
     ESTIMATORS,
     get_estimator,
@@ -20,7 +19,8 @@ from rl.estimators.likelihood import (
     token_logprobs,
 )
 from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM
-from rollout.base import SamplingParams
+from rl.samples.batch import Sample, collate
+from rl.samples.request import SamplingParams
 from rollout.torch_engine import TorchEngine
 
 TOL = 1e-5
@@ -282,12 +282,12 @@ def check_report(rep):
 
 
 def test_compare_estimators(model, rollouts):
-    from rl.estimators.compare import compare_estimators, format_report
+    from rl.estimators.comparison import compare_estimators, format_comparison
 
     mode, batch = rollouts
     rep = compare_estimators(model, batch, mode, max_passes=3, micro_batch_size=3)
     check_report(rep)
-    table = format_report(rep)
+    table = format_comparison(rep)
     assert rep["n_tokens"] == int(batch.response_mask.sum()) and "replay" in table
     assert any(line.split()[0] == "standard" for line in table.splitlines()[2:])
 

@@ -1,4 +1,4 @@
-"""One log-prob contract for both engines and the learner (rl/estimators/logprob_contract.py), under top-p and top-k.
+"""One log-prob contract for both engines and the learner (rl/samples/logprob_contract.py), under top-p and top-k.
 
 Both engines report log π_b of each sampled token, π_b the truncated, renormalised distribution sampled from; the
 learner's estimators score the same tokens with the same π_b, so on the behaviour weights the mismatch the loss
@@ -21,11 +21,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import rl.model  # noqa: F401  (registers the FBT Auto classes)
-from rl.batch import collate
 from rl.config import load_config
 from rl.estimators.likelihood import get_estimator
+from rl.samples.batch import collate
+from rl.samples.request import SamplingParams
 from rl.train.policy_update import PolicyUpdater
-from rollout.base import SamplingParams
 from rollout.torch_engine import TorchEngine
 
 CKPT = str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith")
@@ -156,7 +156,7 @@ def test_learner_truncation_gradients_are_finite(model):
 
 def test_top_p_in_row_chunks_equals_all_rows_at_once(monkeypatch):
     """The top-p sort runs over row chunks (memory); chunking must not change the kept set."""
-    import rl.estimators.logprob_contract as C
+    import rl.samples.logprob_contract as C
 
     x = torch.randn(2, 37, 300, generator=torch.Generator().manual_seed(0)) * 3
     whole = C.kept_tokens(x, 40, 0.7)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.batch import Sample
 from rl.config import config_from_dict
 from rl.data.tokenizer import build_tokenizer
+from rl.samples.batch import Sample
 from rl.train.workers import Scores
 
 MAX_TOKENS = 8

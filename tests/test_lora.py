@@ -1,4 +1,4 @@
-"""LoRA learners (rl/model/lora.py): peft adapters on the backbone, the fusion weights trained in full.
+"""LoRA learners (rl/model/lora_policy.py): peft adapters on the backbone, the fusion weights trained in full.
 
 Model: a tiny random FBT Llama in fp32 (d=64, 2 layers) whose fusion value weights are scaled up so feedback
 matters, and the torch engine's rollouts in every decode mode.
@@ -19,13 +19,13 @@ import pytest
 import torch
 
 import rl.model  # noqa: F401  (registers the FBT Auto classes)
-from rl.batch import collate
 from rl.config import ConfigError, load_config
 from rl.estimators.likelihood import ESTIMATORS, get_estimator
 from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM
-from rl.model.lora import LoraPolicy, clean_name
+from rl.model.lora_policy import LoraPolicy, clean_name
+from rl.samples.batch import collate
+from rl.samples.request import SamplingParams
 from rl.train.policy_update import PolicyUpdater, TorchBackend
-from rollout.base import SamplingParams
 from rollout.torch_engine import TorchEngine
 
 MODES = ("standard", "soft", "fused")
@@ -253,7 +253,7 @@ def rank_cfg(ckpt, *overrides):
 
 
 def synthetic_batch(n=9, seed=0, d=64):
-    from rl.batch import Sample
+    from rl.samples.batch import Sample
 
     g = torch.Generator().manual_seed(seed)
     samples = []
@@ -450,7 +450,7 @@ def test_engines_serve_the_base_model_from_a_lora_learner_at_init(engine_ckpt, t
     mode, and the learner's exact log-probs match the engine's (the torch engine within the estimators' 1e-5, vLLM
     within tests/test_vllm_engine.py's 1e-4)."""
     from actors.local import LocalLearner, LocalRollout
-    from rl.train.sampling import SamplingParams as Params
+    from rl.samples.request import SamplingParams as Params
 
     cfg = rank_cfg(engine_ckpt, f"rollout.engine={engine}", "rollout.vllm.max_num_seqs=8", "likelihood.estimator=exact")
     rollout, learner = LocalRollout(cfg), LocalLearner(cfg, "deepspeed")

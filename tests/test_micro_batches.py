@@ -19,8 +19,8 @@ from transformers import AutoModelForCausalLM
 
 import rl.model  # noqa: F401
 import rl.train.policy_update as learner_mod
-from rl.batch import Sample
 from rl.config import ConfigError, load_config
+from rl.samples.batch import Sample
 from rl.train.policy_update import PolicyUpdater, plan_update
 
 CKPT = str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith")

@@ -57,7 +57,7 @@ def test_policy_loads_and_decodes_with_vllm_as_the_readme_shows(policy):
     pytest.importorskip("vllm")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rollout.base import SamplingParams
+    from rl.samples.request import SamplingParams
     from rollout.torch_engine import TorchEngine
     from rollout.vllm_engine import VLLMEngine
 

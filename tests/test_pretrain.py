@@ -34,7 +34,7 @@ def tiny_model(layers=2, seed=0):
 
 def toy_batch(tok, n=4):
     rows = [{"prompt": f"Q: {i}+{i + 3}=?", "solution": f" {2 * i + 3}. \\boxed{{{2 * i + 3}}}"} for i in range(n)]
-    return P.collate(P.encode_rows(rows, tok, 64, "response"), tok.pad_token_id)
+    return P.collate_documents(P.encode_rows(rows, tok, 64, "response"), tok.pad_token_id)
 
 
 def hand_ce(model, hidden, ids, mask):

@@ -16,11 +16,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import rl.model  # noqa: F401
-from rl.batch import collate
 from rl.config import ConfigError, load_config
 from rl.estimators.likelihood import get_estimator
+from rl.samples.batch import collate
+from rl.samples.request import SamplingParams
 from rl.train.policy_update import PolicyUpdater
-from rollout.base import SamplingParams
 from rollout.torch_engine import TorchEngine
 
 CKPT = str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith")

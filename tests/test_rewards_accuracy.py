@@ -15,7 +15,8 @@ import pytest
 from actors.reward_workers import ACCURACY_ENTRY, RewardHost
 from rewards.loader import RewardLoadError
 from rl.config import config_from_dict
-from rl.data.loaders import DataError, reward_columns
+from rl.data.jsonl import DataError
+from rl.data.loaders import reward_columns
 
 PROMPT = "Q: 37+5*3=? Put the answer in \\boxed{}.\nA:"
 # right, wrong, the question copied into the box (a hack: 52 under math-verify's semantics), no anchor
@@ -114,7 +115,7 @@ class ScriptedRollout:
         self.tok = tok
 
     def generate(self, prompts, params, min_version):
-        from rl.batch import Sample
+        from rl.samples.batch import Sample
 
         out = []
         for i, ids in enumerate(prompts):

@@ -176,7 +176,8 @@ def test_load_failures_say_what_the_page_says(workdir):
         "options ['x'] are only for built-in rewards, not 'my_rewards.py:concise'",
         workdir,
     )
-    from rl.data.loaders import DataError, reward_columns
+    from rl.data.jsonl import DataError
+    from rl.data.loaders import reward_columns
 
     with pytest.raises(DataError) as e:
         reward_columns([{"prompt": "p", "answer": "a", "answers": "x"}])
@@ -200,7 +201,7 @@ def test_load_failures_say_what_the_page_says(workdir):
 
 
 def test_call_failures_say_what_the_page_says(workdir):
-    from rl.report.console import console_line, report_failures
+    from rl.report.step_lines import console_line, report_failures
 
     (workdir / "bad.py").write_text(
         "import time\n"

@@ -1,4 +1,4 @@
-"""Recorded states on their way to the learner, without Ray: storage formats (rl/estimators/states.py), the carrier
+"""Recorded states on their way to the learner, without Ray: storage formats (rl/samples/states.py), the carrier
 arrays Ray stores (actors/state_plane.py), collation of a batch whose unread rows still hold references, and the rows a
 rank reads (`rl.train.policy_update.rows_read`) against what `PolicyUpdater.update` actually reads. The Ray path (engine
 actors put, the driver holds references only, each rank fetches its rows) is tested in tests/test_actors.py; the vLLM
@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-import rl.estimators.states as sf
 import rl.model  # noqa: F401
+import rl.samples.states as sf
 from actors.state_plane import fetch, from_carrier, to_carrier
-from rl.batch import Sample, collate
 from rl.config import load_config
 from rl.estimators.likelihood import get_estimator
+from rl.samples.batch import Sample, collate
+from rl.samples.request import SamplingParams
 from rl.train.policy_update import PolicyUpdater, TorchBackend, plan_for, rows_read
-from rl.train.sampling import SamplingParams
 from rollout.torch_engine import TorchEngine
 
 CKPT = "checkpoints/tiny-arith"

@@ -15,7 +15,8 @@ from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from rl.model import convert_to_fbt
-from rollout.base import SamplingParams, StaleWeightsError
+from rl.samples.request import SamplingParams
+from rollout.engine import StaleWeightsError
 from rollout.prompt_batch import prefill_groups
 from rollout.torch_engine import TorchEngine
 

@@ -17,7 +17,7 @@ def simulate_cups(start: int, stream: str) -> int:
     return cups.index("o") + 1
 
 
-@pytest.mark.parametrize("task", sorted(track.TASKS))
+@pytest.mark.parametrize("task", sorted(track.TRACKING_RULES))
 def test_answers_match_an_independent_simulation(task):
     rows = track.generate(task, "train", 300, seed=3, lengths=(1, 5, 17))
     for r in rows:
@@ -29,7 +29,7 @@ def test_answers_match_an_independent_simulation(task):
             "parity": lambda: s.count("1") % 2,
         }[task]()
         assert r["answer"] == str(expect), r
-        assert len(s) == r["difficulty"] and set(s) <= set(track.TASKS[task].symbols)
+        assert len(s) == r["difficulty"] and set(s) <= set(track.TRACKING_RULES[task].symbols)
         read_back = s
         if task == "cups_moved":  # each swap marked by whether the ball's cup changed, by simulation
             marks = [
@@ -45,7 +45,7 @@ def test_answers_match_an_independent_simulation(task):
 def test_cups_by_hand():
     # ball under 3; swap 2 (cups 2,3) -> 2; swap 4 -> 2; swap 1 -> 1; swap 3 -> 1
     assert track.solve("cups", 3, "2413") == 1
-    assert track.TASKS["cups"].prompt(3, "2413") == "Q: cup 3, swaps 2413\nA:"
+    assert track.TRACKING_RULES["cups"].prompt(3, "2413") == "Q: cup 3, swaps 2413\nA:"
 
 
 def test_deterministic_seeded_and_prefix_stable():
@@ -167,7 +167,7 @@ def test_shipped_cups_checkpoints_are_small_reproducible_and_lean_on_the_latent_
     model, tok = P.load_model_and_tokenizer(cfg)
     model.eval()
     rows = track.generate("cups", "val", 32, seed=0, lengths=(4, 8))
-    ids, am, lm = P.collate(P.encode_rows(rows, tok, 96, "response"), tok.pad_token_id or 0)
+    ids, am, lm = P.collate_documents(P.encode_rows(rows, tok, 96, "response"), tok.pad_token_id or 0)
     with torch.no_grad():
         exact = P.exact_loss(model, ids, am, lm, "response")[0].item()
         pass1 = P.multipass_loss(model, ids, am, lm, 1)[0].item()

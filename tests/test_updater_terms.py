@@ -18,9 +18,9 @@ from test_learner import tiny_arith_rollouts
 
 import rl.model  # noqa: F401
 from rl import algos
-from rl.batch import collate
 from rl.config import load_config
 from rl.estimators.likelihood import get_estimator
+from rl.samples.batch import collate
 from rl.train.policy_update import PolicyUpdater, TorchBackend
 
 CKPT = "checkpoints/tiny-arith"

@@ -29,7 +29,9 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 import rl.model  # noqa: E402,F401  (registers fbt_llama with the Auto classes)
 from rl.model import FBT_CLASSES  # noqa: E402
-from rollout.base import STATE_DTYPES, SamplingParams, StaleWeightsError  # noqa: E402
+from rl.samples.request import SamplingParams
+from rl.samples.states import STATE_DTYPES
+from rollout.engine import StaleWeightsError  # noqa: E402
 from rollout.torch_engine import TorchEngine  # noqa: E402
 from rollout.vllm_engine import VLLMEngine  # noqa: E402
 

@@ -20,7 +20,7 @@ from test_vllm_engine import ON_GPU, TINY_ARITH, make_prompts, random_tiny_fbt  
 from vllm import envs  # noqa: E402
 
 import rollout.vllm_plugin as plugin  # noqa: E402
-from rollout.base import SamplingParams  # noqa: E402
+from rl.samples.request import SamplingParams  # noqa: E402
 from rollout.vllm_engine import VLLMEngine  # noqa: E402
 from rollout.vllm_env import apply_environment, engine_environment, engine_options  # noqa: E402
 

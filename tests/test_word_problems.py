@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from rl.data import word_problems as wp
-from rl.data.loaders import DataError, encode_prompt, load_jsonl, load_task_split, render_prompts, write_jsonl
+from rl.data.jsonl import DataError, write_jsonl
+from rl.data.loaders import encode_prompt, load_jsonl, load_task_split, render_prompts
 from rl.data.tokenizer import build_tokenizer
 
 # A ChatML template like SmolLM2's, on the project's char tokenizer (offline; <bos> stands for <|im_start|>).

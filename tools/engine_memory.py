@@ -67,7 +67,7 @@ def main() -> int:
         "as a real job's, instead of the same 32 of 20 tokens",
     )
     args = ap.parse_args()
-    from rl.train.sampling import SamplingParams
+    from rl.samples.request import SamplingParams
     from rollout.vllm_engine import VLLMEngine
 
     ckpt = str(ROOT / "checkpoints" / "tiny-arith")

@@ -6,7 +6,7 @@
 
 Builds the engine as the rollout actor does (`actors.rollout_fleet.make_engine`: vLLM or torch, per `rollout.engine`),
 then generates `--reps` requests of the job as the loop makes them (`train.prompts_per_step` prompts drawn by the
-loop's sampler, `rl.train.sampling.sampling_params`: stop at EOS, the estimator's state recording), printing each
+loop's sampler, `rl.train.requests.sampling_params`: stop at EOS, the estimator's state recording), printing each
 request's wall and CPU seconds and tokens, and the engine's start-up time. The first request carries whatever a
 fresh engine process pays once (allocations, kernel selection, any JIT); the median of the others is the steady
 state.
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     from rl.config import load_config
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
-    from rl.train.sampling import sampling_params
+    from rl.train.requests import sampling_params
 
     cfg = load_config(args.config, args.overrides)
     _, tok = job_prompts(cfg)

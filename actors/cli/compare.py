@@ -3,7 +3,7 @@
 Generates N rollouts with the torch engine (recording, in fp32, the states the engine fed back), then reports, for
 K = 1..M passes, for replay and for standard (no feedback: what a learner blind to the latent channel would
 compute), the log-prob error, KL, top-1 agreement and KV-cache error against the exact recurrence, and time per
-token (rl/estimators/compare.py). Replay is reported as recorded and after storing the states in each format of
+token (rl/estimators/comparison.py). Replay is reported as recorded and after storing the states in each format of
 `--state-formats` (bf16, fp8: what `rollout.record_states_dtype` costs). Optional JSON (keys `passes`, `replay`,
 `replay_formats`, `standard`, ...) and a plot of error against passes with replay and standard as horizontal lines.
 """
@@ -16,17 +16,16 @@ import random
 from pathlib import Path
 
 from actors.cli.data_args import add_data_arguments, data_section
-from rl.data.tasks import FILE_TASKS
-from rl.data.tasks import TASKS as DATA_TASKS
+from rl.data.tasks import FILE_TASKS, TASKS, TRACK_TASKS
 
-TASKS = (*DATA_TASKS, "random")
+PROMPT_SOURCES = (*TASKS, "random")  # the data tasks, or random token ids
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="FBT checkpoint directory (save_pretrained + tokenizer)")
     add_data_arguments(
         p,
-        TASKS,
+        PROMPT_SOURCES,
         what="prompt source: a generated task's test split (arith, word_problems, or the state-tracking cups / "
         "modsum / parity; needs the checkpoint's tokenizer), the rows of a dataset (jsonl / json / parquet / csv / "
         "hf_disk / hub: --data-path; chats rendered with the tokenizer's template) or random token ids",
@@ -56,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         nargs="*",
         default=["bf16", "fp8"],
         choices=("fp32", "bf16", "fp8"),
-        help="replay also after storing the recorded states in these formats (rl/estimators/states.py)",
+        help="replay also after storing the recorded states in these formats (rl/samples/states.py)",
     )
     p.add_argument("--json", dest="json_out", default=None, metavar="OUT", help="write the report as JSON")
     p.add_argument("--plot", dest="plot_out", default=None, metavar="OUT.png", help="error-vs-passes figure")
@@ -88,12 +87,12 @@ def task_prompts(
             from rl.data import arith
 
             rows = arith.generate("test", n, seed=seed, difficulties=tuple(difficulty or (1, 2, 3)))
-        elif task in TASKS:
+        elif task in TRACK_TASKS:
             from rl.data import track
 
             rows = track.generate(task, "test", n, seed=seed, lengths=tuple(difficulty or (8,)))
         else:
-            raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
+            raise ValueError(f"task: expected one of {PROMPT_SOURCES}, got {task!r}")
         return [tokenizer(row["prompt"])["input_ids"] for row in rows]
     if task == "random":
         rng = random.Random(seed)
@@ -103,7 +102,7 @@ def task_prompts(
             + [rng.randrange(lo, vocab_size) for _ in range(rng.randint(6, 16))]
             for _ in range(n)
         ]
-    raise ValueError(f"task: expected one of {TASKS}, got {task!r}")
+    raise ValueError(f"task: expected one of {PROMPT_SOURCES}, got {task!r}")
 
 
 def _trained_difficulty(checkpoint: str, task: str) -> list[int] | None:
@@ -120,7 +119,7 @@ def generate_rollouts(
 ):
     """One sample per prompt from the torch engine (stops at the model's / tokenizer's EOS), states recorded in
     fp32; drops samples that cannot be compared (empty, preempted, aborted)."""
-    from rollout.base import SamplingParams
+    from rl.samples.request import SamplingParams
     from rollout.torch_engine import TorchEngine
 
     params = SamplingParams(
@@ -136,7 +135,7 @@ def run(args) -> int:
 
     import rl.model  # noqa: F401  (registers the FBT model types with the Auto classes)
     from rl.data.jsonl import DataError
-    from rl.estimators.compare import compare_samples, format_report, plot_report
+    from rl.estimators.comparison import compare_samples, format_comparison, plot_report
 
     if args.n_samples < 1 or args.max_passes < 1:
         raise SystemExit("compare-likelihood: --n-samples and --max-passes must be >= 1")
@@ -190,7 +189,7 @@ def run(args) -> int:
         task=args.task,
         difficulty=args.difficulty or _trained_difficulty(args.checkpoint, args.task),
     )
-    print(format_report(report))
+    print(format_comparison(report))
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(report, indent=2))

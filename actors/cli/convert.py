@@ -52,7 +52,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from rl.errors import InputError
     from rl.hub import local_model_dir
-    from rl.model.convert import convert_checkpoint
+    from rl.model.conversion import convert_checkpoint
 
     try:
         src = Path(local_model_dir(args.src, key="fbrl convert SRC"))

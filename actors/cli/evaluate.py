@@ -1,4 +1,4 @@
-"""`fbrl eval` — accuracy / pass@k of a checkpoint per decode mode (CLI glue; the logic is rl/train/evaluate.py).
+"""`fbrl eval` — accuracy / pass@k of a checkpoint per decode mode (CLI glue; the logic is rl/train/evaluator.py).
 
     fbrl eval --checkpoint checkpoints/tiny-arith --task arith --split test --n 500 \
               --decode-mode standard soft fused --samples 4 --json eval.json
@@ -7,7 +7,7 @@
 
 The engine is the pure-torch reference engine (`rollout.torch_engine.TorchEngine`); completions are scored with
 the math reward (`rewards.math.MathReward`, math-verify; strict on the arithmetic task, as in training) when it
-is importable, else with `rl.train.evaluate.plain_numeric_score`. For the arithmetic task the difficulty levels default
+is importable, else with `rl.train.evaluator.plain_numeric_score`. For the arithmetic task the difficulty levels default
 to the ones the checkpoint was trained on (its `pretrain_config.yaml`), so the test split matches the training
 distribution. A decode mode the checkpoint was not trained for (rl/decode_modes.py) is warned about before the
 evaluation and under the table, and the warning is kept in the JSON's `meta`.
@@ -24,7 +24,7 @@ from actors.cli.data_args import add_data_arguments, data_section
 from rl.atomic_files import write_text
 from rl.config import DataConfig, config_from_dict
 from rl.data.tasks import GENERATED_TASKS, TASKS
-from rl.decode_modes import MODES
+from rl.decode_modes import DECODE_MODES
 
 # GENERATED_TASKS: their problems are generated (difficulty levels apply, the checkpoint's training levels are the
 # default)
@@ -52,7 +52,7 @@ def add_arguments(p) -> None:
         "--decode-mode",
         nargs="+",
         default=["standard", "soft", "fused"],
-        choices=list(MODES),
+        choices=list(DECODE_MODES),
         help="one or more decode modes (paired test if several)",
     )
     p.add_argument("--samples", type=int, default=1, help="sampled completions per problem (pass@k); 0: greedy only")
@@ -75,7 +75,7 @@ def add_arguments(p) -> None:
         help="a second checkpoint evaluated on the same problems (e.g. a standard model of the same "
         "size and compute), paired with every --decode-mode of --checkpoint",
     )
-    p.add_argument("--baseline-mode", default="standard", choices=list(MODES), help="decode mode of --baseline")
+    p.add_argument("--baseline-mode", default="standard", choices=list(DECODE_MODES), help="decode mode of --baseline")
     p.add_argument(
         "--by-difficulty",
         action="store_true",
@@ -103,11 +103,11 @@ def _scorer(choice: str, task: str):
     arithmetic task: a literal answer, as in training)."""
     from rl.data import track
 
-    if choice == "task" or (choice == "auto" and task in track.TASKS):
-        if task not in track.TASKS:
+    if choice == "task" or (choice == "auto" and task in track.TRACKING_RULES):
+        if task not in track.TRACKING_RULES:
             raise SystemExit(
                 f"fbrl eval: --scorer task: {task!r} has no scorer of its own "
-                f"(state-tracking tasks: {', '.join(track.TASKS)})"
+                f"(state-tracking tasks: {', '.join(track.TRACKING_RULES)})"
             )
         return track.score
     strict = task == "arith"
@@ -119,7 +119,7 @@ def _scorer(choice: str, task: str):
         except ImportError:
             if choice == "math":
                 raise
-    from rl.train.evaluate import plain_numeric_score
+    from rl.train.evaluator import plain_numeric_score
 
     return plain_numeric_score
 
@@ -131,11 +131,11 @@ def run(args) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import rl.model  # noqa: F401  (registers the FBT model classes)
-    from rl.data.loaders import DataError, load_task_split
+    from rl.data.jsonl import DataError
+    from rl.data.loaders import load_task_split
     from rl.decode_modes import mode_warning
     from rl.model import as_standard_lm
-    from rl.train.evaluate import evaluate, format_levels, format_table, paired_tests
-    from rl.train.sampling import SamplingParams
+    from rl.train.evaluator import evaluate, format_levels, format_table, paired_tests
     from rollout.torch_engine import TorchEngine
 
     torch.set_num_threads(args.threads)
@@ -180,7 +180,6 @@ def run(args) -> int:
             for prefix, engine, tokenizer, modes in engines:
                 res = evaluate(
                     engine,
-                    SamplingParams,
                     tokenizer,
                     rows,
                     modes,

@@ -31,7 +31,7 @@ def resolve_hub_ids(cfg):
 def convert_stock_model(cfg, run_path: Path, log=print):
     """`cfg` unchanged for an FBT checkpoint; for a stock one, converted into `run_path/base_model` and `cfg` with
     model.path pointing there."""
-    from rl.model.convert import convert_checkpoint, stock_backbone
+    from rl.model.conversion import convert_checkpoint, stock_backbone
 
     src = Path(cfg.model.path)
     config = json.loads((src / "config.json").read_text())

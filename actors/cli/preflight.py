@@ -50,7 +50,7 @@ def check_checkpoint(path: str | None, key: str = "model.path", allow_stock: boo
         config = json.loads((p / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise BadInput(f"{key}: {p / 'config.json'} is not valid JSON (line {e.lineno}: {e.msg})") from None
-    from rl.model.convert import stock_backbone
+    from rl.model.conversion import stock_backbone
     from rl.model.fbt import FBT_ARCHITECTURES, FBT_CLASSES
 
     arch = (config.get("architectures") or [""])[0]
@@ -131,7 +131,8 @@ def check_data(cfg, tokenizer, model_config: dict) -> dict:
     """The train and eval rows load; returns counts (rows, over-long prompts) for the start-up line."""
     from types import SimpleNamespace
 
-    from rl.data.loaders import DataError, load_task_split
+    from rl.data.jsonl import DataError
+    from rl.data.loaders import load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
 
     fitter = PromptFitter(

@@ -21,7 +21,7 @@ the step's real (unpadded) prompt + response tokens / seconds, the same count su
 framework's learner phase by.
 
 `--fbrl-config CONFIG [--fbrl-override k=v ...]` (fbrl's source on PYTHONPATH) also times fbrl's own learner code
-on the same rows in this process, without Ray or DeepSpeed: `rl.learner.PolicyUpdater(...).update(samples,
+on the same rows in this process, without Ray or DeepSpeed: `rl.train.policy_update.PolicyUpdater(...).update(samples,
 advantages, TorchBackend)` (its plan and micro-batches, the configured estimator and log-prob contract, the
 entropy metric, the loss, clip + torch AdamW), at the first of --threads. Its difference to the bare step is
 fbrl's learner code; the rest of a rank's learner phase is DeepSpeed, the collectives and the actors.
@@ -162,12 +162,12 @@ def main() -> int:
 
 
 def fbrl_updater(args, model, rows, ids_of, adv, n_tokens) -> dict:
-    """fbrl's learner code (rl.learner.PolicyUpdater with its one-process TorchBackend) on the same rows."""
+    """fbrl's learner code (rl.train.policy_update.PolicyUpdater with its one-process TorchBackend) on the same rows."""
     import torch
 
-    from rl.batch import Sample
     from rl.config import load_config
-    from rl.learner import PolicyUpdater, TorchBackend, plan_for
+    from rl.samples.batch import Sample
+    from rl.train.policy_update import PolicyUpdater, TorchBackend, plan_for
 
     cfg = load_config(args.fbrl_config, args.fbrl_override)
     threads = int(args.threads.split(",")[0])

@@ -387,16 +387,16 @@ def main() -> int:
     gradient_check = {}
 
     def check_gradient():
-        """fbrl's learner (rl.learner.PolicyUpdater, standard estimator, its advantages and loss aggregation) on TRL's
+        """fbrl's learner (rl.train.policy_update.PolicyUpdater, standard estimator, its advantages and loss aggregation) on TRL's
         step-1 samples, from the same starting weights: its gradient should be TRL's (cosine ~1, norm ratio ~1)."""
         if "g" not in trl_grad:
             print("trl gradient check: skipped (no gradient clipping, so no pre-clip gradient was captured)")
             return
         from rl import algos
-        from rl.batch import Sample
-        from rl.learner import PolicyUpdater
+        from rl.samples.batch import Sample
+        from rl.train.policy_update import PolicyUpdater
 
-        class Capture:  # rl.learner.Backend that keeps the accumulated gradient instead of stepping
+        class Capture:  # rl.train.policy_update.Backend that keeps the accumulated gradient instead of stepping
             world_size = 1
 
             def __init__(self, m):

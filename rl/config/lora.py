@@ -1,7 +1,7 @@
 """`learner.lora`: LoRA adapters on the backbone (peft), the FBT's fusion weights trained in full.
 
 Null (the default) trains every weight. A mapping turns LoRA on; `learner.lora={}` takes every default. Read by
-rl/model/lora.py, which builds the adapters for the RL learner and for `fbrl pretrain`.
+rl/model/lora_policy.py, which builds the adapters for the RL learner and for `fbrl pretrain`.
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ from rl.config.pretrain import ModelInitConfig, PretrainConfig
 from rl.config.runtime import FaultsConfig, LoggingConfig, RayConfig
 from rl.config.serialize import flatten, plain, yaml_dump
 from rl.data.tasks import FILE_TASKS, LEVEL_TASKS, TASKS
-from rl.decode_modes import MODES as DECODE_MODES
+from rl.decode_modes import DECODE_MODES
 from rl.errors import InputError
-from rl.estimators.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
+from rl.samples.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 
 DecodeMode = Literal[DECODE_MODES]  # rl/decode_modes.py: the one list of decode modes
 _TEMPERATURE_NOTE = "for training rollouts (vLLM's limits, enforced by both engines)"
@@ -114,7 +114,7 @@ class RolloutConfig:
     top_k: int = -1  # -1: off (vLLM's convention)
     max_tokens: Annotated[int, ge(1)] = 48
     n_samples_per_prompt: Annotated[int, ge(1)] = 8  # G
-    # how recorded states (replay) are stored on their way to the learner (rl/estimators/states.py): auto = bf16 when
+    # how recorded states (replay) are stored on their way to the learner (rl/samples/states.py): auto = bf16 when
     # the engines have GPUs, else fp32; fp8 = e4m3 with a per-row scale (its replay error: fbrl compare-likelihood)
     record_states_dtype: Literal["auto", "fp32", "bf16", "fp8"] = "auto"
     # How new weights reach the engines (actors/weight_sync.py, docs/CLUSTER.md): a file under RUN_DIR/weights,
@@ -231,7 +231,7 @@ class LearnerConfig:
 
 
 @dataclass
-class RewardFn:
+class RewardFnConfig:
     """One reward; the same keys as an entry of `rewards.loader.build_reward_set`."""
 
     fn: str  # built-in name ("math", "format"), "path/to/file.py:fn" or "pkg.mod:fn"
@@ -253,7 +253,7 @@ class RewardFn:
 
 @dataclass
 class RewardConfig:
-    fns: list[RewardFn] = field(default_factory=lambda: [RewardFn("math")])
+    fns: list[RewardFnConfig] = field(default_factory=lambda: [RewardFnConfig("math")])
     timeout_s: Annotated[float, gt(0)] = 5.0  # default per-call deadline of user rewards
     num_workers: Annotated[int, ge(1)] = 2
     # the math reward's pool: items of a batch not started this long after it began score 0 as timeouts (a batch

@@ -20,7 +20,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from rl.data.jsonl import DataError, read_jsonl, write_jsonl  # noqa: F401  (re-exported)
+from rl.data.jsonl import DataError
 from rl.data.sources import field, read_rows
 from rl.data.tasks import LEVEL_TASKS, TRACK_TASKS
 

@@ -9,7 +9,8 @@ the end of the prompt, where the question usually is, after the leading BOS; `tr
 
 from __future__ import annotations
 
-from rl.data.loaders import DataError, encode_prompt
+from rl.data.jsonl import DataError
+from rl.data.loaders import encode_prompt
 
 # vLLM's per-sequence bound when the config sets none: the model's positions, at most this many (a longer bound
 # makes the no-preemption KV budget of max_num_seqs sequences large on CPU).

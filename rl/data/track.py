@@ -1,6 +1,6 @@
 """State-tracking tasks: a running state over a stream of symbols, where difficulty is the chain length.
 
-Owns: the task families (`TASKS`), problem generation by chain length and seed, the prompt / response format,
+Owns: the task families (`TRACKING_RULES`), problem generation by chain length and seed, the prompt / response format,
 the hash rule that makes the splits disjoint, and the task's own literal scorer (`score`, also usable as an RL
 reward: `reward.fns: [{fn: "rl.data.track:reward"}]`).
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from rl.data.jsonl import DataError
 
 __all__ = [
-    "TASKS",
+    "TRACKING_RULES",
     "SPLITS",
     "MAX_CHAIN",
     "split_of",
@@ -43,7 +43,7 @@ __all__ = [
     "make_problem",
     "generate",
     "echo",
-    "extract_answer",
+    "extract_state_answer",
     "score",
     "reward",
 ]
@@ -68,7 +68,7 @@ def _swap(cup: int, sym: str) -> int:
     return d + 1 if cup == d else d if cup == d + 1 else cup
 
 
-TASKS: dict[str, Task] = {
+TRACKING_RULES: dict[str, Task] = {
     "cups": Task("1234", (1, 2, 3, 4, 5), _swap, lambda s, w: f"Q: cup {s}, swaps {w}\nA:"),
     "modsum": Task("0123456789", (0,), lambda s, c: (s + int(c)) % 10, lambda s, w: f"Q: sum mod 10 of {w}\nA:"),
     "parity": Task("01", (0,), lambda s, c: s ^ int(c), lambda s, w: f"Q: parity of {w}\nA:"),
@@ -83,9 +83,9 @@ TASKS: dict[str, Task] = {
 
 
 def _task(name: str) -> Task:
-    if name not in TASKS:
-        raise ValueError(f"state-tracking task: expected one of {sorted(TASKS)}, got {name!r}")
-    return TASKS[name]
+    if name not in TRACKING_RULES:
+        raise ValueError(f"state-tracking task: expected one of {sorted(TRACKING_RULES)}, got {name!r}")
+    return TRACKING_RULES[name]
 
 
 def problem_hash(task: str, start: int, stream: str) -> str:
@@ -169,7 +169,7 @@ def generate(
     return rows
 
 
-def extract_answer(completion: str) -> str | None:
+def extract_state_answer(completion: str) -> str | None:
     """The text after the last `=` (stripped), or None when there is none."""
     if "=" not in completion:
         return None
@@ -187,7 +187,7 @@ def score(
     if len(reasons) != len(completions):
         raise ValueError(f"finish_reasons has {len(reasons)} entries for {len(completions)} completions")
     return [
-        float(r not in ("length", "aborted") and extract_answer(c) == str(a).strip())
+        float(r not in ("length", "aborted") and extract_state_answer(c) == str(a).strip())
         for c, a, r in zip(completions, answers, reasons)
     ]
 

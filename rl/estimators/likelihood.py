@@ -6,7 +6,7 @@ Every estimator has the signature
        micro_batch_size=None, top_k=0, top_p=1.0, entropy_grad=False)
         -> LikelihoodOutput(logprobs [B, R], entropy [B, R] | None)
 
-and returns the response tokens' log-probs under the log-prob contract (rl/estimators/logprob_contract.py: log_softmax
+and returns the response tokens' log-probs under the log-prob contract (rl/samples/logprob_contract.py: log_softmax
 of logits / T, restricted to the top-k / top-p kept set and renormalised when those are on, the sampled token always
 kept), zero where `batch.response_mask` is 0; entropies are of that same distribution. Logits are computed at the real
 response tokens only ([N, V], no padding rows), which is most of the memory with a real vocabulary. Alignment: response
@@ -24,7 +24,7 @@ Prompt modes: `soft` keeps the prompt ordinary; `fused` feeds the prompt positio
 earlier prefill passes (`model.prompt_carried`, always detached except in `exact`, where the true gradient flows
 through them too); `standard` switches feedback off everywhere.
 
-Besides the estimators this module exposes the pieces `rl/estimators/compare.py` reuses: `last_pass_inputs`
+Besides the estimators this module exposes the pieces `rl/estimators/comparison.py` reuses: `last_pass_inputs`
 (the detached carried states and fusion mask each estimator's final pass consumes), `run_pass` (one pass over
 such inputs, optionally returning the per-layer K/V cache) and `response_log_dists` (full-vocabulary log-probs at
 the response positions).
@@ -38,9 +38,10 @@ from dataclasses import dataclass
 import torch
 
 from rl.algos._registry import lookup, make_register
-from rl.batch import LearnerBatch
-from rl.estimators.logprob_contract import behaviour_log_softmax, entropy_of
-from rl.model import PROMPT_MODES, positions_from_mask, shift_right
+from rl.decode_modes import DECODE_MODES
+from rl.model import positions_from_mask, shift_right
+from rl.samples.batch import LearnerBatch
+from rl.samples.logprob_contract import behaviour_log_softmax, entropy_of
 
 __all__ = [
     "ESTIMATORS",
@@ -121,8 +122,8 @@ def register_estimator(name: str):
 
 
 def _check(model, name, decode_mode, passes):
-    if decode_mode not in PROMPT_MODES:
-        raise ValueError(f"decode_mode: expected one of {PROMPT_MODES}, got {decode_mode!r}")
+    if decode_mode not in DECODE_MODES:
+        raise ValueError(f"decode_mode: expected one of {DECODE_MODES}, got {decode_mode!r}")
     if name == "kpass" and passes < 1:
         raise ValueError(f"kpass: passes must be >= 1, got {passes}")
     if name != "standard" and not hasattr(model, "multipass_forward"):

@@ -34,8 +34,8 @@ from collections.abc import Callable
 import torch
 
 from rl.algos.mismatch import mismatch_decomposition
-from rl.batch import Sample, collate
 from rl.estimators.likelihood import get_estimator
+from rl.samples.batch import Sample, collate
 
 PARTS = ("engine", "staleness", "estimator")
 
@@ -111,7 +111,7 @@ class MismatchProbe:
 
     def _logprobs(self, estimator: str, model, batch) -> torch.Tensor:
         c, r = self.cfg, self.cfg.rollout
-        # the learner's log-prob contract (rl/estimators/logprob_contract.py): the engines' behaviour density, top-k /
+        # the learner's log-prob contract (rl/samples/logprob_contract.py): the engines' behaviour density, top-k /
         # top-p kept set included, so the engine part compares like with like
         return get_estimator(estimator)(
             model,

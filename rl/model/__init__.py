@@ -5,8 +5,7 @@ multi-pass forward, recurrent step, prefill), `convert` (an FBT from a plain che
 `rl.model` registers `fbt_llama` / `fbt_qwen2` / `fbt_qwen3` / `fbt_mistral` with transformers' Auto classes.
 """
 
-from rl.decode_modes import MODES as PROMPT_MODES
-from rl.model.convert import (
+from rl.model.conversion import (
     FUSION_INITS,
     IDENTITY_RMS_EPS,
     as_standard_lm,
@@ -35,7 +34,6 @@ from rl.model.fusion import (
 )
 
 __all__ = [
-    "PROMPT_MODES",
     "FUSION_MODES",
     "INPUT_SCALES",
     "FUSION_INITS",

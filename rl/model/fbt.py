@@ -13,7 +13,7 @@ fusion `F`, and three ways to run the model (docs/DESIGN.md §3):
 `recurrent_forward` runs the exact token-by-token recurrence teacher-forced on given tokens: the ground truth
 every parallel shortcut is tested against. The checkpoint is a normal `save_pretrained` directory whose
 `model_type` is `fbt_llama` / `fbt_qwen2`; importing this module registers both with the Auto classes. The fusion
-itself is rl/model/fusion.py; making an FBT from a plain checkpoint is rl/model/convert.py.
+itself is rl/model/fusion.py; making an FBT from a plain checkpoint is rl/model/conversion.py.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from transformers import (
 )
 from transformers import initialization as hf_init
 
-from rl.decode_modes import MODES as PROMPT_MODES
+from rl.decode_modes import DECODE_MODES
 from rl.model.fusion import (
     FUSION_MODES,
     INPUT_SCALES,
@@ -331,8 +331,8 @@ class FBTMixin:
         standard / soft: one ordinary pass. fused: `prefill_passes` passes, each from a fresh cache, the
         last one kept — so the cache holds the prompt once, not twice.
         """
-        if mode not in PROMPT_MODES:
-            raise ValueError(f"decode_mode: expected one of {PROMPT_MODES}, got {mode!r}")
+        if mode not in DECODE_MODES:
+            raise ValueError(f"decode_mode: expected one of {DECODE_MODES}, got {mode!r}")
         position_ids = positions_from_mask(attention_mask) if attention_mask is not None else None
         e = self.embed(input_ids)
         x = e

@@ -34,7 +34,7 @@ from rl import model as fbt_model
 from rl.atomic_files import replace_dir
 from rl.config import Config, load_config
 from rl.data.tasks import FILE_TASKS
-from rl.model.lora import maybe_wrap
+from rl.model.lora_policy import maybe_wrap
 from rl.pretrain.objective import exact_loss, exact_step, lr_factor, max_passes, multipass_loss, passes_for_step
 
 # ---------------------------------------------------------------------------------------- model + data
@@ -148,7 +148,7 @@ def param_groups(model, p) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
-def collate(encoded: list[tuple[list[int], list[int]]], pad_id: int):
+def collate_documents(encoded: list[tuple[list[int], list[int]]], pad_id: int):
     """Right-pad to the longest row: (input_ids, attention_mask, loss_mask), all [B, L] long."""
     L = max(len(ids) for ids, _ in encoded)
     B = len(encoded)
@@ -204,7 +204,7 @@ def save_checkpoint(
 ) -> None:
     """Write the checkpoint to `<out_dir>.tmp-<pid>` and swap it in, so `out_dir` is never half-written.
 
-    With LoRA (`learner.lora`; `lora` an rl.model.lora.LoraPolicy) the checkpoint is the merged model, and the adapters
+    With LoRA (`learner.lora`; `lora` an rl.model.lora_policy.LoraPolicy) the checkpoint is the merged model, and the adapters
     in peft's format go into its `adapter/` subdirectory.
 
     Written in a temporary directory beside `out_dir` and swapped in (`rl.atomic_files.replace_dir`): at every
@@ -243,7 +243,7 @@ def train(cfg: Config, log=print) -> dict:
         identity_fusion_(model)
     model, lora = maybe_wrap(
         model, cfg.learner.lora, p.seed
-    )  # learner.lora: adapters + fusion train (rl/model/lora.py)
+    )  # learner.lora: adapters + fusion train (rl/model/lora_policy.py)
     model.train()
     decode_modes.record(model.config, decode_modes.modes_of_pretraining(p))  # saved in every checkpoint's config
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -255,7 +255,9 @@ def train(cfg: Config, log=print) -> dict:
     val_rows = load_task_split(cfg.data, "test" if file_task else "val", n=val_n, tokenizer=tokenizer)
     train_enc = encode_rows(train_rows, tokenizer, p.seq_len, p.loss_on)
     val_enc = encode_rows(val_rows, tokenizer, p.seq_len, p.loss_on)
-    val_batches = [collate(val_enc[i : i + p.batch_size], pad_id) for i in range(0, len(val_enc), p.batch_size)]
+    val_batches = [
+        collate_documents(val_enc[i : i + p.batch_size], pad_id) for i in range(0, len(val_enc), p.batch_size)
+    ]
     sampler = PromptSampler(train_enc, seed=p.seed)  # rows here are encoded (ids, mask) pairs
     k_eval = max(3, max_passes(p))
 
@@ -284,7 +286,7 @@ def train(cfg: Config, log=print) -> dict:
         exact = exact_step(step, p)
         k = "exact" if exact else passes_for_step(step, p.steps, p)
         k_counts[k] = k_counts.get(k, 0) + 1
-        input_ids, attention, loss_mask = collate(sampler.next(p.batch_size), pad_id)
+        input_ids, attention, loss_mask = collate_documents(sampler.next(p.batch_size), pad_id)
         if exact:
             loss, losses = exact_loss(model, input_ids, attention, loss_mask, p.feedback_on)
         else:

@@ -116,7 +116,7 @@ def channel_report(model, rows: list[dict], tokenizer, batch_size: int = 8, seq_
     }
 
 
-def format_report(r: dict, title: str = "") -> str:
+def format_channel_card(r: dict, title: str = "") -> str:
     lo, hi = r["exact_minus_pass1_ci95"]
     lo2, hi2 = r["pass2_minus_pass1_ci95"]
     err = r["kpass_logprob_error"]
@@ -195,7 +195,7 @@ def write_card(checkpoint: str | Path, rows_path: str | Path, n_rows: int = 128,
         f"{summary['steps_per_k']}; final validation loss per pass "
         + ", ".join(f"{v:.4f}" for v in summary["final_val_loss_per_pass"])
         + "\n\n![validation loss per pass](card_val_loss.png)\n\n"
-        + format_report(report)
+        + format_channel_card(report)
         + "\n"
     )
     write_text(ckpt / "card.md", text)

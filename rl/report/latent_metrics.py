@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from rl.batch import LearnerBatch
 from rl.estimators.likelihood import last_pass_inputs, run_pass, token_logprobs
+from rl.samples.batch import LearnerBatch
 
 __all__ = ["weight_norms", "latent_metrics", "plot_latent", "PLOTTED"]
 

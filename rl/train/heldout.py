@@ -1,12 +1,12 @@
 """The held-out evaluation during training: greedy accuracy per decode mode on the task's test split, through
-the same rollout and reward workers the steps use, with the evaluator `fbrl eval` uses (`rl.train.evaluate`)."""
+the same rollout and reward workers the steps use, with the evaluator `fbrl eval` uses (`rl.train.evaluator`)."""
 
 from __future__ import annotations
 
 from rl.data.loaders import encode_prompt, reward_columns
-from rl.train.evaluate import decode_and_score
+from rl.train.evaluator import decode_and_score
+from rl.train.requests import sampling_params
 from rl.train.run_dir import RunDir
-from rl.train.sampling import sampling_params
 from rl.train.workers import RewardWorkers, RolloutWorkers
 
 
@@ -24,7 +24,7 @@ def heldout_accuracy(
 ) -> tuple[dict, dict]:
     """Greedy held-out accuracy per decode mode under two reads: ({mode: the fraction of problems the task's
     correctness check (`reward.accuracy`) calls right — never "reward > 0"}, {mode: the lenient read, the last
-    number in the response (`rl.train.evaluate.last_number_score`)}). Both empty when accuracy is off. With `run`, the
+    number in the response (`rl.train.evaluator.last_number_score`)}). Both empty when accuracy is off. With `run`, the
     per-problem outcomes and responses go to RUN_DIR/eval/step_<step>.json, so two evaluations pair up."""
     strict, lenient, record = {}, {}, {}
     prompts = [encode(r) if encode else encode_prompt(tokenizer, r) for r in rows]

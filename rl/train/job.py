@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from rl.config import Config
 from rl.data.loaders import PromptSampler, load_task_split, reward_columns
 from rl.data.prompts import PromptFitter, prompt_token_limit
-from rl.report.console import console_line, eval_line
 from rl.report.metrics import eval_metrics
+from rl.report.step_lines import console_line, eval_line
 from rl.train.faults import FaultLog, RunGuard
 from rl.train.heldout import heldout_accuracy
 from rl.train.rollout_queue import Serialized

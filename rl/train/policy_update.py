@@ -32,10 +32,10 @@ from typing import Protocol
 import torch
 
 from rl import algos
-from rl.batch import LearnerBatch, Sample, collate
 from rl.config import tis_cap_in_force
 from rl.estimators.likelihood import get_estimator
 from rl.model.fusion import dropout_off
+from rl.samples.batch import LearnerBatch, Sample, collate
 
 # Loss metrics of a micro-batch are its share of the mini-batch loss: summed over micro-batches and ranks.
 SUMMED_METRICS = ("loss", "pg_loss", "kl_loss")
@@ -203,7 +203,7 @@ class PolicyUpdater:
     """Holds the policy (and optional frozen reference) and runs one rank's share of an update.
 
     `ref_scope`: the context the reference log-probs are computed in (a LoRA policy is its own reference with the
-    adapters off, rl/model/lora.py)."""
+    adapters off, rl/model/lora_policy.py)."""
 
     def __init__(self, model, cfg, pad_id: int, ref_model=None, ref_scope=contextlib.nullcontext):
         self.model, self.cfg, self.pad_id, self.ref_model = model, cfg, pad_id, ref_model

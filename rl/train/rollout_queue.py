@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rl.batch import Sample
 from rl.data.loaders import reward_columns
+from rl.samples.batch import Sample
 from rl.train.faults import RunStopped
-from rl.train.sampling import sampling_params
+from rl.train.requests import sampling_params
 
 if TYPE_CHECKING:
     from rl.config import Config

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from rl.batch import Sample
+from rl.samples.batch import Sample
 
 
 class RolloutWorkers(Protocol):

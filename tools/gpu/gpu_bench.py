@@ -50,10 +50,10 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from rl.batch import LearnerBatch  # noqa: E402
 from rl.estimators.likelihood import get_estimator  # noqa: E402
 from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM  # noqa: E402
-from rollout.base import SamplingParams  # noqa: E402
+from rl.samples.batch import LearnerBatch  # noqa: E402
+from rl.samples.request import SamplingParams  # noqa: E402
 from rollout.torch_engine import TorchEngine  # noqa: E402
 
 GOALS = {"replay/standard": 1.1, "kpass3/standard": 2.0}  # bench/likelihood.py's CPU goals

@@ -218,7 +218,7 @@ def throughput(dry_run: bool) -> None:
 
     from bench.decode import flops_per_decode_token, fusion_flops_per_token
     from rl.model import convert_to_fbt
-    from rollout.base import SamplingParams
+    from rl.samples.request import SamplingParams
     from rollout.vllm_engine import VLLMEngine
 
     if dry_run:

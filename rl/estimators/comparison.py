@@ -14,7 +14,7 @@ tokens:
 - `abs_logp_diff_by_position`: mean |Δ log p| at each response index j (where along a chain the error sits).
 
 `replay` replays the states as recorded; `replay_formats` replays them after a round trip through each storage
-format of rl/estimators/states.py (bf16, fp8 with a per-row scale): the estimator error that storing states in that
+format of rl/samples/states.py (bf16, fp8 with a per-row scale): the estimator error that storing states in that
 format costs (`rollout.record_states_dtype`).
 
 Everything is computed per micro-batch of rows and pooled, so memory stays bounded by the micro-batch.
@@ -27,8 +27,7 @@ import time
 
 import torch
 
-import rl.estimators.states as state_formats
-from rl.batch import LearnerBatch, Sample, collate
+import rl.samples.states as state_formats
 from rl.estimators.likelihood import (
     get_estimator,
     last_pass_inputs,
@@ -37,8 +36,9 @@ from rl.estimators.likelihood import (
     response_log_dists,
     run_pass,
 )
+from rl.samples.batch import LearnerBatch, Sample, collate
 
-# storage formats whose replay error is reported besides the states as recorded (rl/estimators/states.py; config names)
+# storage formats whose replay error is reported besides the states as recorded (rl/samples/states.py; config names)
 STORED_FORMATS = ("bf16", "fp8")
 METRICS = (
     "mean_abs_logp_diff",
@@ -200,7 +200,7 @@ def compare_samples(model, samples: list[Sample], pad_id: int = 0, **kwargs) -> 
     return compare_estimators(model, collate(samples, pad_id=pad_id, with_states=True), **kwargs)
 
 
-def format_report(report: dict) -> str:
+def format_comparison(report: dict) -> str:
     """A plain-text table: one line per K, then replay (as recorded and per storage format), standard and exact."""
     head = f"{'estimator':>11} {'|dlogp|':>10} {'KL':>10} {'top1':>7} {'K relL2':>9} {'V relL2':>9} {'ms/tok':>8}"
     rows = [

@@ -6,9 +6,8 @@ through one engine; the CLI glue is `actors/cli/evaluate.py`) both use it. `eval
 accuracy, the unbiased pass@k estimator, mean response length, truncation rate, the paired comparison of
 decode modes (McNemar's exact test), the printed table, and the JSON layout.
 
-rl/ never imports rollout/, so the caller passes the engine and a `make_params(**fields)` factory for its
-sampling parameters (`rollout.base.SamplingParams`); fields used: n, temperature, max_tokens, stop_token_ids,
-seed, decode_mode. The scorer follows the reward interface `(prompts, completions, answers,
+The requests are `rl.samples.request.SamplingParams` (n, temperature, max_tokens, stop_token_ids, seed,
+decode_mode), which every engine takes. The scorer follows the reward interface `(prompts, completions, answers,
 finish_reasons=...) -> list[float]` so `rewards.math.MathReward` drops in; `plain_numeric_score` is the
 fallback (last `\\boxed{}` compared numerically with the gold answer; a truncated response scores 0).
 Every evaluation is also read leniently (`last_number_score`: the last number written anywhere in the response,
@@ -29,6 +28,8 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
+
+from rl.samples.request import SamplingParams
 
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 
@@ -166,12 +167,12 @@ def decode_and_score(
     return out
 
 
-def _run(engine, make_params, prompt_ids, rows, tokenizer, score_fn, batch_size, **fields):
+def _run(engine, prompt_ids, rows, tokenizer, score_fn, batch_size, **fields):
     """`decode_and_score` for `evaluate`: the engine's own generate, a seed offset per chunk, scores > 0.5."""
 
     def generate(ids, first):
         seed = None if fields.get("seed") is None else fields["seed"] + first
-        return engine.generate(ids, make_params(**{**fields, "seed": seed}))
+        return engine.generate(ids, SamplingParams(**{**fields, "seed": seed}))
 
     def score(chunk_rows, texts, samples):
         scores = score_fn(
@@ -187,7 +188,6 @@ def _run(engine, make_params, prompt_ids, rows, tokenizer, score_fn, batch_size,
 
 def evaluate(
     engine,
-    make_params: Callable[..., Any],
     tokenizer,
     rows: list[dict],
     modes: Sequence[str],
@@ -224,7 +224,6 @@ def evaluate(
         common = dict(max_tokens=max_tokens, stop_token_ids=stop, decode_mode=mode)
         greedy = _run(
             engine,
-            make_params,
             prompt_ids,
             rows,
             tokenizer,
@@ -239,7 +238,6 @@ def evaluate(
         sampled = (
             _run(
                 engine,
-                make_params,
                 prompt_ids,
                 rows,
                 tokenizer,

@@ -1,8 +1,8 @@
 """The one interface every rollout engine implements, the validation they share, and how they read weights
 (`load_state_dict_from`: safetensors only).
 
-Token ids in, token ids out: an engine never re-tokenizes text. Each call returns `rl.batch.Sample`s carrying
-engine log-probs under the log-prob contract (rl/estimators/logprob_contract.py: log-probs of the distribution sampled
+Token ids in, token ids out: an engine never re-tokenizes text. Each call returns `rl.samples.batch.Sample`s carrying
+engine log-probs under the log-prob contract (rl/samples/logprob_contract.py: log-probs of the distribution sampled
 from, softmax(logits / T) truncated by top-k / top-p and renormalised; T = 0 means greedy and log-probs of the
 untempered logits), the finish reason, the policy version, and, when asked, the recorded states (row j = the state that
 predicted response token j).
@@ -14,10 +14,8 @@ import abc
 import os
 from pathlib import Path
 
-# re-exported: engines import these from here
-from rl.batch import Sample  # noqa: F401
-from rl.estimators.states import STATE_DTYPES  # noqa: F401
-from rl.train.sampling import SamplingParams  # noqa: F401
+from rl.samples.batch import Sample
+from rl.samples.request import SamplingParams
 
 
 class StaleWeightsError(RuntimeError):

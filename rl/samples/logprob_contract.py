@@ -21,7 +21,7 @@ it is kept anyway (`always_keep`), so a rollout token never scores -inf.
 
 T = 0 is greedy: log-probs of the untempered logits. Temperatures in (0, TEMPERATURE_MIN) or above
 TEMPERATURE_MAX are refused (vLLM clamps the first silently and rejects the second; both engines refuse both
-the same way, `rl.batch.SamplingParams.validate`).
+the same way, `rl.samples.batch.SamplingParams.validate`).
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def convert_checkpoint(
 
     from transformers import AutoTokenizer, GenerationConfig
 
-    from rl.decode_modes import MODES, record
+    from rl.decode_modes import DECODE_MODES, record
 
     src = Path(src)
     if model is None:  # safetensors only: a pickled checkpoint is refused, never unpickled
@@ -128,7 +128,7 @@ def convert_checkpoint(
         fbt.generation_config = GenerationConfig.from_pretrained(src)
     # random fusion weights are untrained: only the backbone's own mode is served; the identity init decodes
     # exactly like the backbone in every mode (W_U = 0: nothing is fed back yet)
-    record(fbt.config, MODES if init == "identity" else ["standard"])
+    record(fbt.config, DECODE_MODES if init == "identity" else ["standard"])
     fbt.save_pretrained(out)
     try:
         (tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(src)).save_pretrained(out)

@@ -1,7 +1,7 @@
 """Batch types shared by engines, rewards, the loop and the learner.
 
 `Sample` is one generated completion as an engine returns it (token ids in, token ids out; what a request asks
-for is `rl.train.sampling.SamplingParams`). `LearnerBatch` is a right-padded tensor view of many samples, aligned for
+for is `rl.train.requests.SamplingParams`). `LearnerBatch` is a right-padded tensor view of many samples, aligned for
 the likelihood estimators: response token j of row b sits at position `prompt_lens[b] + j`, and its log-prob is read
 from the state at position `prompt_lens[b] + j - 1` (row j of the recorded states, docs/DESIGN.md §4).
 """
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-import rl.estimators.states as state_formats
-from rl.estimators.states import StateRef
+import rl.samples.states as state_formats
+from rl.samples.states import StateRef
 
 FINISH_REASONS = ("stop", "length", "aborted")
 
@@ -22,10 +22,10 @@ FINISH_REASONS = ("stop", "length", "aborted")
 class Sample:
     prompt_ids: list[int]
     response_ids: list[int]
-    logprobs: list[float]  # engine log-probs under the log-prob contract (rl/estimators/logprob_contract.py)
+    logprobs: list[float]  # engine log-probs under the log-prob contract (rl/samples/logprob_contract.py)
     finish_reason: str  # stop | length | aborted
     policy_version: int
-    # [R, d] in a storage format of rl/estimators/states.py (row j is the state that predicted response_ids[j]), or a
+    # [R, d] in a storage format of rl/samples/states.py (row j is the state that predicted response_ids[j]), or a
     # StateRef to them when they travel apart from the sample (actors/state_plane.py), or None
     states: torch.Tensor | StateRef | None = None
     group_id: int = 0  # index of the prompt in the request (GRPO groups)
