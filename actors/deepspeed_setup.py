@@ -11,7 +11,7 @@ import socket
 
 import torch
 
-from actors.placement import role_threads
+from actors.resources import role_threads
 
 
 # ---- process setup ------------------------------------------------------------------------------------------
@@ -65,7 +65,7 @@ def init_loopback_process_group(backend: str, rank: int, world_size: int, port: 
 
 
 def learner_threads(cfg, cores: int, reserved_cpus: float, one_machine: bool) -> int:
-    """torch threads of each learner rank (`learner.num_threads`; the rule: `actors.placement.role_threads`)."""
+    """torch threads of each learner rank (`learner.num_threads`; the rule: `actors.resources.role_threads`)."""
     return role_threads(
         cfg.learner.num_threads, cfg.learner.num_workers, cfg.train.max_staleness, cores, reserved_cpus, one_machine
     )

@@ -118,7 +118,7 @@ class LearnerGroup:
     def _setup(self) -> None:
         import ray
 
-        from actors.placement import cluster_address
+        from actors.resources import cluster_address
 
         addr, port = ray.get(self.actors[0].address.remote())
         one_machine = cluster_address(self.cfg) is None  # a private local Ray: every actor is on this machine

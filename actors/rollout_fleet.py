@@ -22,7 +22,7 @@ import dataclasses
 import os
 import time
 
-from actors.placement import role_threads
+from actors.resources import role_threads
 from actors.supervision import actor_class, describe, gather, kill, lost_object
 from rl.samples.batch import Sample
 from rl.train.faults import hang_injected
@@ -109,7 +109,7 @@ def engine_checksums(engine) -> dict[str, float]:
 
 
 def rollout_threads(cfg, cores: int, reserved_cpus: float, one_machine: bool) -> int:
-    """torch / OpenMP threads of each engine (`rollout.num_threads`; the rule: `actors.placement.role_threads`)."""
+    """torch / OpenMP threads of each engine (`rollout.num_threads`; the rule: `actors.resources.role_threads`)."""
     return role_threads(
         cfg.rollout.num_threads, cfg.rollout.num_engines, cfg.train.max_staleness, cores, reserved_cpus, one_machine
     )

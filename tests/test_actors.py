@@ -155,7 +155,8 @@ def test_rank_metrics_merge_token_weighted():
 
 
 def test_placement_bundles_separate_and_colocated(tiny_ckpt):
-    from actors.placement import plan_bundles, required_cpus
+    from actors.placement import plan_bundles
+    from actors.resources import required_cpus
 
     cfg = make_cfg(
         tiny_ckpt,

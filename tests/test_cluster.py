@@ -94,12 +94,12 @@ def test_local_ray_reports_task_events_only_with_a_dashboard(monkeypatch):
     reporting off). Without the dashboard (the default) nothing reads them, so a local Ray reports none."""
     import ray
 
-    from actors import placement
+    from actors import placement, resources
 
     started = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(placement, "start_local_ray", lambda **kwargs: started.append(kwargs))
-    monkeypatch.delenv(placement.JOB_ENV, raising=False)
+    monkeypatch.delenv(resources.JOB_ENV, raising=False)
     for dashboard in (False, True):
         placement.init_ray(load_config(None, [f"ray.dashboard={str(dashboard).lower()}"]))
     assert started[0]["_system_config"] == {"task_events_report_interval_ms": 0}

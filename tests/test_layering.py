@@ -104,3 +104,107 @@ def test_every_import_form_is_seen():
     ]
     assert module_name(ROOT / "rl" / "algos" / "losses.py") == "rl.algos.losses"
     assert module_name(ROOT / "rl" / "algos" / "__init__.py") == "rl.algos"
+
+
+# The floors of rl/, lowest first: a unit imports its own floor's units and lower ones, never a higher floor.
+RL_FLOORS = [
+    {"rl.errors", "rl.atomic_files", "rl.decode_modes", "rl.algos"},  # plain helpers and the GRPO math
+    {"rl.samples", "rl.hub"},  # what engines and learners exchange; where models come from
+    {"rl.model"},
+    {"rl.data"},
+    {"rl.config"},
+    {"rl.estimators"},
+    {"rl.pretrain"},
+    {"rl.report"},
+    {"rl.train"},
+    {"rl.loop"},
+]
+# what rollout/ may take from rl/: the ground floor, the model, and the plain helpers under them
+ROLLOUT_FROM_RL = {"rl.samples", "rl.model", "rl.decode_modes", "rl.atomic_files", "rl.errors"}
+
+
+def _product_modules() -> dict[str, pathlib.Path]:
+    return {module_name(p): p for p in sources()}
+
+
+def _resolve(target: str, modules) -> str | None:
+    """The product module an import names (`from rl.model import X` -> rl.model), None outside the product."""
+    parts = target.split(".")
+    while parts and ".".join(parts) not in modules:
+        parts.pop()
+    return ".".join(parts) or None
+
+
+def _rl_unit(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_rl_floors():
+    modules = _product_modules()
+    floor_of = {unit: i for i, units in enumerate(RL_FLOORS) for unit in units}
+    units = {_rl_unit(m) for m in modules if m.startswith("rl.")} - {"rl"}
+    assert units == set(floor_of), f"units of rl/ without a floor (or floors without a unit): {units ^ set(floor_of)}"
+    bad = []
+    for name, path in modules.items():
+        if not name.startswith("rl."):
+            continue
+        for line, target in imported_modules(path):
+            dep = _resolve(target, modules)
+            if dep and dep != "rl" and floor_of[_rl_unit(dep)] > floor_of[_rl_unit(name)]:
+                bad.append(f"{path.relative_to(ROOT)}:{line} imports {dep}, a higher floor")
+    assert not bad, "\n".join(bad)
+
+
+def test_rollout_stands_on_the_ground_floor_only():
+    modules = _product_modules()
+    bad = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for name, path in modules.items()
+        if name.startswith("rollout")
+        for line, target in imported_modules(path)
+        if target.split(".")[0] in ("ray", "deepspeed")
+        or (target.startswith("rl.") and _rl_unit(_resolve(target, modules) or target) not in ROLLOUT_FROM_RL)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles_anywhere():
+    """Module by module over the whole tree, lazy imports included: a circle inside a package counts too."""
+    modules = _product_modules()
+    graph = {
+        name: {d for _, t in imported_modules(path) if (d := _resolve(t, modules)) and d != name}
+        for name, path in modules.items()
+    }
+    assert not import_cycles(graph)
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
