@@ -1,0 +1,233 @@
+"""One `fbrl train` job from the first line it prints to its exit code: `Session` owns the stop signals, Ray, the
+workers' start, the trackers, the live plots, the progress bar, closing the rewards, shutdown and the summary.
+
+    with Session(cfg, run_dir, no_ray, t_start) as session:
+        rollout, learner, rewards = session.start_workers(python_fns)
+        train(..., log=session.log, progress=session.on_step, faults=session.faults, stop_requested=session.stop.reason)
+    return session.exit_code()
+
+A stop (a stop rule, a signal) ends the `with` block quietly: teardown runs, the summary is printed and
+`exit_code` says how the job ended. Any other exception still tears down, then propagates with its traceback.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+class Session:
+    def __init__(self, cfg, run_dir, no_ray: bool, t_start: float):
+        from rl.train.faults import FaultLog
+
+        self.cfg, self.run_dir, self.no_ray, self.t_start = cfg, run_dir, no_ray, t_start
+        self.faults = FaultLog(print)
+        self.stop = StopSignals()
+        self.steps = {}  # step -> its metrics (a step run again: the last)
+        self.stopped = None
+        self.trackers = self.bar = self.plots = self.rewards = self.worker_logs = None
+        self.log = lambda line: print(line, flush=True)
+
+    def __enter__(self):
+        self.stop.install()
+        return self
+
+    def start_workers(self, python_fns=None):
+        """Ray (unless --no-ray), the rollout, learner and reward workers, then the trackers, the plots and the bar."""
+        from actors import console
+        from actors.placement import build_workers, init_ray
+        from actors.trackers import Trackers
+        from rl.report.plots import LivePlots
+
+        cfg = self.cfg
+        t_ray = time.perf_counter()
+        if not self.no_ray:
+            init_ray(cfg)
+            self.stop.install()  # ray.init installs its own SIGTERM handler (kill Ray, exit 1): ours goes back on top
+        t_ray = time.perf_counter() - t_ray
+        print(workers_line(cfg, not self.no_ray), flush=True)
+        t_workers, startup = time.perf_counter(), {}
+        workers = build_workers(
+            cfg, use_ray=not self.no_ray, faults=self.faults, startup=startup, python_fns=python_fns
+        )
+        self.rewards = workers[2]
+        now = time.perf_counter()
+        print(ready_line(now - t_workers, t_ray, startup, now - self.t_start), flush=True)
+        self.worker_logs = worker_logs_dir(self.no_ray)
+        self.trackers = Trackers(cfg, self.run_dir)
+        self.bar = console.progress_bar(cfg.train.steps, cfg.logging.progress)
+        if self.bar is not None:
+            self.log = lambda line: self.bar.write(line, file=sys.stdout)
+        self.faults.log = self.log
+        self.plots = LivePlots(self.run_dir, title=plot_title(cfg, self.run_dir), log=self.log)
+        self.stop.graceful = True
+        return workers
+
+    def on_step(self, metrics: dict) -> None:
+        self.steps[metrics["step"]] = metrics
+        self.trackers.log(metrics)
+        if self.bar is not None:
+            self.bar.n = metrics["step"]
+            self.bar.refresh()
+        self.plots.update(metrics)
+
+    def __exit__(self, kind, error, tb) -> bool:
+        from rl.train.faults import RunStopped
+
+        if isinstance(error, RunStopped):
+            self.stopped = error
+        elif isinstance(error, Interrupted):  # a second signal, or one during start-up: the last checkpoint stands
+            self.stopped = RunStopped(
+                f"{error}: stopped at once; the last checkpoint of {self.run_dir.path} stands", True, error.exit_code
+            )
+        written, wandb_dir = self._teardown()
+        if error is None or self.stopped is not None:  # a bug keeps its traceback as the last thing printed
+            self._summary(written, wandb_dir)
+        return self.stopped is not None
+
+    def _teardown(self):
+        """Stop everything the session started; (the plots written, wandb's run folder or None)."""
+        self.stop.graceful, self.stop.shutting_down = False, True
+        if self.bar is not None:
+            self.bar.close()
+        written = self.plots.close() if self.plots is not None else self.run_dir.plot()
+        if self.rewards is not None:
+            try:  # a reward's close() (its client, its pool) runs; a dead reward worker has nothing left to close
+                self.rewards.close()
+            except Exception as e:
+                print(f"closing the rewards failed: {type(e).__name__}: {e}", flush=True)
+        wandb_dir = self.trackers.close() if self.trackers is not None else None
+        shutdown_ray(self.no_ray)
+        self.stop.uninstall()
+        return written, str(Path(wandb_dir).parent) if wandb_dir else None  # the run's folder, not its files/
+
+    def _summary(self, written, wandb_dir) -> None:
+        from actors import console
+
+        print()
+        seconds = time.perf_counter() - self.t_start
+        logs = self.worker_logs if not self.cfg.logging.verbose else None
+        for line in console.summary_lines(self.run_dir, self.cfg, seconds, written, wandb_dir, logs):
+            print(line)
+
+    def exit_code(self) -> int:
+        """0; the stop's code (128 + a signal, or 3); 3 when every step was skipped."""
+        from rl.train.faults import EXIT_STOPPED
+
+        if self.stopped is not None:
+            print(f"fbrl train: stopped: {self.stopped}", file=sys.stderr, flush=True)
+            return self.stop.exit_code or self.stopped.exit_code
+        # the whole run as metrics.jsonl holds it (a resumed run's earlier steps count: a resume whose few new
+        # steps had no signal did not train "nothing"); a step run again after a restore: its last record
+        records = self.run_dir.read_metrics() if self.steps else []
+        history = list({r["step"]: r for r in records if r.get("step", 0) > 0}.values())
+        if history and not any(not m.get("skipped") for m in history):
+            print(
+                f"fbrl train: error: the run trained nothing: all {len(history)} steps were skipped (no reward "
+                f"signal, or non-finite loss); see the reward metrics in {self.run_dir.path / 'metrics.jsonl'}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return EXIT_STOPPED
+        return 0
+
+
+class Interrupted(BaseException):
+    """A signal that must end the job now (raised from the handler into whatever the main thread runs)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"{signal.Signals(signum).name} received")
+        self.exit_code = 128 + signum
+
+
+class StopSignals:
+    """SIGTERM / SIGINT: the first one, once the loop runs (`graceful`), asks the loop to stop after the current
+    step (`reason()`); before that, or a second one, raises `Interrupted` at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.graceful, self.received, self.exit_code, self._previous = False, None, None, {}
+        self.shutting_down = False  # set while the workers are being stopped: later signals change nothing
+
+    def install(self) -> None:
+        for sig in self.SIGNALS:
+            previous = signal.signal(sig, self._handle)
+            self._previous.setdefault(sig, previous)
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.exit_code = self.exit_code or 128 + signum
+        if self.shutting_down:
+            return
+        if self.graceful and self.received is None:
+            self.received = signal.Signals(signum).name
+            print(
+                f"fbrl train: {self.received} received: stopping after the current step (send it again to stop "
+                f"at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        raise Interrupted(signum)
+
+    def reason(self) -> str | None:
+        return f"{self.received} received" if self.received else None
+
+
+def workers_line(cfg, use_ray: bool) -> str:
+    r, learner = cfg.rollout, cfg.learner
+    where = "in-process workers" if not use_ray else (f"Ray at {cfg.ray.address}" if cfg.ray.address else "local Ray")
+    engines = f"{r.num_engines} {r.engine} engine{'s' if r.num_engines > 1 else ''} ({r.decode_mode} decoding)"
+    n = learner.num_workers if use_ray else 1  # in-process: one rank (actors/local.py)
+    learners = f"{n} DeepSpeed learner{'s' if n > 1 else ''} (ZeRO-{learner.zero_stage})"
+    return (
+        f"starting {where}: {engines}, {learners}, {cfg.likelihood.estimator} estimator, rewards "
+        f"{', '.join(f.name or f.fn for f in cfg.reward.fns)}"
+    )
+
+
+def ready_line(workers_s: float, ray_s: float, startup: dict, since_start_s: float) -> str:
+    """`workers ready in N s (...)`: the start-up broken down (Ray, then each role's actors, which come up at once)."""
+    from actors.placement import startup_line
+
+    line = f"workers ready in {workers_s:.0f} s"
+    if startup:
+        threads = startup.pop("threads", [])
+        line += f" (Ray {ray_s:.1f} s before them; {startup_line(startup, threads)}; {since_start_s:.0f} s since start)"
+    return line
+
+
+def plot_title(cfg, run_dir) -> str:
+    return (
+        f"{run_dir.path.name}: {Path(cfg.model.path or 'model').name}, {cfg.data.task}, "
+        f"{cfg.rollout.decode_mode} decoding, {cfg.likelihood.estimator} estimator, "
+        f"{cfg.train.prompts_per_step}x{cfg.rollout.n_samples_per_prompt} samples per step"
+    )
+
+
+def worker_logs_dir(no_ray: bool) -> str | None:
+    """Ray's log directory on this node (where the quieted workers' output goes), if Ray runs here."""
+    if no_ray:
+        return None
+    try:
+        import ray
+
+        return ray._private.worker._global_node.get_logs_dir_path() if ray.is_initialized() else None
+    except Exception:  # a private API: the summary line is optional
+        return None
+
+
+def shutdown_ray(no_ray: bool) -> None:
+    if no_ray:
+        return
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
