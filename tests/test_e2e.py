@@ -179,6 +179,7 @@ def test_two_steps_real_stack_replay(tmp_path):
     assert "held-out greedy accuracy (soft, 32 problems): " in out
 
 
+@pytest.mark.slow  # ~2.5 min; in CI the real stack runs replay (above), and K-pass is checked against exact in tests
 def test_two_steps_real_stack_kpass(tmp_path):
     run_dir = tmp_path / "kpass"
     fbrl_train(
@@ -225,6 +226,7 @@ def test_default_job_learns_to_work_the_steps(tmp_path):
     assert sum(lengths[-3:]) / 3 > lengths[0] + 2, lengths  # worked steps are longer than bare answers
 
 
+@pytest.mark.slow  # ~4.5 min; in CI vLLM and the plugin run inside the loop in test_two_steps_real_stack_replay
 def test_default_job_learns_through_the_vllm_plugin(tmp_path):
     """The same claim with the vLLM engine and fbrl's model plugin doing the soft decoding (states recorded by the
     plugin, weights synced into vLLM after every step): a plugin bug that keeps the log-prob tests green but breaks

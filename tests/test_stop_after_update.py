@@ -39,8 +39,18 @@ class StopsIn:
         return call
 
 
-@pytest.mark.parametrize("staleness", [1, 2, 3])
-@pytest.mark.parametrize("where", ["sync", "eval", "reward"])
+# each place and each staleness once in CI (~30 s a case); the other six combinations are slow
+CASES = [("sync", 1), ("eval", 2), ("reward", 3)]
+
+
+@pytest.mark.parametrize(
+    "where,staleness",
+    [
+        pytest.param(w, s, marks=() if (w, s) in CASES else pytest.mark.slow)
+        for w in ("sync", "eval", "reward")
+        for s in (1, 2, 3)
+    ],
+)
 def test_a_stop_after_the_update_checkpoints_the_step(tmp_path, monkeypatch, capsys, staleness, where):
     """A stop raised after the learner's update (in the weight sync, in the held-out eval) or in the rewards (the
     producer thread at s >= 1) ends the job as a stop at every staleness: exit code 3, "stopped after step N, which
