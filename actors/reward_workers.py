@@ -25,6 +25,7 @@ import logging
 import os
 
 from actors.supervision import actor_class, gather, kill
+from rl.data.tasks import TASKS
 from rl.train.workers import Scores
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def _math_options(entry: dict, rcfg, task: str | None) -> dict:
         entry["options"] = {
             "num_workers": rcfg.num_workers,
             "batch_timeout_s": rcfg.batch_timeout_s,
-            **({"strict": True} if task == "arith" else {}),
+            **({"strict": True} if task in TASKS and TASKS[task].strict_math else {}),
             **(entry.get("options") or {}),
         }
     return entry

@@ -197,12 +197,42 @@ def test_sampler_epochs_and_resume_equivalence():
 
 
 def test_task_names_are_one_registry():
-    """rl/data/tasks.py names every task once: the schema's choices, and the state-tracking tasks track.py defines."""
-    import typing
-
-    from rl.config import DataConfig
+    """rl/data/tasks.py's table names every task once: the schema accepts exactly its names (an unknown one is
+    refused naming them all), and its state-tracking entries are the ones track.py defines."""
     from rl.data import tasks, track
 
-    assert set(tasks.TRACK_TASKS) == set(track.TRACKING_RULES)
-    assert typing.get_args(typing.get_type_hints(DataConfig)["task"]) == tasks.TASKS
-    assert set(tasks.TASKS) == set(tasks.GENERATED_TASKS) | set(tasks.FILE_TASKS)
+    assert {n for n, t in tasks.TASKS.items() if t.scorer is not None} == set(track.TRACKING_RULES)
+    assert set(tasks.TASKS) == set(tasks.generated_tasks()) | set(tasks.file_tasks())
+    for name, task in tasks.TASKS.items():
+        config_from_dict({"data": {"task": name, "train_path": None if task.generated else "rows.jsonl"}})
+    with pytest.raises(ConfigError, match="data.task: expected one of arith, word_problems, cups"):
+        config_from_dict({"data": {"task": "arithmetic"}})
+
+
+def test_a_new_task_is_one_entry(monkeypatch, capsys):
+    """One entry in the table, and the config, the loaders, `fbrl eval`'s choices and help, its scorer and the
+    math reward's strictness all know the task."""
+    from actors.cli import main
+    from actors.cli.evaluate import _scorer
+    from actors.reward_workers import _math_options
+    from rl.data import tasks
+
+    def doubling_rows(data, split, n):
+        return [{"prompt": f"Q: 2 x {i + 10 * data.seed}\nA:", "answer": str(2 * i)} for i in range(n)]
+
+    def exact(prompts, completions, answers, **_):
+        return [float(c.strip() == a) for c, a in zip(completions, answers)]
+
+    entry = tasks.Task("doubling numbers", doubling_rows, 3, "levels", (1,), strict_math=True, scorer=exact)
+    monkeypatch.setitem(tasks.TASKS, "doubling", entry)
+
+    data = config_from_dict({"data": {"task": "doubling", "difficulty": [1, 3]}}).data
+    assert [r["answer"] for r in load_task_split(data, "test", 4)] == ["0", "2", "4", "6"]
+    with pytest.raises(ConfigError, match="data.difficulty: expected a non-empty list of levels in 1..3"):
+        config_from_dict({"data": {"task": "doubling", "difficulty": [4]}})
+    assert _scorer("auto", "doubling") is exact
+    assert _math_options({"fn": "math"}, config_from_dict({}).reward, "doubling")["options"]["strict"] is True
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "doubling: doubling numbers" in help_text and "doubling}" in help_text

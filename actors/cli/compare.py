@@ -16,7 +16,7 @@ import random
 from pathlib import Path
 
 from actors.cli.data_args import add_data_arguments, data_section
-from rl.data.tasks import FILE_TASKS, TASKS, TRACK_TASKS
+from rl.data.tasks import TASKS, tasks_help
 
 PROMPT_SOURCES = (*TASKS, "random")  # the data tasks, or random token ids
 
@@ -26,9 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_data_arguments(
         p,
         PROMPT_SOURCES,
-        what="prompt source: a generated task's test split (arith, word_problems, or the state-tracking cups / "
-        "modsum / parity; needs the checkpoint's tokenizer), the rows of a dataset (jsonl / json / parquet / csv / "
-        "hf_disk / hub: --data-path; chats rendered with the tokenizer's template) or random token ids",
+        what=f"prompt source: a task's test split ({tasks_help()}; needs the checkpoint's tokenizer; a file task reads "
+        "--data-path, chats rendered with the tokenizer's template), or random: random token ids",
     )
     p.add_argument(
         "--difficulty",
@@ -71,29 +70,20 @@ def task_prompts(
     difficulty: list[int] | None = None,
     data: dict | None = None,
 ) -> list[list[int]]:
-    """n prompts as token ids: a generated task's test-split prompts through the tokenizer, or random ids (BOS
-    first). `difficulty`: arith levels or state-tracking chain lengths (None: arith 1 2 3, chains of 8)."""
+    """n prompts as token ids: a task's test-split prompts through the tokenizer, or random ids (BOS first).
+    `difficulty`: a generated task's levels or chain lengths (None: the task's `default_difficulty`)."""
     if task != "random":
         if tokenizer is None:
             raise ValueError(f"--task {task} needs a tokenizer in the checkpoint directory (or use --task random)")
-        if task == "word_problems" or task in FILE_TASKS:
-            from rl.config import config_from_dict
-            from rl.data.loaders import encode_prompt, load_task_split
-
-            section = config_from_dict({"data": {**(data or {"task": task}), "difficulty": difficulty or [1, 2]}}).data
-            rows = load_task_split(section, "test", n, tokenizer, answer_needed_by=None)  # (no scoring here)
-            return [encode_prompt(tokenizer, r) for r in rows]
-        if task == "arith":
-            from rl.data import arith
-
-            rows = arith.generate("test", n, seed=seed, difficulties=tuple(difficulty or (1, 2, 3)))
-        elif task in TRACK_TASKS:
-            from rl.data import track
-
-            rows = track.generate(task, "test", n, seed=seed, lengths=tuple(difficulty or (8,)))
-        else:
+        if task not in TASKS:
             raise ValueError(f"task: expected one of {PROMPT_SOURCES}, got {task!r}")
-        return [tokenizer(row["prompt"])["input_ids"] for row in rows]
+        from rl.config import config_from_dict
+        from rl.data.loaders import encode_prompt, load_task_split
+
+        section = {**(data or {"task": task}), "seed": seed}
+        section["difficulty"] = list(difficulty or TASKS[task].default_difficulty or [1])
+        rows = load_task_split(config_from_dict({"data": section}).data, "test", n, tokenizer, answer_needed_by=None)
+        return [encode_prompt(tokenizer, r) for r in rows]  # (no scoring here: answers are optional)
     if task == "random":
         rng = random.Random(seed)
         lo = 3 if vocab_size > 8 else 0  # keep clear of the special ids (pad/bos/eos) of small vocabularies
@@ -164,7 +154,7 @@ def run(args) -> int:
             cfg.bos_token_id,
             args.seed,
             args.difficulty or _trained_difficulty(args.checkpoint, args.task),
-            data_section(args) if args.task in FILE_TASKS else None,
+            data_section(args) if args.task in TASKS and not TASKS[args.task].generated else None,
         )
     except (ValueError, DataError) as e:
         raise SystemExit(f"compare-likelihood: {e}") from None

@@ -5,7 +5,7 @@ into nested columns) and `--chat-template`."""
 
 from __future__ import annotations
 
-from rl.data.tasks import FILE_TASKS
+from rl.data.tasks import file_tasks
 
 
 def add_data_arguments(p, tasks, default: str = "arith", what: str = "") -> None:
@@ -13,7 +13,7 @@ def add_data_arguments(p, tasks, default: str = "arith", what: str = "") -> None
     p.add_argument(
         "--data-path",
         default=None,
-        help=f"data.test_path of the file tasks ({', '.join(FILE_TASKS)}): a file, a save_to_disk directory, or "
+        help=f"data.test_path of the file tasks ({', '.join(file_tasks())}): a file, a save_to_disk directory, or "
         "a Hugging Face Hub dataset id (task hub)",
     )
     p.add_argument("--hub-config", default=None, help="data.hub_config: the Hub dataset's config (task hub)")
@@ -35,7 +35,7 @@ def data_section(args, split: str = "test") -> dict:
         "prompt_field": args.prompt_field,
         "answer_field": args.answer_field,
     }
-    if args.task in FILE_TASKS:
+    if args.task in file_tasks():
         if not args.data_path:
             raise SystemExit(f"--task {args.task} needs --data-path")
         data.update(train_path=args.data_path, test_path=args.data_path, hub_config=args.hub_config, test_split=split)

@@ -23,11 +23,8 @@ import yaml
 from actors.cli.data_args import add_data_arguments, data_section
 from rl.atomic_files import write_text
 from rl.config import DataConfig, config_from_dict
-from rl.data.tasks import GENERATED_TASKS, TASKS
+from rl.data.tasks import TASKS, generated_tasks, tasks_help
 from rl.decode_modes import DECODE_MODES
-
-# GENERATED_TASKS: their problems are generated (difficulty levels apply, the checkpoint's training levels are the
-# default)
 
 
 def add_arguments(p) -> None:
@@ -35,9 +32,7 @@ def add_arguments(p) -> None:
     add_data_arguments(
         p,
         TASKS,
-        what="arith: the synthetic arithmetic; word_problems: templated chat word problems; cups / modsum / "
-        "parity: state tracking; jsonl / json / parquet / csv / hf_disk / hub: rows with a prompt (or chat) and an "
-        "answer from --data-path",
+        what=f"{tasks_help()} (a file task reads --data-path: rows with a prompt or a chat, and an answer)",
     )
     p.add_argument("--split", default="test", help="generated tasks: train | val | test; hf_disk / hub: a split")
     p.add_argument(
@@ -99,18 +94,17 @@ def _data_config(args) -> DataConfig:
 
 
 def _scorer(choice: str, task: str):
-    """The correctness check: a state-tracking task's own literal scorer, else the math reward (strict on the
-    arithmetic task: a literal answer, as in training)."""
-    from rl.data import track
-
-    if choice == "task" or (choice == "auto" and task in track.TRACKING_RULES):
-        if task not in track.TRACKING_RULES:
+    """The correctness check: the task's own scorer when it has one (state tracking), else the math reward (strict
+    where the task says so: arithmetic, as in training)."""
+    own = TASKS[task].scorer
+    if choice == "task" or (choice == "auto" and own is not None):
+        if own is None:
+            with_one = ", ".join(name for name, t in TASKS.items() if t.scorer is not None)
             raise SystemExit(
-                f"fbrl eval: --scorer task: {task!r} has no scorer of its own "
-                f"(state-tracking tasks: {', '.join(track.TRACKING_RULES)})"
+                f"fbrl eval: --scorer task: {task!r} has no scorer of its own (tasks with one: {with_one})"
             )
-        return track.score
-    strict = task == "arith"
+        return own
+    strict = TASKS[task].strict_math
     if choice in ("auto", "math"):
         try:
             from rewards.math import MathReward
@@ -143,8 +137,8 @@ def run(args) -> int:
     if warning:
         print(warning)  # before the minutes of evaluation, and again under the table
     data = _data_config(args)
-    if args.by_difficulty and args.task not in GENERATED_TASKS:
-        raise SystemExit(f"fbrl eval: --by-difficulty needs a generated task ({', '.join(GENERATED_TASKS)})")
+    if args.by_difficulty and not TASKS[args.task].generated:
+        raise SystemExit(f"fbrl eval: --by-difficulty needs a generated task ({', '.join(generated_tasks())})")
     levels = [[d] for d in data.difficulty] if args.by_difficulty else [list(data.difficulty)]
     models = [("", args.checkpoint, args.decode_mode)]
     if args.baseline:
@@ -207,7 +201,7 @@ def run(args) -> int:
                 baseline=args.baseline,
                 task=args.task,
                 split=args.split,
-                difficulty=level if args.task in GENERATED_TASKS else None,
+                difficulty=level if TASKS[args.task].generated else None,
             )
             print(format_table(result))
             results[str(level[0]) if args.by_difficulty else "all"] = result

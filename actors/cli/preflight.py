@@ -26,6 +26,7 @@ import json
 import math
 from pathlib import Path
 
+from rl.data.tasks import TASKS
 from rl.errors import InputError
 
 
@@ -146,7 +147,7 @@ def check_data(cfg, tokenizer, model_config: dict) -> dict:
             loaded = load_task_split(cfg.data, split, n, tokenizer, cfg.reward.answer_needed_by())
             rows, over = fitter.fit(loaded, what)
         except DataError as e:
-            key = "data" if cfg.data.task == "arith" else f"data.{split}_path"
+            key = "data" if TASKS[cfg.data.task].generated else f"data.{split}_path"
             raise BadInput(f"{key}: {e}") from None
         out[split] = (len(rows), over)
         if split == "train":

@@ -18,7 +18,7 @@ from rl.config.lora import LoraConfig
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
 from rl.config.runtime import FaultsConfig, LoggingConfig, RayConfig
 from rl.config.serialize import flatten, plain, yaml_dump
-from rl.data.tasks import FILE_TASKS, LEVEL_TASKS, TASKS
+from rl.data.tasks import TASKS
 from rl.decode_modes import DECODE_MODES
 from rl.errors import InputError
 from rl.samples.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
@@ -50,9 +50,9 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    # arith: rl/data/arith.py; word_problems: rl/data/word_problems.py; cups / cups_moved / modsum / parity: state
-    # tracking (rl/data/track.py); the rest read files
-    task: Literal[TASKS] = "arith"  # rl/data/tasks.py
+    # a name of rl/data/tasks.py's table: arith, word_problems, cups / cups_moved / modsum / parity (generated), or
+    # jsonl / json / parquet / csv / hf_disk / hub (rows read from train_path / test_path)
+    task: str = "arith"
     # a jsonl / json / parquet / csv file, a `datasets.save_to_disk` dir, or (task hub) a Hub dataset id
     train_path: str | None = None
     test_path: str | None = None  # task hub: defaults to train_path (another split of the same dataset)
@@ -85,10 +85,14 @@ class DataConfig:
     overlong_prompts: Literal["drop", "truncate_left", "truncate_right", "error"] = "drop"
 
     def validate(self):
-        top, what = (4, "levels") if self.task in LEVEL_TASKS else (64, "chain lengths")
-        if not self.difficulty or any(not 1 <= d <= top for d in self.difficulty):
+        if self.task not in TASKS:
+            yield "task", f"expected one of {', '.join(TASKS)}, got {self.task!r}"
+            return
+        task = TASKS[self.task]
+        top, what = task.max_difficulty, task.difficulty_means
+        if task.generated and (not self.difficulty or any(not 1 <= d <= top for d in self.difficulty)):
             yield "difficulty", f"expected a non-empty list of {what} in 1..{top}, got {self.difficulty}"
-        if self.task in FILE_TASKS and not self.train_path:
+        if not task.generated and not self.train_path:
             yield "train_path", f"required when task is {self.task!r}"
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from rl.data.jsonl import DataError
 from rl.data.sources import field, read_rows
-from rl.data.tasks import LEVEL_TASKS, TRACK_TASKS
+from rl.data.tasks import TASKS
 
 
 def _normalize(
@@ -159,35 +159,13 @@ def load_task_split(
 
 def _task_rows(data: Any, split: str, n: int | None, answer_needed_by: str | None) -> list[dict]:
     name = data.train_split if split == "train" else data.test_split if split == "test" else split
-    if data.task in LEVEL_TASKS:
+    task = TASKS[data.task]
+    if task.generated:
         if n is None:
             if split != "train":
                 raise DataError(f"data: say how many {split} problems to generate (n)")
             n = data.num_train
-        if data.task == "word_problems":
-            from rl.data import word_problems
-
-            return word_problems.generate(
-                name,
-                n,
-                seed=data.seed,
-                difficulties=tuple(data.difficulty),
-                numbers=getattr(data, "numbers", "standard"),
-                shots=getattr(data, "shots", 2),
-            )
-        from rl.data import arith
-
-        return arith.generate(
-            name, n, seed=data.seed, difficulties=tuple(data.difficulty), direct_answer_frac=data.direct_answer_frac
-        )
-    if data.task in TRACK_TASKS:
-        from rl.data import track
-
-        if n is None:
-            if split != "train":
-                raise DataError(f"data: say how many {split} problems to generate (n)")
-            n = data.num_train
-        return track.generate(data.task, name, n, seed=data.seed, lengths=tuple(data.difficulty))
+        return task.make_rows(data, name, n)
     path = data.train_path if split == "train" else data.test_path
     if not path and data.task == "hub":
         path = data.train_path  # one Hub dataset, another split

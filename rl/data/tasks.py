@@ -1,9 +1,98 @@
-"""The task names of `data.task`, in one place: the schema's choices, the loaders, `fbrl pretrain` and `fbrl eval`
-read them from here."""
+"""The tasks of `data.task`, one table: `TASKS[name]` says where a task's rows come from, what its difficulty
+counts, how its answers are checked and how the CLI describes it. The schema, the loaders, `fbrl eval`,
+`fbrl compare-likelihood`, `fbrl pretrain` and the reward workers read it; a new task is one entry here.
 
-LEVEL_TASKS = ("arith", "word_problems")  # generated; `data.difficulty` = levels (rl/data/arith.py, ...)
-TRACK_TASKS = ("cups", "cups_moved", "modsum", "parity")  # state tracking; difficulty = chain lengths (track.py)
-# read from `data.train_path` / `data.test_path` (rl/data/sources.py); hub: a dataset id on the Hugging Face Hub
-FILE_TASKS = ("jsonl", "json", "parquet", "csv", "hf_disk", "hub")
-GENERATED_TASKS = LEVEL_TASKS + TRACK_TASKS  # generated with their own splits
-TASKS = ("arith", *FILE_TASKS, "word_problems", *TRACK_TASKS)
+A generated task makes its own rows (`make_rows(data, split, n)`, with `data` a `data` config section and
+`split` the task's own split name) and takes `data.difficulty` (levels or chain lengths); a file task (`make_rows`
+None) reads `data.train_path` / `data.test_path` through rl/data/sources.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Task:
+    summary: str  # one phrase for the CLI's help
+    make_rows: Callable[[Any, str, int], list[dict]] | None = None  # None: rows from data.*_path
+    max_difficulty: int = 0  # generated: `data.difficulty` values lie in 1..max_difficulty
+    difficulty_means: str = ""  # generated: what a difficulty value counts ("levels", "chain lengths")
+    default_difficulty: tuple[int, ...] = ()  # generated: for a command given no difficulty and no checkpoint record
+    strict_math: bool = False  # the math reward reads a literal answer only (arith: the format is part of the task)
+    scorer: Callable | None = None  # the task's own correctness check, when it has one (state tracking)
+
+    @property
+    def generated(self) -> bool:
+        return self.make_rows is not None
+
+
+def _arith(data, split: str, n: int) -> list[dict]:
+    from rl.data import arith
+
+    return arith.generate(
+        split, n, seed=data.seed, difficulties=tuple(data.difficulty), direct_answer_frac=data.direct_answer_frac
+    )
+
+
+def _word_problems(data, split: str, n: int) -> list[dict]:
+    from rl.data import word_problems
+
+    return word_problems.generate(
+        split,
+        n,
+        seed=data.seed,
+        difficulties=tuple(data.difficulty),
+        numbers=getattr(data, "numbers", "standard"),
+        shots=getattr(data, "shots", 2),
+    )
+
+
+def _tracking(name: str) -> Task:
+    def make_rows(data, split: str, n: int) -> list[dict]:
+        from rl.data import track
+
+        return track.generate(name, split, n, seed=data.seed, lengths=tuple(data.difficulty))
+
+    def scorer(*args, **kwargs):
+        from rl.data import track
+
+        return track.score(*args, **kwargs)
+
+    scorer.__name__ = "score"
+    return Task(f"state tracking ({name})", make_rows, 64, "chain lengths", (8,), scorer=scorer)
+
+
+TASKS: dict[str, Task] = {
+    "arith": Task("synthetic arithmetic", _arith, 4, "levels", (1, 2, 3), strict_math=True),
+    "word_problems": Task("templated chat word problems", _word_problems, 4, "levels", (1, 2)),
+    **{name: _tracking(name) for name in ("cups", "cups_moved", "modsum", "parity")},
+    "jsonl": Task("a JSONL file"),
+    "json": Task("a JSON file (a list of rows)"),
+    "parquet": Task("a parquet file"),
+    "csv": Task("a CSV file"),
+    "hf_disk": Task("a `datasets` save_to_disk directory"),
+    "hub": Task("a Hugging Face Hub dataset id (data.hub_config, the splits)"),
+}
+
+
+def task(name: str) -> Task:
+    """The entry of `name`; ValueError listing the tasks."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}: expected one of {', '.join(TASKS)}")
+    return TASKS[name]
+
+
+def generated_tasks() -> tuple[str, ...]:
+    return tuple(name for name, t in TASKS.items() if t.generated)
+
+
+def file_tasks() -> tuple[str, ...]:
+    return tuple(name for name, t in TASKS.items() if not t.generated)
+
+
+def tasks_help(names=None) -> str:
+    """`name: summary; ...` for the CLI's help."""
+    return "; ".join(f"{name}: {TASKS[name].summary}" for name in names or TASKS)

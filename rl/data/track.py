@@ -53,7 +53,7 @@ MAX_CHAIN = 64
 
 
 @dataclass(frozen=True)
-class Task:
+class TrackingRule:
     symbols: str  # one character per symbol
     starts: tuple[int, ...]  # initial states drawn uniformly (one value: fixed start)
     update: Callable[[int, str], int]  # state, symbol -> next state
@@ -68,11 +68,13 @@ def _swap(cup: int, sym: str) -> int:
     return d + 1 if cup == d else d if cup == d + 1 else cup
 
 
-TRACKING_RULES: dict[str, Task] = {
-    "cups": Task("1234", (1, 2, 3, 4, 5), _swap, lambda s, w: f"Q: cup {s}, swaps {w}\nA:"),
-    "modsum": Task("0123456789", (0,), lambda s, c: (s + int(c)) % 10, lambda s, w: f"Q: sum mod 10 of {w}\nA:"),
-    "parity": Task("01", (0,), lambda s, c: s ^ int(c), lambda s, w: f"Q: parity of {w}\nA:"),
-    "cups_moved": Task(
+TRACKING_RULES: dict[str, TrackingRule] = {
+    "cups": TrackingRule("1234", (1, 2, 3, 4, 5), _swap, lambda s, w: f"Q: cup {s}, swaps {w}\nA:"),
+    "modsum": TrackingRule(
+        "0123456789", (0,), lambda s, c: (s + int(c)) % 10, lambda s, w: f"Q: sum mod 10 of {w}\nA:"
+    ),
+    "parity": TrackingRule("01", (0,), lambda s, c: s ^ int(c), lambda s, w: f"Q: parity of {w}\nA:"),
+    "cups_moved": TrackingRule(
         "1234",
         (1, 2, 3, 4, 5),
         _swap,
@@ -82,7 +84,7 @@ TRACKING_RULES: dict[str, Task] = {
 }
 
 
-def _task(name: str) -> Task:
+def _task(name: str) -> TrackingRule:
     if name not in TRACKING_RULES:
         raise ValueError(f"state-tracking task: expected one of {sorted(TRACKING_RULES)}, got {name!r}")
     return TRACKING_RULES[name]

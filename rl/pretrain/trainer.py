@@ -33,7 +33,7 @@ from rl import decode_modes
 from rl import model as fbt_model
 from rl.atomic_files import replace_dir
 from rl.config import Config, load_config
-from rl.data.tasks import FILE_TASKS
+from rl.data.tasks import TASKS
 from rl.model.lora_policy import maybe_wrap
 from rl.pretrain.objective import exact_loss, exact_step, lr_factor, max_passes, multipass_loss, passes_for_step
 
@@ -251,7 +251,7 @@ def train(cfg: Config, log=print) -> dict:
     # chats (`messages` rows) are rendered with the tokenizer's template, as the RL job renders its prompts
     train_rows = load_task_split(cfg.data, "train", tokenizer=tokenizer)
     val_n = p.val_batches * p.batch_size
-    file_task = cfg.data.task in FILE_TASKS  # generated tasks have their own val split
+    file_task = not TASKS[cfg.data.task].generated  # generated tasks have their own val split
     val_rows = load_task_split(cfg.data, "test" if file_task else "val", n=val_n, tokenizer=tokenizer)
     train_enc = encode_rows(train_rows, tokenizer, p.seq_len, p.loss_on)
     val_enc = encode_rows(val_rows, tokenizer, p.seq_len, p.loss_on)
