@@ -52,7 +52,7 @@ def log(msg: str) -> None:
 def paired_difference(a: list[int], b: list[int]) -> dict:
     """mean(b) − mean(a) on the same problems, its 95 % interval (normal approximation of the paired
     difference) and McNemar's exact p."""
-    from rl.train.evaluator import mcnemar_exact
+    from rl.report.eval_stats import mcnemar_exact
 
     n = len(a)
     a_only = sum(x and not y for x, y in zip(a, b))

@@ -55,7 +55,7 @@ def prepare(work: Path, log=print) -> Path:
 
 def mcnemar(before: list[int], after: list[int]) -> dict:
     """Paired comparison of two evaluations of the same problems: who solves what, and McNemar's exact p."""
-    from rl.train.evaluator import mcnemar_exact
+    from rl.report.eval_stats import mcnemar_exact
 
     if len(before) != len(after):
         raise ValueError(f"paired test: {len(before)} and {len(after)} problems; it needs the same problems")

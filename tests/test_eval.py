@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from rl.data.tokenizer import build_tokenizer
+from rl.report.eval_stats import format_table, mcnemar_exact, pass_at_k
 from rl.samples.batch import Sample
 from rl.samples.request import SamplingParams
-from rl.train.evaluator import evaluate, format_table, mcnemar_exact, pass_at_k, plain_numeric_score
+from rl.train.evaluator import evaluate, plain_numeric_score
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPT = ROOT / "checkpoints" / "tiny-arith"
@@ -154,7 +155,7 @@ def test_fbrl_eval_on_committed_checkpoint(tmp_path, capsys, monkeypatch):
 
 
 def test_paired_tests_across_checkpoints_and_level_table():
-    from rl.train.evaluator import format_levels, paired_tests
+    from rl.report.eval_stats import format_levels, paired_tests
 
     a = {"greedy": [1, 1, 1, 1, 1, 1, 0, 0], "sampled": [1, 0, 1, 0, 1, 0, 1, 0]}
     b = {"greedy": [0, 0, 0, 0, 0, 1, 0, 1], "sampled": [1, 0, 1, 0, 1, 0, 1, 0]}

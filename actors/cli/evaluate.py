@@ -129,7 +129,8 @@ def run(args) -> int:
     from rl.data.loaders import load_task_split
     from rl.decode_modes import mode_warning
     from rl.model import as_standard_lm
-    from rl.train.evaluator import evaluate, format_levels, format_table, paired_tests
+    from rl.report.eval_stats import format_levels, format_table, paired_tests
+    from rl.train.evaluator import evaluate
     from rollout.torch_engine import TorchEngine
 
     torch.set_num_threads(args.threads)
