@@ -56,15 +56,15 @@ from actors.deepspeed_setup import (
     set_dist_env,
     use_gpu,
 )
-from actors.policy_io import (
+from rl.decode_modes import record_rl_mode
+from rl.estimators.mismatch_parts import MismatchProbe
+from rl.model.files import (
     copy_tokenizer_files,
-    load_policy,
+    load_fbt,
     pad_id_of,
     stream_safetensors_atomic,
     write_safetensors_atomic,
 )
-from rl.decode_modes import record_rl_mode
-from rl.estimators.mismatch_parts import MismatchProbe
 from rl.model.lora_policy import maybe_wrap, reference_scope
 from rl.report.latent_metrics import latent_metrics
 from rl.samples.batch import collate
@@ -171,7 +171,7 @@ class LearnerRank:
                 init_loopback_process_group(dist_backend(lcfg), rank, world_size, master_port)
             deepspeed.init_distributed(dist_backend=dist_backend(lcfg), auto_mpi_discovery=False)
 
-        self.policy = load_policy(cfg.model.path)
+        self.policy = load_fbt(cfg.model.path)
         record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
         # learner.lora: peft adapters and the fusion train, the rest is frozen (rl/model/lora_policy.py)
         self.policy, self.lora = maybe_wrap(self.policy, lcfg.lora, cfg.train.seed)
@@ -204,7 +204,7 @@ class LearnerRank:
         if cfg.algo.kl_coef > 0 and self.lora is not None:  # the policy itself, adapters off (rl/model/lora_policy.py)
             ref = self.policy
         elif cfg.algo.kl_coef > 0:  # frozen copy of the starting policy, outside DeepSpeed (never updated)
-            ref = load_policy(cfg.model.path, torch.bfloat16 if lcfg.bf16 else torch.float32)
+            ref = load_fbt(cfg.model.path, torch.bfloat16 if lcfg.bf16 else torch.float32)
             ref = ref.to(self.engine.device).eval().requires_grad_(False)
         self.updater = _EngineUpdater(self.engine, self.policy, cfg, self.pad_id, ref, reference_scope(self.lora))
         self.updates = 0  # update() calls on this rank (fault injection counts them)
@@ -252,9 +252,7 @@ class LearnerRank:
 
         fetch(samples, range(len(samples)))  # states held as object-store references: rank 0 reads every row
         if self.probe is None:
-            self.probe = MismatchProbe(
-                self.cfg, lambda: load_policy(self.cfg.model.path), self.pad_id, self.engine.device
-            )
+            self.probe = MismatchProbe(self.cfg, lambda: load_fbt(self.cfg.model.path), self.pad_id, self.engine.device)
         return self.probe.measure(samples, version, state)
 
     def _latent_metrics(self, samples) -> dict:

@@ -15,17 +15,17 @@ import torch
 
 from actors.learner_group import merge_rank_metrics
 from actors.learner_rank import ADAPTER_SUBDIR, LearnerRank, compute_latent_metrics
-from actors.policy_io import (
-    copy_tokenizer_files,
-    load_policy,
-    pad_id_of,
-    stream_safetensors_atomic,
-    write_safetensors_atomic,
-)
 from actors.reward_workers import RewardHost
 from actors.rollout_fleet import EngineHost, chunk_params, merge_chunks, split_prompts
 from rl.decode_modes import record_rl_mode
 from rl.estimators.mismatch_parts import MismatchProbe
+from rl.model.files import (
+    copy_tokenizer_files,
+    load_fbt,
+    pad_id_of,
+    stream_safetensors_atomic,
+    write_safetensors_atomic,
+)
 from rl.model.lora_policy import maybe_wrap, reference_scope
 from rl.train.policy_update import PolicyUpdater, TorchBackend
 from rl.train.run_dir import saved_files
@@ -73,7 +73,7 @@ class TorchLearner:
     def __init__(self, cfg):
         lcfg = cfg.learner
         self.cfg = cfg
-        self.policy = load_policy(cfg.model.path)
+        self.policy = load_fbt(cfg.model.path)
         record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
         self.policy, self.lora = maybe_wrap(
             self.policy, lcfg.lora, cfg.train.seed
@@ -81,10 +81,10 @@ class TorchLearner:
         self.backend = TorchBackend(self.policy, lcfg.lr, lcfg.weight_decay, tuple(lcfg.adam_betas), lcfg.grad_clip)
         ref = None
         if cfg.algo.kl_coef > 0:  # a LoRA policy is its own reference, adapters off
-            ref = self.policy if self.lora else load_policy(cfg.model.path).eval().requires_grad_(False)
+            ref = self.policy if self.lora else load_fbt(cfg.model.path).eval().requires_grad_(False)
         self.updater = PolicyUpdater(self.policy, cfg, pad_id_of(self.policy), ref, reference_scope(self.lora))
         self.probe = MismatchProbe(
-            cfg, lambda: load_policy(cfg.model.path), pad_id_of(self.policy), next(self.policy.parameters()).device
+            cfg, lambda: load_fbt(cfg.model.path), pad_id_of(self.policy), next(self.policy.parameters()).device
         )
 
     def mismatch_parts(self, samples, version: int) -> dict:

@@ -45,19 +45,17 @@ def make_engine(cfg, index: int = 0, weight_sync: str = "file"):
     if r.engine == "torch":
         import torch
 
-        from actors.policy_io import load_policy
+        from rl.model.files import load_fbt
         from rollout.torch_engine import TorchEngine
 
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
-        model = load_policy(cfg.model.path, dtype)
+        model = load_fbt(cfg.model.path, dtype)
         if gpu:
             model = model.to("cuda")
         return TorchEngine(model, version=0)
     if r.engine == "vllm":
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is imported
-        from transformers import AutoConfig
-
-        import rl.model  # noqa: F401  (AutoConfig must know the FBT configs)
+        from rl.model.files import load_fbt_config
         from rollout.vllm_engine import VLLMEngine
 
         if not cfg.logging.verbose:  # the warnings every fbrl engine triggers, dropped before the engine is built
@@ -67,7 +65,7 @@ def make_engine(cfg, index: int = 0, weight_sync: str = "file"):
 
             drop_vllm_noise()
         v = r.vllm
-        model_config = AutoConfig.from_pretrained(cfg.model.path)
+        model_config = load_fbt_config(cfg.model.path)
         extra = {}
         if v.enable_prefix_caching:  # passed through so the engine refuses it with its reason
             extra["enable_prefix_caching"] = True

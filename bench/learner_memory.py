@@ -49,11 +49,9 @@ GOAL = 1.2
 
 def build_model(shape: str):
     if shape == "tiny":
-        from transformers import AutoModelForCausalLM
+        from rl.model.files import load_fbt
 
-        import rl.model  # noqa: F401
-
-        return AutoModelForCausalLM.from_pretrained(CKPT, dtype=torch.float32)
+        return load_fbt(CKPT)
     from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM
 
     torch.manual_seed(0)

@@ -90,9 +90,9 @@ def plain_llama(path: str):
     FBT is its backbone)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from actors.policy_io import load_policy
+    from rl.model.files import load_fbt
 
-    fbt = load_policy(path)
+    fbt = load_fbt(path)
     conf = {k: v for k, v in fbt.config.to_dict().items() if not k.startswith("fbt_")}
     conf.pop("model_type", None)
     conf.pop("architectures", None)

@@ -46,7 +46,6 @@ def job_prompts(cfg):
     """(prompts, tokenizer): one step's prompts as the loop draws and encodes them (step 1's)."""
     from transformers import AutoTokenizer
 
-    import rl.model  # noqa: F401  (AutoConfig must know the FBT configs)
     from rl.data.loaders import PromptSampler, load_task_split
     from rl.data.prompts import PromptFitter, prompt_token_limit
 
@@ -59,9 +58,11 @@ def job_prompts(cfg):
 
 def export_plain_llama(fbt_dir: str, out: str) -> str:
     """The FBT's backbone as a plain LlamaForCausalLM directory (every tensor but the fusion's, bit for bit)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    fbt = AutoModelForCausalLM.from_pretrained(fbt_dir, dtype=torch.float32)
+    from rl.model.files import load_fbt
+
+    fbt = load_fbt(fbt_dir)
     fields = {
         k: v
         for k, v in fbt.config.to_dict().items()
@@ -160,10 +161,10 @@ def vllm_rows(cfg, prompts, plain_dir):
 
 
 def torch_rows(cfg, prompts):
-    from actors.policy_io import load_policy
+    from rl.model.files import load_fbt
     from rollout.torch_engine import TorchEngine
 
-    engine = TorchEngine(load_policy(cfg.model.path), eos_token_ids=())
+    engine = TorchEngine(load_fbt(cfg.model.path), eos_token_ids=())
 
     def row(mode):
         return lambda seed: sum(s.response_len for s in engine.generate(prompts, fbrl_params(cfg, mode, seed)))

@@ -37,8 +37,8 @@ def make_135m(directory: Path) -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from actors.policy_io import copy_tokenizer_files
     from rl.model import convert_to_fbt
+    from rl.model.files import copy_tokenizer_files
 
     if (directory / "config.json").exists():
         return str(directory)

@@ -96,14 +96,12 @@ class VLLMEngine(RolloutEngine):
         apply_environment(*engine_environment(self.on_cpu, dtype, weight_transfer_backend))
         if self.on_cpu:
             use_eager_token_ranks()
-        from transformers import AutoConfig
-
-        import rl.model  # noqa: F401  (AutoConfig must know fbt_llama / fbt_qwen2)
+        from rl.model.files import load_fbt_config
         from rollout.vllm_plugin import register
 
         register()  # the entry point does this too; in-process engines then work without the package installed
 
-        self.config = AutoConfig.from_pretrained(checkpoint_dir)
+        self.config = load_fbt_config(checkpoint_dir)
         arch = (self.config.architectures or [""])[0]
         if arch not in FBT_ARCHITECTURES:
             raise ValueError(

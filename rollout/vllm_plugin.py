@@ -2,8 +2,8 @@
 (docs/DESIGN.md §8).
 
 `register()` is the `vllm.general_plugins` entry point (pyproject.toml). vLLM calls general plugins in
-`EngineArgs.__post_init__`, before it parses the checkpoint's config, and again in every worker process; so
-importing `rl.model` there is what lets `AutoConfig` resolve `model_type: fbt_<backbone>`, and the `architectures`
+`EngineArgs.__post_init__`, before it parses the checkpoint's config, and again in every worker process; this
+module imports `rl.model`, which lets `AutoConfig` resolve `model_type: fbt_<backbone>`, and the `architectures`
 entry of our checkpoints (`rl.model.FBT_ARCHITECTURES`, e.g. `FBTQwen3ForCausalLM`) selects the classes below.
 
 How the recurrence lives in vLLM: the model subclasses the in-tree backbone and declares itself hybrid with inner
@@ -46,8 +46,6 @@ def register() -> None:
     """vLLM general-plugin entry point: make our config types and architectures known to vLLM."""
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
-
-    import rl.model  # noqa: F401  (registers the fbt_* model types with transformers' AutoConfig)
 
     for arch in FBT_ARCHITECTURES:
         if arch not in ModelRegistry.get_supported_archs():

@@ -219,13 +219,13 @@ def test_deepspeed_checkpoint_resume_is_exact(tiny_ckpt, tmp_path, stage):
     """Save after step 1, take step 2; a fresh rank that loads the checkpoint takes the identical step 2
     (weights, fp32 master copy and Adam moments restored; loaded with torch.load(weights_only=True)). Stage 0 is
     the one-machine default (no ZeRO: the client optimizer's own state)."""
-    from actors.policy_io import load_policy
+    from rl.model.files import load_fbt
 
     cfg = make_cfg(tiny_ckpt, f"learner.zero_stage={stage}")
     at_save, want, got = step_save_step_resume(cfg, *synthetic_batch(6, seed=1), tmp_path / "ckpt")
     assert all(torch.equal(want[k], got[k]) for k in want)
     assert any(not torch.equal(want[k], at_save[k]) for k in want)
-    saved = dict(load_policy(str(tmp_path / "ckpt" / "model")).named_parameters())  # a loadable HF checkpoint
+    saved = dict(load_fbt(str(tmp_path / "ckpt" / "model")).named_parameters())  # a loadable HF checkpoint
     assert all(torch.equal(saved[k].detach(), at_save[k]) for k in at_save)
     assert (tmp_path / "ckpt" / "model" / "tokenizer.json").is_file()
 

@@ -180,19 +180,19 @@ def test_diagnostic_rows():
 def test_rows_of_the_current_version_run_the_exact_recurrence_once():
     """Rows drawn with the current weights take exact(θ_v) = exact(θ_V) from the one recurrence under those
     weights (their staleness part is exactly 0); a row from an older version still gets its own."""
-    from actors.policy_io import load_policy, pad_id_of
     from rl.config import load_config
     from rl.estimators.mismatch_parts import MismatchProbe
+    from rl.model.files import load_fbt, pad_id_of
     from rl.samples.request import SamplingParams
     from rollout.torch_engine import TorchEngine
 
     cfg = load_config(str(ROOT / "configs" / "tiny.yaml"), [f"model.path={CKPT}", "train.max_staleness=1"])
-    model = load_policy(CKPT)
+    model = load_fbt(CKPT)
     params = SamplingParams(
         n=2, temperature=1.0, max_tokens=8, stop_token_ids=(2,), seed=3, decode_mode="soft", record_states=True
     )
     samples = TorchEngine(model).generate([[1, 5, 6, 7], [1, 8, 9]], params)
-    probe = MismatchProbe(cfg, lambda: load_policy(CKPT), pad_id_of(model))
+    probe = MismatchProbe(cfg, lambda: load_fbt(CKPT), pad_id_of(model))
     calls = []
     run = probe._logprobs
     probe._logprobs = lambda estimator, m, batch: calls.append(estimator) or run(estimator, m, batch)

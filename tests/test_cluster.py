@@ -243,7 +243,7 @@ class TestLocalRun:
         import ray
 
         from actors.placement import build_workers
-        from actors.policy_io import load_policy
+        from rl.model.files import load_fbt
 
         cfg = load_config(
             str(ROOT / "configs" / "tiny.yaml"),
@@ -260,7 +260,7 @@ class TestLocalRun:
         )
         lines = []
         workers = build_workers(cfg, use_ray=True, log=lines.append)
-        ref = {n: p.detach().clone() for n, p in load_policy(CKPT).named_parameters()}
+        ref = {n: p.detach().clone() for n, p in load_fbt(CKPT).named_parameters()}
         # what the engines compute with the checkpoint's weights, as vLLM loaded them itself (before any sync):
         # checksums cannot see a stale repacked LM head (tied to the embedding they do read), log-probs can
         ref_out = _outputs(workers[0])

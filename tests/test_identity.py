@@ -257,8 +257,8 @@ def test_run_dir_policy_is_a_loadable_save_pretrained_dir(stock, tmp_path):
     """RUN_DIR/policy/ from the learner's exported weights file: AutoModelForCausalLM loads the new weights."""
     from transformers import AutoModelForCausalLM
 
-    from actors.policy_io import write_safetensors_atomic
     from rl.data.tokenizer import build_tokenizer
+    from rl.model.files import write_safetensors_atomic
     from rl.train.run_dir import RunDir
 
     start = tmp_path / "start"

@@ -282,11 +282,11 @@ def test_deepspeed_lora_rank_equals_torch_adamw_on_the_peft_model(tiny_ckpt, tmp
     from safetensors.torch import load_file
 
     from actors.learner_rank import LearnerRank
-    from actors.policy_io import load_policy
+    from rl.model.files import load_fbt
 
     cfg = rank_cfg(tiny_ckpt, "algo.kl_coef=0.05", "algo.ppo_epochs=2", f"learner.zero_stage={zero}")
     samples, adv = synthetic_batch()
-    ref = LoraPolicy.wrap(load_policy(tiny_ckpt), cfg.learner.lora, cfg.train.seed)
+    ref = LoraPolicy.wrap(load_fbt(tiny_ckpt), cfg.learner.lora, cfg.train.seed)
     ref.model.train()
     ref_m = PolicyUpdater(ref.model, cfg, 0, ref.model, ref.reference).update(samples, adv, TorchBackend(ref.model, LR))
     rank = LearnerRank(cfg)
@@ -297,7 +297,7 @@ def test_deepspeed_lora_rank_equals_torch_adamw_on_the_peft_model(tiny_ckpt, tmp
     want, got = {k: v.clone() for k, v in ref.merged_tensors()}, rank.full_state()
     assert list(got) == list(want)
     assert max(float((got[k] - want[k]).abs().max()) for k in want) < LR / 100
-    base = dict(load_policy(tiny_ckpt).named_parameters())
+    base = dict(load_fbt(tiny_ckpt).named_parameters())
     assert not torch.equal(got["fusion.w_u.weight"], base["fusion.w_u.weight"].detach())  # trained in full
     assert torch.equal(got["model.norm.weight"], base["model.norm.weight"].detach())  # frozen
     # the export and the checksums carry the merged weights under the checkpoint's names
@@ -313,16 +313,16 @@ def test_deepspeed_lora_checkpoint_resume_is_exact(tiny_ckpt, tmp_path, zero):
     the identical step 2. The checkpoint's model/ is the merged model, adapter/ the peft adapters."""
     from peft import PeftModel
 
-    from actors.policy_io import load_policy
+    from rl.model.files import load_fbt
     from tests.test_actors import step_save_step_resume
 
     cfg = rank_cfg(tiny_ckpt, f"learner.zero_stage={zero}")
     at_save, want, got = step_save_step_resume(cfg, *synthetic_batch(6, seed=1), tmp_path / "ckpt")
     assert all(torch.equal(want[k], got[k]) for k in want)
     assert any(not torch.equal(want[k], at_save[k]) for k in want)
-    saved = dict(load_policy(str(tmp_path / "ckpt" / "model")).named_parameters())  # a plain, merged FBT
+    saved = dict(load_fbt(str(tmp_path / "ckpt" / "model")).named_parameters())  # a plain, merged FBT
     assert set(saved) == set(at_save) and all(torch.equal(saved[k].detach(), at_save[k]) for k in at_save)
-    adapted = PeftModel.from_pretrained(load_policy(tiny_ckpt), str(tmp_path / "ckpt" / "adapter"))
+    adapted = PeftModel.from_pretrained(load_fbt(tiny_ckpt), str(tmp_path / "ckpt" / "adapter"))
     merged = dict(LoraPolicy(adapted).merged_tensors())
     assert max(float((merged[k] - at_save[k]).abs().max()) for k in at_save) < 1e-6
     # DeepSpeed's state holds what trains (adapters, fusion) and not a second copy of the frozen base
@@ -367,7 +367,7 @@ def test_pretrain_trains_adapters_and_fusion_and_saves_merged_plus_adapter(tmp_p
     import json
 
     from actors.cli import main
-    from actors.policy_io import load_policy
+    from rl.model.files import load_fbt
 
     rows = [{"prompt": f"{i}+{i}=", "answer": str(2 * i)} for i in range(200)]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -398,7 +398,7 @@ def test_pretrain_trains_adapters_and_fusion_and_saves_merged_plus_adapter(tmp_p
         ]
     )
     assert rc == 0
-    before, after = dict(tiny_model().named_parameters()), dict(load_policy(str(tmp_path / "ckpt")).named_parameters())
+    before, after = dict(tiny_model().named_parameters()), dict(load_fbt(str(tmp_path / "ckpt")).named_parameters())
     assert set(before) == set(after)
     same = {k for k in before if torch.equal(before[k], after[k])}
     assert {"model.embed_tokens.weight", "model.norm.weight"} <= same

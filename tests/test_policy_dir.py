@@ -29,8 +29,8 @@ def policy(tmp_path_factory) -> tuple[Path, Path]:
     """(the starting checkpoint, RUN_DIR/policy after one "update" that moved every weight)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actors.policy_io import write_safetensors_atomic
     from rl.decode_modes import rl_modes
+    from rl.model.files import write_safetensors_atomic
     from rl.train.run_dir import RunDir
 
     tmp = tmp_path_factory.mktemp("policy")
@@ -85,12 +85,12 @@ def test_policy_loads_and_decodes_with_vllm_as_the_readme_shows(policy):
 
 
 def test_streamed_safetensors_equal_safetensors_own_and_refuse_a_lying_header(tmp_path):
-    """A LoRA learner's export is written one tensor at a time (actors/policy_io.py) so a sync holds one merged
+    """A LoRA learner's export is written one tensor at a time (rl/model/files.py) so a sync holds one merged
     layer, not the whole model: the file must read back as safetensors writes it, for every dtype and shape, and a
     tensor that differs from the header (or a header entry never written) leaves no file behind."""
     from safetensors.torch import load_file
 
-    from actors.policy_io import stream_safetensors_atomic
+    from rl.model.files import stream_safetensors_atomic
 
     g = torch.Generator().manual_seed(0)
     named = [

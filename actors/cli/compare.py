@@ -121,11 +121,11 @@ def generate_rollouts(
 
 def run(args) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    import rl.model  # noqa: F401  (registers the FBT model types with the Auto classes)
     from rl.data.jsonl import DataError
     from rl.estimators.comparison import compare_samples, format_comparison, plot_report
+    from rl.model.files import load_fbt
 
     if args.n_samples < 1 or args.max_passes < 1:
         raise SystemExit("compare-likelihood: --n-samples and --max-passes must be >= 1")
@@ -135,7 +135,7 @@ def run(args) -> int:
     warning = mode_warning(args.checkpoint, args.decode_mode, "--decode-mode")
     if warning:
         print(warning)
-    model = AutoModelForCausalLM.from_pretrained(args.checkpoint, dtype=torch.float32).eval()
+    model = load_fbt(args.checkpoint).eval()
     if not hasattr(model, "multipass_forward"):
         raise SystemExit(
             f"compare-likelihood: {args.checkpoint} is not an FBT checkpoint "

@@ -122,13 +122,13 @@ def run(args) -> int:
     import dataclasses
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    import rl.model  # noqa: F401  (registers the FBT model classes)
     from rl.data.jsonl import DataError
     from rl.data.loaders import load_task_split
     from rl.decode_modes import mode_warning
     from rl.model import as_standard_lm
+    from rl.model.files import load_fbt
     from rl.report.eval_stats import format_levels, format_table, paired_tests
     from rl.train.evaluator import evaluate
     from rollout.torch_engine import TorchEngine
@@ -146,7 +146,7 @@ def run(args) -> int:
         models.append(("baseline:", args.baseline, [args.baseline_mode]))
     engines = []
     for prefix, path, modes in models:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model = load_fbt(path).eval()
         if not hasattr(model, "fusion"):  # a stock checkpoint (e.g. before `fbrl convert`): standard decoding only
             if set(modes) != {"standard"}:
                 raise SystemExit(

@@ -42,11 +42,9 @@ def prompt_token_limit(cfg, model_config=None) -> int:
     if cfg.data.max_prompt_tokens:
         return int(cfg.data.max_prompt_tokens)
     if model_config is None:
-        from transformers import AutoConfig
+        from rl.model.files import load_fbt_config
 
-        import rl.model  # noqa: F401  (AutoConfig must know the FBT configs)
-
-        model_config = AutoConfig.from_pretrained(cfg.model.path)
+        model_config = load_fbt_config(cfg.model.path)
     context = engine_context_len(cfg, model_config)
     limit = context - cfg.rollout.max_tokens
     if limit < 1:

@@ -167,12 +167,12 @@ def plot_val_curves(history: list[dict], out: Path, baseline: list[dict] | None 
 
 def measure_checkpoint(checkpoint: str | Path, rows_path: str | Path, n_rows: int = 128) -> dict:
     """`channel_report` of a saved FBT on the first `n_rows` rows of a JSONL file (prompt or messages + solution)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    import rl.model  # noqa: F401  (registers the FBT classes)
     from rl.data.loaders import load_jsonl, render_prompts
+    from rl.model.files import load_fbt
 
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    model = load_fbt(checkpoint)
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     return channel_report(model, render_prompts(load_jsonl(rows_path)[:n_rows], tokenizer), tokenizer)
 

@@ -31,8 +31,8 @@ def check(transport: str, model: str, reps: int) -> dict:
     from safetensors.torch import save_file
 
     from actors.placement import build_workers
-    from actors.policy_io import load_policy
     from rl.config import load_config
+    from rl.model.files import load_fbt
     from rl.train.workers import tensor_checksums
 
     colocate = transport == "ipc"
@@ -51,7 +51,7 @@ def check(transport: str, model: str, reps: int) -> dict:
     )
     rollout, learner, rewards = build_workers(cfg, use_ray=True)
     try:
-        ref = {n: p.detach() for n, p in load_policy(model).named_parameters()}
+        ref = {n: p.detach() for n, p in load_fbt(model).named_parameters()}
         want = tensor_checksums(ref.items())
         with tempfile.TemporaryDirectory() as tmp:
             noise = os.path.join(tmp, "noise.safetensors")

@@ -1,5 +1,6 @@
-"""A policy's files: an FBT checkpoint loaded as a torch module, weights written atomically as safetensors, and the
-tokenizer files copied beside them so a saved model directory loads on its own."""
+"""An FBT's files: a checkpoint loaded as a torch module (`load_fbt`) or read as a config (`load_fbt_config`), weights
+written atomically as safetensors, and the tokenizer files copied beside them so a saved model directory loads on
+its own. Importing this module registers the FBT classes with transformers' Auto classes (rl/model/__init__.py)."""
 
 from __future__ import annotations
 
@@ -20,13 +21,18 @@ TOKENIZER_FILES = (
 )
 
 
-def load_policy(path: str, dtype=torch.float32):
-    """The FBT checkpoint as a torch module (importing `rl.model` registers the FBT classes with the Auto classes)."""
+def load_fbt(path, dtype=torch.float32):
+    """The FBT checkpoint at `path` as a torch module."""
     from transformers import AutoModelForCausalLM
 
-    import rl.model  # noqa: F401
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+def load_fbt_config(path):
+    """The config of the checkpoint at `path` (an FBT's `fbt_*` model type included)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path))
 
 
 def pad_id_of(model) -> int:
