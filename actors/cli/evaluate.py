@@ -119,19 +119,12 @@ def _scorer(choice: str, task: str):
 
 
 def run(args) -> int:
-    import dataclasses
-
+    """Load the checkpoint (and the baseline), then per difficulty level: the rows, every engine's evaluation, one
+    table; the levels' table and the JSON at the end."""
     import torch
-    from transformers import AutoTokenizer
 
-    from rl.data.jsonl import DataError
-    from rl.data.loaders import load_task_split
     from rl.decode_modes import mode_warning
-    from rl.model import as_standard_lm
-    from rl.model.files import load_fbt
-    from rl.report.eval_stats import format_levels, format_table, paired_tests
-    from rl.train.evaluator import evaluate
-    from rollout.torch_engine import TorchEngine
+    from rl.report.eval_stats import format_levels
 
     torch.set_num_threads(args.threads)
     warning = mode_warning(args.checkpoint, args.decode_mode, "--decode-mode")
@@ -141,6 +134,44 @@ def run(args) -> int:
     if args.by_difficulty and not TASKS[args.task].generated:
         raise SystemExit(f"fbrl eval: --by-difficulty needs a generated task ({', '.join(generated_tasks())})")
     levels = [[d] for d in data.difficulty] if args.by_difficulty else [list(data.difficulty)]
+    engines = _engines(args)
+    score_fn = _scorer(args.scorer, args.task)
+    results = {}
+    try:
+        for level in levels:
+            if args.by_difficulty:
+                print(f"-- difficulty {level[0]}")
+            results[str(level[0]) if args.by_difficulty else "all"] = _evaluate_level(
+                args, data, level, engines, score_fn
+            )
+    finally:
+        if hasattr(score_fn, "close"):
+            score_fn.close()
+    if args.by_difficulty:
+        print(format_levels(results))
+        meta = {"checkpoint": str(args.checkpoint), "baseline": args.baseline, "task": args.task, "split": args.split}
+        out_json = {"meta": {**meta, "n_per_level": args.n}, "levels": results}
+    else:
+        out_json = results["all"]
+    if warning:
+        print(warning)
+        out_json["meta"]["warning"] = warning
+    if args.json_out:
+        out = Path(args.json_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_text(out, json.dumps(out_json, indent=1))
+        print(f"wrote {out}")
+    return 0
+
+
+def _engines(args) -> list[tuple]:
+    """(label prefix, torch engine, tokenizer, decode modes) for the checkpoint and the --baseline, if any."""
+    from transformers import AutoTokenizer
+
+    from rl.model import as_standard_lm
+    from rl.model.files import load_fbt
+    from rollout.torch_engine import TorchEngine
+
     models = [("", args.checkpoint, args.decode_mode)]
     if args.baseline:
         models.append(("baseline:", args.baseline, [args.baseline_mode]))
@@ -155,82 +186,60 @@ def run(args) -> int:
                 )
             model = as_standard_lm(model)
         engines.append((prefix, TorchEngine(model), AutoTokenizer.from_pretrained(path), modes))
-    score_fn = _scorer(args.scorer, args.task)
-    results = {}
+    return engines
+
+
+def _evaluate_level(args, data, level, engines, score_fn) -> dict:
+    """One difficulty level: its rows, every engine's evaluation (the baseline's modes joining the checkpoint's
+    table, paired with each of its modes), the printed table."""
+    import dataclasses
+
+    from rl.data.jsonl import DataError
+    from rl.data.loaders import load_task_split
+    from rl.report.eval_stats import format_table, paired_tests
+    from rl.train.evaluator import evaluate
+
+    # generated tasks: train / val / test are the task's own hash-disjoint splits; a file task: the one file
     try:
-        for level in levels:
-            # generated tasks: train / val / test are the task's own hash-disjoint splits; jsonl: the one file
-            try:
-                rows = load_task_split(
-                    dataclasses.replace(data, difficulty=level),
-                    args.split if args.split in ("train", "val") else "test",
-                    n=args.n,
-                    tokenizer=engines[0][2],
+        rows = load_task_split(
+            dataclasses.replace(data, difficulty=level),
+            args.split if args.split in ("train", "val") else "test",
+            n=args.n,
+            tokenizer=engines[0][2],
+        )
+    except DataError as e:
+        raise SystemExit(f"fbrl eval: {e}") from None
+    result = None
+    for prefix, engine, tokenizer, modes in engines:
+        res = evaluate(
+            engine,
+            tokenizer,
+            rows,
+            modes,
+            samples=args.samples,
+            temperature=args.temperature,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            score_fn=score_fn,
+            batch_size=args.batch_size,
+            log=lambda line, prefix=prefix: print(prefix + line),
+        )
+        if result is None:
+            result = res
+            continue
+        for mode in modes:  # the baseline's modes join the table under `baseline:<mode>`
+            for mine in list(args.decode_mode):
+                result["paired"] += paired_tests(
+                    result["per_problem"][mine], res["per_problem"][mode], mine, prefix + mode
                 )
-            except DataError as e:
-                raise SystemExit(f"fbrl eval: {e}") from None
-            if args.by_difficulty:
-                print(f"-- difficulty {level[0]}")
-            result = None
-            for prefix, engine, tokenizer, modes in engines:
-                res = evaluate(
-                    engine,
-                    tokenizer,
-                    rows,
-                    modes,
-                    samples=args.samples,
-                    temperature=args.temperature,
-                    max_tokens=args.max_tokens,
-                    seed=args.seed,
-                    score_fn=score_fn,
-                    batch_size=args.batch_size,
-                    log=lambda line, prefix=prefix: print(prefix + line),
-                )
-                if result is None:
-                    result = res
-                    continue
-                # the baseline's modes join the table under `baseline:<mode>`, paired with every mode above
-                for mode in modes:
-                    for mine in list(args.decode_mode):
-                        result["paired"] += paired_tests(
-                            result["per_problem"][mine], res["per_problem"][mode], mine, prefix + mode
-                        )
-                    result["modes"][prefix + mode] = res["modes"][mode]
-                    result["per_problem"][prefix + mode] = res["per_problem"][mode]
-            result["meta"].update(
-                checkpoint=str(args.checkpoint),
-                baseline=args.baseline,
-                task=args.task,
-                split=args.split,
-                difficulty=level if TASKS[args.task].generated else None,
-            )
-            print(format_table(result))
-            results[str(level[0]) if args.by_difficulty else "all"] = result
-    finally:
-        if hasattr(score_fn, "close"):
-            score_fn.close()
-    out_json = (
-        results["all"]
-        if not args.by_difficulty
-        else {
-            "meta": {
-                "checkpoint": str(args.checkpoint),
-                "baseline": args.baseline,
-                "task": args.task,
-                "split": args.split,
-                "n_per_level": args.n,
-            },
-            "levels": results,
-        }
+            result["modes"][prefix + mode] = res["modes"][mode]
+            result["per_problem"][prefix + mode] = res["per_problem"][mode]
+    result["meta"].update(
+        checkpoint=str(args.checkpoint),
+        baseline=args.baseline,
+        task=args.task,
+        split=args.split,
+        difficulty=level if TASKS[args.task].generated else None,
     )
-    if args.by_difficulty:
-        print(format_levels(results))
-    if warning:
-        print(warning)
-        out_json["meta"]["warning"] = warning
-    if args.json_out:
-        out = Path(args.json_out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_text(out, json.dumps(out_json, indent=1))
-        print(f"wrote {out}")
-    return 0
+    print(format_table(result))
+    return result
