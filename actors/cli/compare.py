@@ -120,32 +120,25 @@ def generate_rollouts(
 
 
 def run(args) -> int:
+    """Roll out n samples from the checkpoint, compare every estimator against the exact recurrence, print and
+    write the report."""
     import torch
-    from transformers import AutoTokenizer
 
     from rl.data.jsonl import DataError
-    from rl.estimators.comparison import compare_samples, format_comparison, plot_report
-    from rl.model.files import load_fbt
+    from rl.decode_modes import mode_warning
+    from rl.estimators.comparison import compare_samples, format_comparison
 
     if args.n_samples < 1 or args.max_passes < 1:
         raise SystemExit("compare-likelihood: --n-samples and --max-passes must be >= 1")
     torch.manual_seed(args.seed)
-    from rl.decode_modes import mode_warning
-
     warning = mode_warning(args.checkpoint, args.decode_mode, "--decode-mode")
     if warning:
         print(warning)
-    model = load_fbt(args.checkpoint).eval()
-    if not hasattr(model, "multipass_forward"):
-        raise SystemExit(
-            f"compare-likelihood: {args.checkpoint} is not an FBT checkpoint "
-            f"(model_type {model.config.model_type!r}); convert it first (fbrl convert)"
-        )
-    tokenizer = None
-    if (Path(args.checkpoint) / "tokenizer_config.json").exists():
-        tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
-    cfg = model.config
+    model, tokenizer = _load(args.checkpoint)
+    difficulty = args.difficulty or _trained_difficulty(args.checkpoint, args.task)
+    file_task = args.task in TASKS and not TASKS[args.task].generated
     try:
+        cfg = model.config
         prompts = task_prompts(
             args.task,
             args.n_samples,
@@ -153,8 +146,8 @@ def run(args) -> int:
             cfg.vocab_size,
             cfg.bos_token_id,
             args.seed,
-            args.difficulty or _trained_difficulty(args.checkpoint, args.task),
-            data_section(args) if args.task in TASKS and not TASKS[args.task].generated else None,
+            difficulty,
+            data_section(args) if file_task else None,
         )
     except (ValueError, DataError) as e:
         raise SystemExit(f"compare-likelihood: {e}") from None
@@ -174,18 +167,37 @@ def run(args) -> int:
         micro_batch_size=args.micro_batch_size,
         state_formats_compared=tuple(args.state_formats),
     )
-    report.update(
-        checkpoint=str(args.checkpoint),
-        task=args.task,
-        difficulty=args.difficulty or _trained_difficulty(args.checkpoint, args.task),
-    )
+    report.update(checkpoint=str(args.checkpoint), task=args.task, difficulty=difficulty)
     print(format_comparison(report))
-    if args.json_out:
-        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json_out).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json_out}")
-    if args.plot_out:
-        Path(args.plot_out).parent.mkdir(parents=True, exist_ok=True)
-        plot_report(report, args.plot_out)
-        print(f"wrote {args.plot_out}")
+    _write_outputs(report, args.json_out, args.plot_out)
     return 0
+
+
+def _load(checkpoint: str):
+    """(the FBT, its tokenizer or None); exits naming a checkpoint that is not an FBT."""
+    from transformers import AutoTokenizer
+
+    from rl.model.files import load_fbt
+
+    model = load_fbt(checkpoint).eval()
+    if not hasattr(model, "multipass_forward"):
+        raise SystemExit(
+            f"compare-likelihood: {checkpoint} is not an FBT checkpoint "
+            f"(model_type {model.config.model_type!r}); convert it first (fbrl convert)"
+        )
+    has_tokenizer = (Path(checkpoint) / "tokenizer_config.json").exists()
+    return model, AutoTokenizer.from_pretrained(checkpoint) if has_tokenizer else None
+
+
+def _write_outputs(report: dict, json_out: str | None, plot_out: str | None) -> None:
+    from rl.atomic_files import write_text
+    from rl.estimators.comparison import plot_report
+
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        write_text(json_out, json.dumps(report, indent=2))
+        print(f"wrote {json_out}")
+    if plot_out:
+        Path(plot_out).parent.mkdir(parents=True, exist_ok=True)
+        plot_report(report, plot_out)
+        print(f"wrote {plot_out}")
