@@ -23,6 +23,7 @@ outcomes let two checkpoints evaluated on the same rows be paired too (`paired_t
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import time
@@ -194,50 +195,12 @@ def evaluate(
     for mode in modes:
         t0 = time.time()
         common = dict(max_tokens=max_tokens, stop_token_ids=stop, decode_mode=mode)
-        greedy = _run(
-            engine,
-            prompt_ids,
-            rows,
-            tokenizer,
-            score_fn,
-            batch_size,
-            n=1,
-            temperature=0.0,
-            seed=None,
-            **common,
-        )
+        run = functools.partial(_run, engine, prompt_ids, rows, tokenizer, score_fn, batch_size, **common)
+        greedy = run(n=1, temperature=0.0, seed=None)
         # samples=0: greedy only (the sampled figures are None, and there is no pass@k)
-        sampled = (
-            _run(
-                engine,
-                prompt_ids,
-                rows,
-                tokenizer,
-                score_fn,
-                batch_size,
-                n=samples,
-                temperature=temperature,
-                seed=seed,
-                **common,
-            )
-            if samples > 0
-            else None
-        )
+        sampled = run(n=samples, temperature=temperature, seed=seed) if samples > 0 else None
+        result["modes"][mode] = dict(mode_metrics(greedy, sampled, samples), wall_s=round(time.time() - t0, 1))
         g = [grp[0] for grp in greedy]
-        flat = [s for grp in sampled for s in grp] if sampled else []
-        correct_counts = [sum(s.correct for s in grp) for grp in sampled] if sampled else []
-        mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
-        result["modes"][mode] = {
-            "accuracy": {"greedy": mean([s.correct for s in g]), "sampled": mean([s.correct for s in flat])},
-            "lenient_accuracy": {"greedy": mean([s.lenient for s in g]), "sampled": mean([s.lenient for s in flat])},
-            "pass_at_k": {
-                str(k): mean([pass_at_k(samples, c, k) for c in correct_counts])
-                for k in (pass_at_k_values(samples) if samples > 0 else [])
-            },
-            "mean_length": {"greedy": mean([s.length for s in g]), "sampled": mean([s.length for s in flat])},
-            "truncation_rate": {"greedy": mean([s.truncated for s in g]), "sampled": mean([s.truncated for s in flat])},
-            "wall_s": round(time.time() - t0, 1),
-        }
         per_mode[mode] = {"greedy": [int(s.correct) for s in g], "greedy_lenient": [int(s.lenient) for s in g]}
         if sampled:
             per_mode[mode]["sampled"] = [int(grp[0].correct) for grp in sampled]
@@ -254,3 +217,28 @@ def evaluate(
         for b in modes[i + 1 :]:
             result["paired"] += paired_tests(per_mode[a], per_mode[b], a, b)
     return result
+
+
+def mode_metrics(greedy: list[list[Outcome]], sampled: list[list[Outcome]] | None, samples: int) -> dict:
+    """One decode mode's figures from its scored completions (greedy: one per problem; sampled: `samples` each,
+    or None): accuracy under both reads, pass@k, mean length and truncation rate, greedy and sampled."""
+    g = [grp[0] for grp in greedy]
+    flat = [s for grp in sampled for s in grp] if sampled else []
+    correct_counts = [sum(s.correct for s in grp) for grp in sampled] if sampled else []
+
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else None
+
+    def both(read):
+        return {"greedy": mean([read(s) for s in g]), "sampled": mean([read(s) for s in flat])}
+
+    return {
+        "accuracy": both(lambda s: s.correct),
+        "lenient_accuracy": both(lambda s: s.lenient),
+        "pass_at_k": {
+            str(k): mean([pass_at_k(samples, c, k) for c in correct_counts])
+            for k in (pass_at_k_values(samples) if samples > 0 else [])
+        },
+        "mean_length": both(lambda s: s.length),
+        "truncation_rate": both(lambda s: s.truncated),
+    }
