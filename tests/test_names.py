@@ -26,7 +26,7 @@ INTERFACES = {
                 "actors/cli/convert.py",
                 "actors/cli/evaluate.py",
                 "actors/cli/launch.py",
-                "rl/pretrain/trainer.py",
+                "actors/cli/pretraining.py",
             },
             "fbrl command",
         )

@@ -1,5 +1,5 @@
 """`fbrl` — the command line: `train` (launch.py, with the input checks of preflight.py), `eval` (evaluate.py),
-`compare-likelihood` (compare.py), `convert` (convert.py); `pretrain` is `rl.pretrain.trainer`.
+`compare-likelihood` (compare.py), `convert` (convert.py), `pretrain` (pretraining.py).
 
 Each subcommand lives in its own module exposing `add_arguments(parser)` and `run(args) -> int`; a module is
 imported only when its command runs or shows its help (so `fbrl pretrain` never starts Ray). The text users read
@@ -41,7 +41,7 @@ examples:
   ray job submit --address ADDR -- fbrl train configs/gpu_1b.yaml   (docs/CLUSTER.md)""",
     ),
     "pretrain": (
-        "rl.pretrain.trainer",
+        "actors.cli.pretraining",
         "multi-pass pretraining / SFT that makes an FBT checkpoint",
         """\
 Multi-pass pretraining or supervised fine-tuning of an FBT checkpoint: pass 1 is the ordinary forward, pass k
