@@ -30,12 +30,12 @@ MAX_PASSES = 8
 
 
 def _batches(rows, tokenizer, batch_size: int, seq_len: int):
-    from rl.pretrain.trainer import collate, encode_rows
+    from rl.pretrain.trainer import collate_documents, encode_rows
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     enc = encode_rows(rows, tokenizer, seq_len, "response")
     for i in range(0, len(enc), batch_size):
-        yield collate(enc[i : i + batch_size], pad)
+        yield collate_documents(enc[i : i + batch_size], pad)
 
 
 def _token_logprobs(model, hidden, input_ids, target_mask):
