@@ -3,20 +3,19 @@ longer than 60 lines"; and every function named there exists and is long (a spli
 
 import ast
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from test_layering import ROOT, sources
+
 LIMIT = 60
 
 
 def _long_functions() -> set[tuple[str, str]]:
     found = set()
-    for package in ("rl", "rollout", "rewards", "actors"):
-        for path in (ROOT / package).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    if node.end_lineno - node.lineno + 1 > LIMIT:
-                        found.add((path.relative_to(ROOT).as_posix(), node.name))
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if node.end_lineno - node.lineno + 1 > LIMIT:
+                    found.add((path.relative_to(ROOT).as_posix(), node.name))
     return found
 
 

@@ -3,10 +3,9 @@ too, which a linter cannot see and which fail only when that code path runs (a r
 
 import ast
 import importlib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("rl", "rollout", "rewards", "actors")
+from test_layering import PACKAGES, ROOT
+
 TREES = (*PACKAGES, "bench", "tools", "scripts", "examples", "tests")
 
 

@@ -6,8 +6,7 @@ import ast
 import collections
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("rl", "rollout", "rewards", "actors")
+from test_layering import ROOT, sources
 
 # name -> (the modules that define it, why)
 INTERFACES = {
@@ -42,18 +41,13 @@ INTERFACES = {
 }
 
 
-def _modules():
-    for package in PACKAGES:
-        yield from sorted((ROOT / package).rglob("*.py"))
-
-
 def _rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
 def test_no_two_modules_share_a_file_name():
     by_name = collections.defaultdict(list)
-    for path in _modules():
+    for path in sources():
         if path.name != "__init__.py":
             by_name[path.stem].append(_rel(path))
     assert not {k: v for k, v in by_name.items() if len(v) > 1}
@@ -63,7 +57,7 @@ def test_no_module_re_exports_another():
     """A package's __init__ may gather its modules' names; a module imports names it uses, and nothing else (an
     `import package` for its side effect, such as registering the FBT classes with transformers, is not a name)."""
     found = []
-    for path in _modules():
+    for path in sources():
         if path.name == "__init__.py":
             continue
         for lineno, line in enumerate(path.read_text().splitlines(), 1):
@@ -76,7 +70,7 @@ def test_no_module_re_exports_another():
 
 def test_every_top_level_name_is_defined_once():
     where = collections.defaultdict(set)
-    for path in _modules():
+    for path in sources():
         for node in ast.parse(path.read_text()).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names = [node.name]

@@ -16,7 +16,7 @@ import random
 from pathlib import Path
 
 from actors.cli.data_args import add_data_arguments, data_section
-from rl.data.tasks import TASKS, tasks_help
+from rl.data.tasks import TASKS, file_tasks, tasks_help
 
 PROMPT_SOURCES = (*TASKS, "random")  # the data tasks, or random token ids
 
@@ -136,7 +136,7 @@ def run(args) -> int:
         print(warning)
     model, tokenizer = _load(args.checkpoint)
     difficulty = args.difficulty or _trained_difficulty(args.checkpoint, args.task)
-    file_task = args.task in TASKS and not TASKS[args.task].generated
+    file_task = args.task in file_tasks()
     try:
         cfg = model.config
         prompts = task_prompts(

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
+
+from rl.data import arith, track, word_problems
 
 
 @dataclass(frozen=True)
@@ -30,16 +33,12 @@ class Task:
 
 
 def _arith(data, split: str, n: int) -> list[dict]:
-    from rl.data import arith
-
     return arith.generate(
         split, n, seed=data.seed, difficulties=tuple(data.difficulty), direct_answer_frac=data.direct_answer_frac
     )
 
 
 def _word_problems(data, split: str, n: int) -> list[dict]:
-    from rl.data import word_problems
-
     return word_problems.generate(
         split,
         n,
@@ -50,19 +49,14 @@ def _word_problems(data, split: str, n: int) -> list[dict]:
     )
 
 
+def _tracking_rows(name: str, data, split: str, n: int) -> list[dict]:
+    return track.generate(name, split, n, seed=data.seed, lengths=tuple(data.difficulty))
+
+
 def _tracking(name: str) -> Task:
-    def make_rows(data, split: str, n: int) -> list[dict]:
-        from rl.data import track
-
-        return track.generate(name, split, n, seed=data.seed, lengths=tuple(data.difficulty))
-
-    def scorer(*args, **kwargs):
-        from rl.data import track
-
-        return track.score(*args, **kwargs)
-
-    scorer.__name__ = "score"
-    return Task(f"state tracking ({name})", make_rows, 64, "chain lengths", (8,), scorer=scorer)
+    return Task(
+        f"state tracking ({name})", partial(_tracking_rows, name), 64, "chain lengths", (8,), scorer=track.score
+    )
 
 
 TASKS: dict[str, Task] = {
@@ -78,13 +72,6 @@ TASKS: dict[str, Task] = {
 }
 
 
-def task(name: str) -> Task:
-    """The entry of `name`; ValueError listing the tasks."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}: expected one of {', '.join(TASKS)}")
-    return TASKS[name]
-
-
 def generated_tasks() -> tuple[str, ...]:
     return tuple(name for name, t in TASKS.items() if t.generated)
 
@@ -93,6 +80,6 @@ def file_tasks() -> tuple[str, ...]:
     return tuple(name for name, t in TASKS.items() if not t.generated)
 
 
-def tasks_help(names=None) -> str:
+def tasks_help() -> str:
     """`name: summary; ...` for the CLI's help."""
-    return "; ".join(f"{name}: {TASKS[name].summary}" for name in names or TASKS)
+    return "; ".join(f"{name}: {t.summary}" for name, t in TASKS.items())
