@@ -5,6 +5,8 @@ decode-mode record of checkpoints. The console of a real job is checked in tests
 import io
 import json
 import math
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from actors import console
 from actors.cli import COMMANDS, build_parser, main
 from rl import decode_modes
 from rl.config import load_config
-from rl.report import plots
+from rl.report import live_plots, plots
 from rl.report.step_lines import console_line
 from rl.train.run_dir import RunDir
 
@@ -245,15 +247,48 @@ def test_render_before_the_first_step(tmp_path):
 
 def test_live_plots_draw_in_the_background_and_at_close(tmp_path):
     run = RunDir(str(tmp_path / "run"))
-    live = plots.LivePlots(run, title="t", every_s=3600)
+    logged = []
+    live = live_plots.LivePlots(run, title="t", every_s=3600, log=logged.append)
     for r in fake_rows(4)[:3]:
         run.log_metrics(r)
-        live.update(r)  # no eval yet and not due: nothing drawn
-    assert not (run.path / "plots" / "summary.png").exists()
+        live.update(r)  # no eval yet and not due: nothing drawn, no drawing process
+    assert live._proc is None and not (run.path / "plots" / "summary.png").exists()
     run.log_metrics(fake_rows(4)[4])
     live.update(fake_rows(4)[4] | {"eval_accuracy": 0.4})  # an eval step asks for a drawing
+    proc = live._proc
+    assert proc is not None and proc.pid != os.getpid()  # a process of its own
     written = live.close()
     assert written[0] == run.path / "plots" / "summary.png" and all(p.is_file() for p in written)
+    assert proc.poll() == 0 and logged == []  # ended with the run, nothing failed
+    assert live.cost_s > 0  # the drawing's own time came back (it paces the next ones)
+
+
+def test_live_plots_process_runs_at_the_lowest_priority_and_ends_with_its_pipe(tmp_path):
+    """It draws with what the workers leave, and a driver that dies (its end of the pipe closed) leaves nothing."""
+    run = RunDir(str(tmp_path / "run"))
+    run.log_metrics(fake_rows(2)[1])
+    live = live_plots.LivePlots(run, title="t", every_s=0)
+    live.update({})
+    deadline = time.time() + 60
+    while live._pending and time.time() < deadline:
+        time.sleep(0.05)
+    assert (run.path / "plots" / "summary.png").is_file()
+    assert os.getpriority(os.PRIO_PROCESS, live._proc.pid) == 19
+    live._proc.stdin.close()  # what the kernel does when the driver dies
+    assert live._proc.wait(timeout=30) == 0
+
+
+def test_a_failing_drawing_is_reported_and_the_run_goes_on(tmp_path):
+    run = RunDir(str(tmp_path / "run"))
+    for r in fake_rows(2):
+        run.log_metrics(r)
+    run.log_metrics({"step": "three"})  # a row the panels cannot draw
+    logged = []
+    live = live_plots.LivePlots(run, every_s=0, log=logged.append)
+    live.update({})
+    assert live.close() == []
+    assert len(logged) == 2 and all(line.startswith("plots: drawing failed (") for line in logged), logged
+    assert "training goes on" in logged[0]
 
 
 # ---------------------------------------------------------------------------------------------- summary

@@ -39,7 +39,7 @@ class Session:
         from actors import console
         from actors.placement import build_workers, init_ray
         from actors.trackers import Trackers
-        from rl.report.plots import LivePlots
+        from rl.report.live_plots import LivePlots
 
         cfg = self.cfg
         t_ray = time.perf_counter()
@@ -92,7 +92,8 @@ class Session:
         self.stop.graceful, self.stop.shutting_down = False, True
         if self.bar is not None:
             self.bar.close()
-        written = self.plots.close() if self.plots is not None else self.run_dir.plot()
+        if self.plots is not None:
+            self.plots.finish()  # the final drawing, in its own process, beside the rest of the teardown
         if self.rewards is not None:
             try:  # a reward's close() (its client, its pool) runs; a dead reward worker has nothing left to close
                 self.rewards.close()
@@ -100,6 +101,7 @@ class Session:
                 print(f"closing the rewards failed: {type(e).__name__}: {e}", flush=True)
         wandb_dir = self.trackers.close() if self.trackers is not None else None
         shutdown_ray(self.no_ray)
+        written = self.plots.wait() if self.plots is not None else self.run_dir.plot()
         self.stop.uninstall()
         return written, str(Path(wandb_dir).parent) if wandb_dir else None  # the run's folder, not its files/
 
