@@ -167,7 +167,8 @@ def fbrl_updater(args, model, rows, ids_of, adv, n_tokens) -> dict:
 
     from rl.config import load_config
     from rl.samples.batch import Sample
-    from rl.train.policy_update import PolicyUpdater, TorchBackend, plan_for
+    from rl.train.policy_update import PolicyUpdater, TorchBackend
+    from rl.train.update_plan import plan_for
 
     cfg = load_config(args.fbrl_config, args.fbrl_override)
     threads = int(args.threads.split(",")[0])

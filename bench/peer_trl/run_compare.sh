@@ -21,8 +21,9 @@
 #   TRL_THREADS=N (torch threads of the TRL process; default torch's own = the core count)
 #   FBRL_THREADS=N (OMP_NUM_THREADS of the fbrl process, inherited by its Ray workers, whose torch threads follow
 #     it; unset: Ray sets each actor's to its CPUs, i.e. 1 thread per learner rank)
-# Writes $WORK/run_<date>_<STEPS>/{llama/, step_prompts.json, fbrl/, fbrl.log, trl/, trl.log, bench_torch.json,
-# summary.txt}; nothing under FBRL_ROOT but the peer venv. The last line printed is the one-line summary.
+# Writes $WORK/run_<date>_<STEPS>/{llama/, step_prompts.json, fbrl/, fbrl.log, fbrl.timeline, trl/, trl.log,
+# trl.timeline, bench_torch.json, summary.txt}; nothing under FBRL_ROOT but the peer venv. The last line printed is
+# the one-line summary.
 set -euo pipefail
 
 HF_DIR="" BENCH=0
@@ -64,6 +65,8 @@ fi
 mkdir -p "$RUN"
 cd "$RUN"
 load() { cut -d' ' -f1-3 /proc/loadavg; }
+# the monotonic clock (stamp_lines.py reads the same one): a virtual machine paused by its host does not count
+now() { python3 -c 'import time; print(time.monotonic())'; }
 busy=$(awk '{print ($1 > 0.5)}' /proc/loadavg)
 [ "$busy" = 1 ] && echo "warning: the machine is busy (load $(load)): both jobs run at nice $NICE, so other work takes the" \
   "cores first and s/step measures the neighbours as much as the frameworks (TRL's 2 torch threads stall worst:" \
@@ -94,17 +97,20 @@ fi
 
 if [ "${ONLY:-}" != trl ]; then
   echo "== fbrl train (standard mode), $STEPS steps, OMP_NUM_THREADS=${FBRL_THREADS:-unset}; uptime: $(uptime)"
-  t0=$(date +%s.%N)
+  t0=$(now)
   ( if [ -n "${FBRL_THREADS:-}" ]; then export OMP_NUM_THREADS=$FBRL_THREADS; fi
-    nice -n "$NICE" "$FBRL_VENV/bin/fbrl" train "$FBRL_CONFIG" "${OVR[@]}" "run_dir=$RUN/fbrl" ) 2>&1 | tee "$RUN/fbrl.log"
-  echo "fbrl process wall $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}") s" | tee -a "$RUN/fbrl.log"
+    nice -n "$NICE" "$FBRL_VENV/bin/fbrl" train "$FBRL_CONFIG" "${OVR[@]}" "run_dir=$RUN/fbrl" ) 2>&1 \
+    | "$FBRL_VENV/bin/python" -u "$HERE/stamp_lines.py" "$RUN/fbrl.timeline" "$t0" | tee "$RUN/fbrl.log"
+  echo "fbrl process wall $(awk "BEGIN{printf \"%.1f\", $(now) - $t0}") s" | tee -a "$RUN/fbrl.log"
 fi
 if [ "${ONLY:-}" != fbrl ]; then
   echo "== TRL GRPOTrainer, $STEPS steps, model $TRL_MODEL; uptime: $(uptime)"
-  t0=$(date +%s.%N)
+  t0=$(now)
   PYTHONPATH="$FBRL_ROOT" nice -n "$NICE" "$TRL_VENV/bin/python" "$HERE/run_trl.py" --model "$TRL_MODEL" \
-    --out "$RUN/trl" --threads "${TRL_THREADS:-0}" --config "$FBRL_CONFIG" "${OVR[@]}" 2>&1 | grep --line-buffered -v -e 'Loading weights' | tee "$RUN/trl.log"
-  echo "trl process wall $(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}") s" | tee -a "$RUN/trl.log"
+    --out "$RUN/trl" --threads "${TRL_THREADS:-0}" --config "$FBRL_CONFIG" "${OVR[@]}" 2>&1 \
+    | "$FBRL_VENV/bin/python" -u "$HERE/stamp_lines.py" "$RUN/trl.timeline" "$t0" \
+    | grep --line-buffered -v -e 'Loading weights' | tee "$RUN/trl.log"
+  echo "trl process wall $(awk "BEGIN{printf \"%.1f\", $(now) - $t0}") s" | tee -a "$RUN/trl.log"
 fi
 if [ "$BENCH" = 1 ]; then
   if [ -f "$RUN/trl/result.json" ]; then

@@ -4,7 +4,11 @@ fbrl s/step = metrics.jsonl `time_step_s`; on a step that also ran a held-out ev
 (the last step, and every `train.eval_every`-th), that share is taken out: the step is counted as rollout + reward
 (`time_wait_s`) + mismatch parts + learner + sync, as fbrl's console line accounts it. TRL s/step = wall time
 between consecutive `on_step_end` callbacks (run_trl.py; evals run outside `trainer.train()`, the step-1 gradient
-check is excluded). Startup (Ray, vLLM, DeepSpeed / model load) is outside both; the process walls are printed.
+check is excluded). Startup (Ray, vLLM, DeepSpeed / model load) is outside both; the process walls are printed,
+split by each side's timeline (RUN/<side>.timeline: every output line with its seconds since the process was
+launched) into start-up (fbrl: to `workers ready`; TRL: to `trl trainer built`, less its step-0 eval), the step-0
+eval, the steps, the final eval and teardown (the end of the last eval to the process's exit). TRL's step-1
+gradient check is bench work fbrl's process does not do: it is shown apart and left out of TRL's total.
 
 Where a step goes: fbrl's own timings (rollout, reward, mismatch parts, learner, sync; `other` = the rest of the
 step: advantages, the metrics row, logging, the batch queue), TRL's split by run_trl.py (rollout = its
@@ -117,6 +121,67 @@ def trl_side(run: Path):
     }
 
 
+def _timeline(path: Path) -> list[tuple[float, str]]:
+    if not path.exists():
+        return []
+    return [(float(t), line) for t, _, line in (x.partition("\t") for x in path.read_text().splitlines()) if line]
+
+
+def _at(timeline, pattern: str, last: bool = False) -> float | None:
+    hits = [t for t, line in timeline if re.match(pattern, line)]
+    return (hits[-1] if last else hits[0]) if hits else None
+
+
+def fbrl_split(run: Path, n: int, wall: float | None) -> dict | None:
+    """Seconds of fbrl's process: start-up, step-0 eval, steps, final eval, teardown."""
+    tl = _timeline(run / "fbrl.timeline")
+    ready, eval0, last = _at(tl, r"workers ready"), _at(tl, r"step\s+0/"), _at(tl, rf"step\s+{n}/{n} ")
+    rows = [json.loads(x) for x in (run / "fbrl" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    r = next((x for x in rows if x.get("step") == n and "time_step_s" in x), None)
+    if None in (ready, eval0, last, wall, r):
+        return None
+    step_n = r["time_wait_s"] + r.get("time_mismatch_parts_s", 0.0) + r["time_learner_s"] + r["time_sync_s"]
+    final_eval = r["time_step_s"] - step_n
+    return {
+        "start-up": ready,
+        "step-0 eval": eval0 - ready,
+        "steps": last - eval0 - final_eval,
+        "final eval": final_eval,
+        "teardown": wall - last,
+    }
+
+
+def trl_split(run: Path, n: int, wall: float | None) -> dict | None:
+    """Seconds of TRL's process, as fbrl_split, and its gradient check (bench work) apart."""
+    tl = _timeline(run / "trl.timeline")
+    p = run / "trl" / "result.json"
+    built, eval0 = _at(tl, r"trl trainer built"), _at(tl, r"trl step\s+0/")
+    last, final = _at(tl, rf"trl step\s+{n}/{n} \| reward"), _at(tl, rf"trl step\s+{n}/{n} \| eval")
+    if None in (built, eval0, last, final, wall) or not p.exists():
+        return None
+    r = json.loads(p.read_text())
+    check = (r.get("gradient_check") or {}).get("time_s", 0.0)
+    e0 = r["eval_before"]["time_s"]
+    return {
+        "start-up": built - e0,
+        "step-0 eval": e0,
+        "steps": last - built - check,
+        "final eval": final - last,
+        "teardown": wall - final,
+        "gradient check (bench, left out)": check,
+    }
+
+
+def _split_line(who: str, split: dict) -> str:
+    kept = {k: v for k, v in split.items() if "left out" not in k}
+    apart = "".join(f"; {k} {v:.1f}" for k, v in split.items() if "left out" in k)
+    return (
+        f"{who} process split (s): "
+        + " + ".join(f"{k} {v:.1f}" for k, v in kept.items())
+        + (f" = {sum(kept.values()):.1f}{apart}")
+    )
+
+
 def _wall(log: Path, who: str):
     m = re.search(rf"^{who} process wall ([0-9.]+) s", log.read_text(), re.M) if log.exists() else None
     return float(m.group(1)) if m else None
@@ -190,6 +255,17 @@ def main() -> int:
     if f and t:
         same = sum(a == b for a, b in zip(f["digests"], t["digests"]))
         print(f"same prompts per step (fbrl metrics prompts_digest vs TRL's batches): {same}/{n}")
+    fs = fbrl_split(run, n, f["wall"]) if f else None
+    ts = trl_split(run, n, t["wall"]) if t else None
+    for who, split in (("fbrl", fs), ("trl ", ts)):
+        if split:
+            print(_split_line(who, split))
+    if fs and ts:
+        whole = {k: sum(v for x, v in s.items() if "left out" not in x) for k, s in (("fbrl", fs), ("trl", ts))}
+        print(
+            f"whole process: fbrl {whole['fbrl']:.1f} s, trl {whole['trl']:.1f} s (without its gradient check), "
+            f"fbrl/trl {whole['fbrl'] / whole['trl']:.2f}x"
+        )
     mf = statistics.median(f["times"]) if f and f["times"] else float("nan")
     mt = statistics.median(t["times"]) if t and t["times"] else float("nan")
     ratio = mf / mt if mt == mt and mt > 0 else float("nan")
