@@ -6,10 +6,10 @@ rank 0 reports its node IP and a free port, then all ranks build their `actors.l
 (deepspeed.initialize is collective).
 
 `update` puts the WHOLE sample list into the object store once and hands the same reference to every rank; each
-rank takes its rows from the plan `rl.train.policy_update` computes on the whole batch, so all ranks make the same
+rank takes its rows from the plan `rl.train.update_plan` computes on the whole batch, so all ranks make the same
 number of backward/step calls, and gradients are summed over ranks (see actors/learner_rank.py). The samples carry references
 to their recorded states, not the states (actors/state_plane.py): the group assigns each rank the rows it reads
-(`rl.train.policy_update.rows_read`, from row lengths) before anything is fetched, and each rank fetches those rows'
+(`rl.train.update_plan.rows_read`, from row lengths) before anything is fetched, and each rank fetches those rows'
 states only. Weight access (export, checksums, checkpoints) is called on every rank because under ZeRO-3 it is
 collective; rank 0 writes the files.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from actors.supervision import actor_class, gather, kill
 from rl.train.faults import LearnerRebuilt
-from rl.train.policy_update import SUMMED_METRICS, rows_read
+from rl.train.update_plan import SUMMED_METRICS, rows_read
 
 # Metrics that are the same on every rank (global after the collective step) and are taken from rank 0; every
 # other metric is a token-weighted mean over this rank's micro-batches and is merged over ranks the same way.

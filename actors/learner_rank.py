@@ -69,8 +69,9 @@ from rl.model.lora_policy import maybe_wrap, reference_scope
 from rl.report.latent_metrics import latent_metrics
 from rl.samples.batch import collate
 from rl.train.faults import injected
-from rl.train.policy_update import PolicyUpdater, rows_read
+from rl.train.policy_update import PolicyUpdater
 from rl.train.run_dir import saved_files
+from rl.train.update_plan import rows_read
 from rl.train.workers import tensor_checksums
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ class LearnerRank:
     # -- training ---------------------------------------------------------------------------------------------
     def update(self, samples, advantages, rows=None) -> dict:
         """This rank's share of one rollout batch. `rows`: the rows whose states this rank reads, as its group
-        assigned them (`rl.train.policy_update.rows_read`; computed here when not given); their states, and those of the
+        assigned them (`rl.train.update_plan.rows_read`; computed here when not given); their states, and those of the
         rows the latent metrics read on this rank, are fetched first when the samples carry references
         (actors/state_plane.py). Returns the updater's metrics (token-weighted means over this rank's micro-batches),
         the latent metrics, `_tokens`, the response tokens this rank trained on (the weight a group

@@ -10,7 +10,7 @@ reference shape in bf16). Samples go through the driver (rewards, advantages); t
    the bytes, and the object outlives the actor that made it — a batch already generated and queued, or between
    `generate` and the ranks' fetch, keeps its states when its engine's actor is killed (`RolloutFleet.generate`
    `attach`es the reference to the samples). (A smaller one travels inline through the driver: a few KB.)
-2. The learner group assigns rows to ranks from the update plan (`rl.train.policy_update.rows_read`, a function of row
+2. The learner group assigns rows to ranks from the update plan (`rl.train.update_plan.rows_read`, a function of row
    lengths only) before anything is fetched, and hands every rank the same list of samples plus its rows.
    A `StateRef` nested in that list is not resolved by Ray (only top-level task arguments are), so nothing moves.
 3. `fetch` (in a rank): one `ray.get` of the objects its rows are in, and each row's slice in place. On the

@@ -17,7 +17,7 @@ grow with the batch by construction, are already resident) and the absolute peak
 Throughput: fwd+bwd of the replay log-probs under a GRPO-like surrogate over every micro-batch of a 256-row batch
 (no optimizer), two ways on the same rows: `padded` — rows in arrival order, `micro_batch_size` rows per
 micro-batch, log-softmax over [rows, R, V] (the learner before token budgets) — and `token_budget` — the
-micro-batches of `rl.train.policy_update.plan_update` (rows sorted by length, <= 2048 padded tokens and <= 1024 response
+micro-batches of `rl.train.update_plan.plan_update` (rows sorted by length, <= 2048 padded tokens and <= 1024 response
 tokens) with logits at real response tokens only (`rl.estimators.likelihood.token_logprobs`). tokens/s counts real
 prompt + response tokens; medians of round-robin repeats after a warm-up round.
 
@@ -174,7 +174,7 @@ def measure_memory(shape: str, rows: int, threads: int) -> dict:
 def throughput(shape: str, repeats: int, rows: int = 256) -> dict:
     from rl.estimators.likelihood import get_estimator, response_hidden, response_log_dists
     from rl.samples.batch import collate
-    from rl.train.policy_update import plan_update
+    from rl.train.update_plan import plan_update
 
     model = build_model(shape).train()
     samples = mixed_samples(rows, model.config.vocab_size, model.config.hidden_size)

@@ -11,7 +11,7 @@ read afterwards). Advantages are a fixed random draw: speed does not depend on t
 
 Variants (each timed on the whole batch: one optimizer step, as the loop's learner phase):
   * `plain` — the limit: a stock Hugging Face `LlamaForCausalLM` holding the checkpoint's backbone (every tensor
-    but the fusion's), fbrl's own micro-batches (the update plan of rl/train/policy_update.py: rows sorted by length,
+    but the fusion's), fbrl's own micro-batches (the update plan of rl/train/update_plan.py: rows sorted by length,
     cut by the learner's row and token budgets), each right-padded; the decoder stack over prompt + response, the LM
     head and an fp32 log-softmax at the response positions only, loss = -sum(A * log p) / response tokens, backward;
     then clip_grad_norm_ and torch AdamW.
@@ -110,7 +110,7 @@ class PlainStep:
     """fwd + bwd over fbrl's micro-batches of the batch, then clip + torch AdamW: the machine's practical limit."""
 
     def __init__(self, cfg, samples, advantages):
-        from rl.train.policy_update import plan_for
+        from rl.train.update_plan import plan_for
 
         lcfg = cfg.learner
         self.model = plain_llama(cfg.model.path)

@@ -32,7 +32,7 @@ from rl.estimators.mismatch_parts import measure_parts
 from rl.report.metrics import PhaseClock, sample_row, update_row
 from rl.report.step_lines import report_failures
 from rl.train.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, nonfinite_update, partly_applied
-from rl.train.job import JobParts, JobState, heldout, log_step, start_pass, sync_weights
+from rl.train.job import JobData, JobParts, JobState, heldout, log_step, start_pass, sync_weights
 from rl.train.rollout_queue import RolloutQueue, generate_batch, score_batch, split_stale, staleness_metrics
 from rl.train.run_dir import RunDir, save_step, stop_after_step, stopped_before_step
 from rl.train.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
@@ -50,14 +50,16 @@ def train(
     faults: FaultLog | None = None,
     stop_requested=None,
     background_rollouts: bool | None = None,
+    data: JobData | None = None,
 ) -> list[dict]:
     """Run the job to `cfg.train.steps` (continuing `cfg.train.resume`); returns the metrics of the steps run.
 
     `stop_requested()` returns a reason (e.g. "SIGTERM") once the job should end; it is asked between steps.
     `background_rollouts`: make batches in a producer thread (default: when `train.max_staleness` > 0; tests
-    force it at 0 to check that the thread changes nothing)."""
+    force it at 0 to check that the thread changes nothing). `data`: the task's rows as the checks before the job
+    loaded them (else loaded here)."""
     faults = faults if faults is not None else FaultLog(log)
-    parts = JobParts.load(cfg, tokenizer, rollout, learner, rewards, run, log, progress, faults)
+    parts = JobParts.load(cfg, tokenizer, rollout, learner, rewards, run, log, progress, faults, data)
     job = JobState(
         restore="resume" if cfg.train.resume else None,
         guard=RunGuard(cfg.faults, faults),

@@ -339,7 +339,7 @@ def test_ray_fleet_generates_like_local_engines_and_syncs(ray_workers, tmp_path)
 def rows_fetched(samples, cfg) -> list[set[int]]:
     """Rows each of 2 ZeRO-2 ranks fetches: its rows of the update plan, and on rank 0 the first
     train.latent_metrics_rows rows, which the latent metrics read."""
-    from rl.train.policy_update import rows_read
+    from rl.train.update_plan import rows_read
 
     latent = set(range(min(cfg.train.latent_metrics_rows, len(samples))))
     assert latent  # the default config computes latent metrics
@@ -350,7 +350,7 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
     """Engine actors put each sample's states into the object store; the samples the driver receives carry
     references only (no tensor anywhere), the driver never gets a state object (neither while generating nor
     while updating), each rank fetches exactly the rows it trains on (rows and bytes per rank against
-    rl.train.policy_update.rows_read), and once the driver drops the samples the objects are gone (nothing
+    rl.train.update_plan.rows_read), and once the driver drops the samples the objects are gone (nothing
     accumulates)."""
     import gc
     import time
@@ -358,7 +358,7 @@ def test_states_bypass_the_driver_and_each_rank_fetches_only_its_rows(ray_worker
     import ray
 
     from rl.samples.states import StateRef
-    from rl.train.policy_update import rows_read
+    from rl.train.update_plan import rows_read
 
     cfg, rollout, learner, _ = ray_workers
     asked, real_get = [], ray.get

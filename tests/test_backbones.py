@@ -24,6 +24,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from rl.backbones import FBT_ARCHITECTURE_OF
 from rl.estimators.likelihood import get_estimator
 from rl.model import FBT_CLASSES, as_standard_lm, convert_to_fbt
 from rl.samples.batch import collate
@@ -76,6 +77,8 @@ def backbone_logprobs(stock, batch) -> torch.Tensor:
 
 def test_every_supported_backbone_is_tested_here():
     assert sorted(FBT_CLASSES) == sorted(BACKBONES)
+    # the names the checks before a job read without importing the classes
+    assert {k: cls.__name__ for k, (_, cls) in FBT_CLASSES.items()} == FBT_ARCHITECTURE_OF
 
 
 @pytest.mark.parametrize("kind", sorted(BACKBONES))

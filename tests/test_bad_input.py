@@ -131,7 +131,7 @@ def test_run_dir_rules(tmp_path):
     from rl.train.run_dir import RunDirError
 
     run = tmp_path / "run"
-    cfg, _, run_dir, _ = prepare("train.checkpoint_every=7", "train.steps=3", f"train.run_dir={run}")
+    cfg, _, run_dir, _, _ = prepare("train.checkpoint_every=7", "train.steps=3", f"train.run_dir={run}")
     run_dir.write_config(cfg)
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(RunDirError, match="is not empty .*--resume"):
@@ -139,7 +139,7 @@ def test_run_dir_rules(tmp_path):
     with pytest.raises(RunDirError, match="no complete checkpoint"):
         prepare("--resume", str(run))
     fake_checkpoint(run)
-    cfg, path, _, _ = prepare("--resume", str(run), "train.steps=9")
+    cfg, path, _, _, _ = prepare("--resume", str(run), "train.steps=9")
     assert path == str(run / "config.yaml")
     assert cfg.train.checkpoint_every == 7 and cfg.train.steps == 9 and cfg.train.resume == str(run)
     with pytest.raises(ConfigError, match="cannot resume.*likelihood.estimator"):
@@ -159,7 +159,7 @@ def test_run_dir_rules(tmp_path):
 def test_embedded_default_from_another_directory(tmp_path, monkeypatch):
     """`fbrl train` from any directory: the embedded default's checkpoint resolves from the package."""
     monkeypatch.chdir(tmp_path)
-    cfg, path, _, tokenizer = prepare(f"train.run_dir={tmp_path / 'run'}")
+    cfg, path, _, tokenizer, _ = prepare(f"train.run_dir={tmp_path / 'run'}")
     assert Path(cfg.model.path).is_absolute() and Path(cfg.model.path).is_dir()
     assert cfg.model.path == str(ROOT / "checkpoints" / "tiny-arith-mixed") and len(tokenizer) == 101
     # a relative path in an override keeps its usual meaning: the working directory

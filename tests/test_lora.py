@@ -514,7 +514,7 @@ def test_lora_dropout_stays_out_of_the_scoring_passes():
     lora_update(lora, samples, "soft", "exact")  # B != 0: dropout on the adapters' input now changes outputs
     cfg = load_config(None, ["rollout.decode_mode=soft", "learner.lora={dropout: 0.5}", "algo.ppo_epochs=2"])
     updater = PolicyUpdater(lora.model, cfg, 0)
-    from rl.train.policy_update import plan_for
+    from rl.train.update_plan import plan_for
 
     plan = plan_for(samples, cfg, 1)
     adv = torch.zeros(len(samples))

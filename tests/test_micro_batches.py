@@ -1,4 +1,4 @@
-"""Learner micro-batches by token budget (rl/train/policy_update.py `plan_update`): every rank makes the same calls, no
+"""Learner micro-batches by token budget (rl/train/update_plan.py `plan_update`): every rank makes the same calls, no
 estimator call (old, reference or policy log-probs) ever sees more than one micro-batch, and splitting the
 batch over ranks and micro-batches leaves the summed gradient unchanged.
 
@@ -21,7 +21,8 @@ import rl.model  # noqa: F401
 import rl.train.policy_update as learner_mod
 from rl.config import ConfigError, load_config
 from rl.samples.batch import Sample
-from rl.train.policy_update import PolicyUpdater, plan_update
+from rl.train.policy_update import PolicyUpdater
+from rl.train.update_plan import plan_update
 
 CKPT = str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith")
 

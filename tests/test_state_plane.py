@@ -1,6 +1,6 @@
 """Recorded states on their way to the learner, without Ray: storage formats (rl/samples/states.py), the carrier
 arrays Ray stores (actors/state_plane.py), collation of a batch whose unread rows still hold references, and the rows a
-rank reads (`rl.train.policy_update.rows_read`) against what `PolicyUpdater.update` actually reads. The Ray path (engine
+rank reads (`rl.train.update_plan.rows_read`) against what `PolicyUpdater.update` actually reads. The Ray path (engine
 actors put, the driver holds references only, each rank fetches its rows) is tested in tests/test_actors.py; the vLLM
 engine's handover (in-process tensor, or a scratch file deleted once read) in tests/test_vllm_engine.py.
 
@@ -22,7 +22,8 @@ from rl.config import load_config
 from rl.estimators.likelihood import get_estimator
 from rl.samples.batch import Sample, collate
 from rl.samples.request import SamplingParams
-from rl.train.policy_update import PolicyUpdater, TorchBackend, plan_for, rows_read
+from rl.train.policy_update import PolicyUpdater, TorchBackend
+from rl.train.update_plan import plan_for, rows_read
 from rollout.torch_engine import TorchEngine
 
 CKPT = "checkpoints/tiny-arith"

@@ -88,8 +88,8 @@ def load_train_config(args):
 
 
 def prepare(args):
-    """(cfg, config path, run dir, tokenizer) with every input checked; raises an `rl.errors.InputError` naming
-    the first bad one. Starts nothing (no Ray, no engine)."""
+    """(cfg, config path, run dir, tokenizer, the data as checked) with every input checked; raises an
+    `rl.errors.InputError` naming the first bad one. Starts nothing (no Ray, no engine)."""
     from actors.cli.model_source import convert_stock_model, resolve_hub_ids
     from actors.cli.preflight import check_job
     from rl.config import ConfigError
@@ -107,7 +107,7 @@ def prepare(args):
                 f"config that holds them: fbrl train CONFIG --resume {args.resume}"
             )
     python_fns = getattr(args, "python_fns", None)
-    tokenizer, cfg = check_job(cfg, in_process=getattr(args, "no_ray", False), python_fns=python_fns)
+    tokenizer, cfg, data = check_job(cfg, in_process=getattr(args, "no_ray", False), python_fns=python_fns)
     if not args.resume:
         # inside `ray job submit` the working dir is Ray's temporary copy: the run goes somewhere that lasts
         durable = durable_run_dir(cfg.train.run_dir, os.getcwd())
@@ -115,7 +115,7 @@ def prepare(args):
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, run_dir=durable))
         run_dir = RunDir.new(cfg.train.run_dir, overwrite=args.overwrite)
         cfg = convert_stock_model(cfg, run_dir.path)
-    return cfg, config_path, run_dir, tokenizer
+    return cfg, config_path, run_dir, tokenizer, data
 
 
 def _redacted_keys(data, marker: str, prefix: str = "") -> list[str]:
@@ -135,7 +135,7 @@ def run(args) -> int:
         return print_config(args)
     t_start = time.perf_counter()
     try:
-        cfg, config_path, run_dir, tokenizer = prepare(args)
+        cfg, config_path, run_dir, tokenizer, data = prepare(args)
     except (InputError, OSError) as e:  # config, data, reward, checkpoint and run-dir problems: one clear line
         # (any other exception is a bug: it keeps its traceback)
         print(f"fbrl train: error: {e}", file=sys.stderr, flush=True)
@@ -157,6 +157,7 @@ def run(args) -> int:
             progress=session.on_step,
             faults=session.faults,
             stop_requested=session.stop.reason,
+            data=data,
         )
     return session.exit_code()
 

@@ -31,13 +31,15 @@ def resolve_hub_ids(cfg):
 def convert_stock_model(cfg, run_path: Path, log=print):
     """`cfg` unchanged for an FBT checkpoint; for a stock one, converted into `run_path/base_model` and `cfg` with
     model.path pointing there."""
-    from rl.model.conversion import convert_checkpoint, stock_backbone
+    from rl.backbones import stock_backbone
 
     src = Path(cfg.model.path)
     config = json.loads((src / "config.json").read_text())
     kind = stock_backbone(config)
     if kind is None:
         return cfg
+    from rl.model.conversion import convert_checkpoint  # the model classes: only when there is a model to convert
+
     init = cfg.model.convert_init
     # gate_product has no identity point: the identity conversion uses linear_addition unless told otherwise
     mode = cfg.model.fusion_mode if init == "random" or cfg.model.fusion_mode != "gate_product" else "linear_addition"

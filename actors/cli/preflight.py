@@ -26,7 +26,6 @@ import json
 import math
 from pathlib import Path
 
-from rl.data.tasks import TASKS
 from rl.errors import InputError
 
 
@@ -51,18 +50,16 @@ def check_checkpoint(path: str | None, key: str = "model.path", allow_stock: boo
         config = json.loads((p / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise BadInput(f"{key}: {p / 'config.json'} is not valid JSON (line {e.lineno}: {e.msg})") from None
-    from rl.model.conversion import stock_backbone
-    from rl.model.fbt import FBT_ARCHITECTURES, FBT_CLASSES
+    from rl.backbones import FBT_ARCHITECTURE_OF, stock_backbone
 
     arch = (config.get("architectures") or [""])[0]
-    if arch not in FBT_ARCHITECTURES and not (allow_stock and stock_backbone(config)):
-        stock = (
-            f"a stock {' / '.join(FBT_CLASSES)} checkpoint (converted when the job starts) or " if allow_stock else ""
-        )
+    if arch not in FBT_ARCHITECTURE_OF.values() and not (allow_stock and stock_backbone(config)):
+        backbones = list(FBT_ARCHITECTURE_OF)
+        stock = f"a stock {' / '.join(backbones)} checkpoint (converted when the job starts) or " if allow_stock else ""
         raise BadInput(
             f"{key}: {p} holds a {arch or 'model without architectures'} checkpoint (model_type "
-            f"{config.get('model_type')!r}); expected {stock}an FBT one ({' / '.join(FBT_ARCHITECTURES)}); "
-            f"supported backbones: {', '.join(FBT_CLASSES)}"
+            f"{config.get('model_type')!r}); expected {stock}an FBT one ({' / '.join(FBT_ARCHITECTURE_OF.values())}); "
+            f"supported backbones: {', '.join(backbones)}"
         )
     if not any(p.glob("*.safetensors")):
         raise BadInput(f"{key}: {p} has no *.safetensors weights (only safetensors are loaded)")
@@ -128,31 +125,17 @@ def check_rewards(cfg, base_dir: str | None = None, python_fns: dict | None = No
             ) from None
 
 
-def check_data(cfg, tokenizer, model_config: dict) -> dict:
-    """The train and eval rows load; returns counts (rows, over-long prompts) for the start-up line."""
+def check_data(cfg, tokenizer, model_config: dict):
+    """The train and eval rows load (`rl.train.job.JobData`: the job trains on these, they are not loaded again)."""
     from types import SimpleNamespace
 
     from rl.data.jsonl import DataError
-    from rl.data.loaders import load_task_split
-    from rl.data.prompts import PromptFitter, prompt_token_limit
+    from rl.train.job import JobData
 
-    fitter = PromptFitter(
-        tokenizer, prompt_token_limit(cfg, SimpleNamespace(**model_config)), cfg.data.overlong_prompts
-    )
-    out = {}
-    for split, n, what in (("train", None, "train data"), ("test", cfg.train.eval_n, "eval data")):
-        if split == "test" and cfg.train.eval_every == 0:
-            continue
-        try:
-            loaded = load_task_split(cfg.data, split, n, tokenizer, cfg.reward.answer_needed_by())
-            rows, over = fitter.fit(loaded, what)
-        except DataError as e:
-            key = "data" if TASKS[cfg.data.task].generated else f"data.{split}_path"
-            raise BadInput(f"{key}: {e}") from None
-        out[split] = (len(rows), over)
-        if split == "train":
-            out["answers"] = sum(r.get("answer") is not None for r in rows)
-    return out
+    try:
+        return JobData.load(cfg, tokenizer, SimpleNamespace(**model_config))
+    except DataError as e:
+        raise BadInput(str(e)) from None
 
 
 def check_combinations(cfg, in_process: bool = False) -> None:
@@ -215,14 +198,15 @@ def check_kv_cache(cfg, model_config: dict) -> None:
 
 def check_job(cfg, base_dir: str | None = None, in_process: bool = False, log=print, python_fns: dict | None = None):
     """All of the above; returns (the tokenizer, `cfg` with `reward.accuracy: auto` resolved to none when the data
-    has no answers to check against and no reward needs them). `in_process`: --no-ray."""
+    has no answers to check against and no reward needs them, the data as loaded). `in_process`: --no-ray."""
     check_combinations(cfg, in_process)
     model_config = check_checkpoint(cfg.model.path, allow_stock=not cfg.train.resume)
     tokenizer = check_tokenizer(cfg, model_config)
     check_kv_cache(cfg, model_config)
     check_rewards(cfg, base_dir, python_fns)
-    counts = check_data(cfg, tokenizer, model_config)
-    if counts.get("answers") == 0 and cfg.reward.accuracy.strip() == "auto":
+    data = check_data(cfg, tokenizer, model_config)
+    answers = sum(r.get("answer") is not None for r in data.train_rows)
+    if answers == 0 and cfg.reward.accuracy.strip() == "auto":
         log("reward.accuracy: auto -> none: the training rows carry no answer to check correctness against")
         cfg = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, accuracy="none"))
-    return tokenizer, cfg
+    return tokenizer, cfg, data

@@ -75,19 +75,6 @@ class PromptFitter:
         head = ids[:1] if ids[0] == self.tokenizer.bos_token_id else []  # feedback resets at BOS: keep it
         return head + ids[len(ids) - (self.limit - len(head)) :]
 
-    def fit_reported(self, rows: list[dict], what: str, faults, log) -> list[dict]:
-        """`fit`, with the over-long prompts counted in `faults` (rl.train.faults.FaultLog) and one log line when any
-        were over the limit."""
-        rows, over = self.fit(rows, what)
-        if over:
-            action = "dropped" if self.mode == "drop" else "truncated"
-            faults.add(f"prompts_{action}", over)
-            log(
-                f"{what}: {over} prompts longer than {self.limit} tokens {action} "
-                f"(data.overlong_prompts={self.mode}); {len(rows)} rows remain"
-            )
-        return rows
-
     def fit(self, rows: list[dict], what: str) -> tuple[list[dict], int]:
         """(rows to use, number of over-long prompts among `rows`). `drop` leaves them out; `error` raises naming
         the first; truncation keeps them (`encode` cuts them)."""

@@ -58,6 +58,16 @@ def save_tokenizer(directory: str | Path, **kwargs):
 
 
 def load_tokenizer(directory: str | Path):
-    from transformers import AutoTokenizer
+    """The tokenizer saved in `directory` (a checkpoint, or a tokenizer alone)."""
+    import json
 
-    return AutoTokenizer.from_pretrained(str(directory))
+    from transformers import AutoTokenizer, PreTrainedConfig
+
+    config = Path(directory) / "config.json"
+    kwargs = {}
+    if config.is_file() and str(json.loads(config.read_text()).get("model_type", "")).startswith("fbt_"):
+        # An FBT's model type is registered by `import rl.model`, which a process that never loads the model (the
+        # driver) skips; the tokenizer needs nothing of the model's config (tokenizer_config.json names its class),
+        # and an unregistered type would only make transformers warn about it.
+        kwargs["config"] = PreTrainedConfig()
+    return AutoTokenizer.from_pretrained(str(directory), **kwargs)

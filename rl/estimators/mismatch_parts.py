@@ -34,7 +34,6 @@ from collections.abc import Callable
 import torch
 
 from rl.algos.mismatch import mismatch_decomposition
-from rl.estimators.likelihood import get_estimator
 from rl.samples.batch import Sample, collate
 
 PARTS = ("engine", "staleness", "estimator")
@@ -110,6 +109,9 @@ class MismatchProbe:
         return self._scratch
 
     def _logprobs(self, estimator: str, model, batch) -> torch.Tensor:
+        # imported here: the driver imports this module for measure_parts and never loads the model classes
+        from rl.estimators.likelihood import get_estimator
+
         c, r = self.cfg, self.cfg.rollout
         # the learner's log-prob contract (rl/samples/logprob_contract.py): the engines' behaviour density, top-k /
         # top-p kept set included, so the engine part compares like with like

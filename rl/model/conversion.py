@@ -99,14 +99,6 @@ def convert_to_fbt(model, fusion_mode: str = "gate_product", seed: int = 0, init
     return fbt
 
 
-def stock_backbone(config: dict) -> str | None:
-    """The backbone `model_type` of a stock checkpoint's config.json that `convert_to_fbt` supports; None for an FBT
-    checkpoint or an unsupported model."""
-    arch = (config.get("architectures") or [""])[0]
-    kind = config.get("model_type", "")
-    return kind if kind in FBT_CLASSES and not arch.startswith("FBT") else None
-
-
 def convert_checkpoint(
     src, out, fusion_mode: str | None = None, init: str = "identity", seed: int = 0, model=None, tokenizer=None
 ) -> str:

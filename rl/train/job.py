@@ -1,6 +1,7 @@
 """What one RL job runs with, and the bookkeeping around its steps, so that rl/loop.py holds only the step.
 
-`JobParts` (the config, the data fitted to the prompt limit, the workers, the run directory, how it reports),
+`JobData` (the task's rows fitted to the prompt limit: loaded once, by the checks before the job starts),
+`JobParts` (the config, the data, the workers, the run directory, how it reports),
 `JobState` (what outlives a pass of the loop when the learner is rebuilt mid-job), and the calls the loop makes
 around each step: `start_pass` (a new run, a resume or a rebuilt learner: where the pass starts, the first weight
 sync and the step-0 eval), `heldout` (the held-out eval as a metrics row), `sync_weights` and `log_step`.
@@ -12,8 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rl.config import Config
+from rl.data.jsonl import DataError
 from rl.data.loaders import PromptSampler, load_task_split, reward_columns
 from rl.data.prompts import PromptFitter, prompt_token_limit
+from rl.data.tasks import TASKS
 from rl.report.metrics import eval_metrics
 from rl.report.step_lines import console_line, eval_line
 from rl.train.faults import FaultLog, RunGuard
@@ -21,6 +24,47 @@ from rl.train.heldout import heldout_accuracy
 from rl.train.rollout_queue import Serialized
 from rl.train.run_dir import RunDir, restore_step, weights_file
 from rl.train.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
+
+
+@dataclass
+class JobData:
+    """The task's train split (and test split when the job evaluates), fitted to the prompt-length limit, with the
+    over-long prompts of each counted."""
+
+    fitter: PromptFitter
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    over_long: dict[str, int]  # "train data" / "eval data" -> prompts over the limit (dropped or truncated)
+
+    @classmethod
+    def load(cls, cfg: Config, tokenizer, model_config=None) -> JobData:
+        """A `DataError` names the config key of the split that failed (`data`, or `data.<split>_path`)."""
+        fitter = PromptFitter(tokenizer, prompt_token_limit(cfg, model_config), cfg.data.overlong_prompts)
+        rows, over_long = {}, {}
+        for split, n, what in (("train", None, "train data"), ("test", cfg.train.eval_n, "eval data")):
+            if split == "test" and cfg.train.eval_every == 0:
+                rows[split] = []
+                continue
+            try:
+                loaded = load_task_split(cfg.data, split, n, tokenizer, cfg.reward.answer_needed_by())
+                rows[split], over_long[what] = fitter.fit(loaded, what)
+            except DataError as e:
+                key = "data" if TASKS[cfg.data.task].generated else f"data.{split}_path"
+                raise DataError(f"{key}: {e}") from None
+        reward_columns(rows["train"] + rows["test"])  # a column that would shadow a reward argument fails now
+        return cls(fitter, rows["train"], rows["test"], over_long)
+
+    def report(self, faults: FaultLog, log: Callable[[str], None]) -> None:
+        """The over-long prompts counted in `faults`, and one log line per split that had any."""
+        for what, over in self.over_long.items():
+            if over:
+                action = "dropped" if self.fitter.mode == "drop" else "truncated"
+                faults.add(f"prompts_{action}", over)
+                rows = len(self.train_rows if what == "train data" else self.eval_rows)
+                log(
+                    f"{what}: {over} prompts longer than {self.fitter.limit} tokens {action} "
+                    f"(data.overlong_prompts={self.fitter.mode}); {rows} rows remain"
+                )
 
 
 @dataclass
@@ -41,28 +85,22 @@ class JobParts:
     faults: FaultLog
 
     @classmethod
-    def load(cls, cfg: Config, tokenizer, rollout, learner, rewards, run, log, progress, faults) -> JobParts:
-        """The task's train split (and test split when the job evaluates), fitted to the prompt-length limit with
-        the over-long prompts counted. Rollout and reward calls from the loop and from the producer thread take
-        turns (new weights reach the engines between requests: rl/train/rollout_queue.py); one lock per worker
-        object for the whole job, so a generation still in flight from a pass that a rebuilt learner ended
-        finishes before the next pass syncs."""
-        fitter = PromptFitter(tokenizer, prompt_token_limit(cfg), cfg.data.overlong_prompts)
-        needed = cfg.reward.answer_needed_by()
-        train = load_task_split(cfg.data, "train", tokenizer=tokenizer, answer_needed_by=needed)
-        train_rows = fitter.fit_reported(train, "train data", faults, log)
-        eval_rows = []
-        if cfg.train.eval_every > 0:
-            test = load_task_split(cfg.data, "test", n=cfg.train.eval_n, tokenizer=tokenizer, answer_needed_by=needed)
-            eval_rows = fitter.fit_reported(test, "eval data", faults, log)
-        reward_columns(train_rows + eval_rows)  # a column that would shadow a reward argument fails now, not at step 1
+    def load(
+        cls, cfg: Config, tokenizer, rollout, learner, rewards, run, log, progress, faults, data: JobData | None = None
+    ) -> JobParts:
+        """`data` as the checks before the job loaded it (else loaded now), its over-long prompts reported. Rollout
+        and reward calls from the loop and from the producer thread take turns (new weights reach the engines
+        between requests: rl/train/rollout_queue.py); one lock per worker object for the whole job, so a
+        generation still in flight from a pass that a rebuilt learner ended finishes before the next pass syncs."""
+        data = data or JobData.load(cfg, tokenizer)
+        data.report(faults, log)
         serial_rollout, serial_rewards = Serialized(rollout), Serialized(rewards)
         return cls(
             cfg,
             tokenizer,
-            fitter,
-            train_rows,
-            eval_rows,
+            data.fitter,
+            data.train_rows,
+            data.eval_rows,
             serial_rollout,
             learner,
             serial_rewards,
