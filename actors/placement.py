@@ -92,12 +92,16 @@ def init_ray(cfg) -> None:
         "log_to_driver": cfg.logging.verbose,
         "logging_level": "INFO" if cfg.logging.verbose else "WARNING",
     }
+    # The workers are the job: Ray starts them at nice 15 (so a shared node's own daemons come first), which let
+    # any work of the driver's (imports, data, a plot) preempt training on a small machine. The live plots' own
+    # process runs at nice 19 (rl/report/live_plots.py), below the workers.
+    kwargs["_system_config"] = {"worker_niceness": 0}
     if cfg.ray.dashboard:
         kwargs["dashboard_host"] = LOOPBACK
     else:
         # Every task's events go to the GCS for the dashboard's task views (kept up to 100,000 tasks, ~3.4 KB each):
         # the soak's GCS grew +7 % per 100 steps (~10 tasks per step). Without a dashboard nothing reads them.
-        kwargs["_system_config"] = {"task_events_report_interval_ms": 0}
+        kwargs["_system_config"]["task_events_report_interval_ms"] = 0
     start_local_ray(**kwargs)
 
 
