@@ -6,6 +6,7 @@ import io
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -276,6 +277,21 @@ def test_live_plots_process_runs_at_the_lowest_priority_and_ends_with_its_pipe(t
     assert os.getpriority(os.PRIO_PROCESS, live._proc.pid) == 19
     live._proc.stdin.close()  # what the kernel does when the driver dies
     assert live._proc.wait(timeout=30) == 0
+
+
+def test_a_final_drawing_that_hangs_is_stopped(tmp_path, monkeypatch):
+    """The end of a job waits for its final drawing at most FINAL_DRAWING_S, then stops it and says so."""
+    run = RunDir(str(tmp_path / "run"))
+    run.log_metrics(fake_rows(2)[1])
+    monkeypatch.setattr(live_plots, "FINAL_DRAWING_S", 2.0)
+    monkeypatch.setattr(live_plots, "drawing_argv", lambda *_: [sys.executable, "-c", "import time; time.sleep(600)"])
+    logged = []
+    live = live_plots.LivePlots(run, every_s=0, log=logged.append)
+    live.update({})
+    t0 = time.monotonic()
+    assert live.close() == []
+    assert time.monotonic() - t0 < 30 and live._proc.poll() is not None
+    assert logged == ["plots: drawing failed (the final drawing took over 2 s and was stopped)"], logged
 
 
 def test_a_failing_drawing_is_reported_and_the_run_goes_on(tmp_path):

@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+FINAL_DRAWING_S = 300.0  # the longest the end of a job waits for its final drawing
+
 
 class LivePlots:
     def __init__(self, run_dir, title: str | None = None, every_s: float = 30.0, log=print):
@@ -62,8 +64,12 @@ class LivePlots:
         if self._proc is None:  # nothing was drawn while running (e.g. a run that ended before its first step)
             self._answer(self._draw_here())
         else:
-            self._reader.join()
-            self._proc.wait()
+            self._reader.join(FINAL_DRAWING_S)
+            if self._reader.is_alive():  # a drawing never holds the job: it is stopped, the earlier files stand
+                self._reported = True  # said below, as what it is (not as a process that died)
+                self._proc.kill()
+                self._reader.join()
+                self.error = f"the final drawing took over {FINAL_DRAWING_S:.0f} s and was stopped"
         if self.error is not None:
             self.log(f"plots: drawing failed ({self.error})")
             return []
@@ -84,7 +90,7 @@ class LivePlots:
             return False
 
     def _start(self) -> None:
-        argv = [sys.executable, "-m", "rl.report.live_plots", str(self.run_dir.path), self.title or ""]
+        argv = drawing_argv(Path(self.run_dir.path), self.title)
         # its own process group, so a Ctrl-C at the terminal goes to the driver only (which ends the drawing by
         # closing stdin); not its own session, which would give it a scheduling group (autogroup) of its own whose
         # share of the CPU does not yield to the workers whatever its nice value
@@ -124,6 +130,10 @@ class LivePlots:
 
     def _draw_here(self) -> dict:
         return draw(Path(self.run_dir.path), self.title or None)
+
+
+def drawing_argv(run_path: Path, title: str | None) -> list[str]:
+    return [sys.executable, "-m", "rl.report.live_plots", str(run_path), title or ""]
 
 
 def _import_root(pythonpath: str | None) -> str:
