@@ -62,7 +62,7 @@ class LivePlots:
     def wait(self) -> list[Path]:
         """The files of the final drawing ([] when it failed; the failure is reported)."""
         if self._proc is None:  # nothing was drawn while running (e.g. a run that ended before its first step)
-            self._answer(self._draw_here())
+            self._answer(draw(Path(self.run_dir.path), self.title or None))
         else:
             self._reader.join(FINAL_DRAWING_S)
             if self._reader.is_alive():  # a drawing never holds the job: it is stopped, the earlier files stand
@@ -127,9 +127,6 @@ class LivePlots:
         if self.error is not None and not self._reported:
             self._reported = True
             self.log(f"plots: drawing failed ({self.error}); training goes on")
-
-    def _draw_here(self) -> dict:
-        return draw(Path(self.run_dir.path), self.title or None)
 
 
 def drawing_argv(run_path: Path, title: str | None) -> list[str]:
