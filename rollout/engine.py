@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from rl.samples.batch import Sample
+from rl.samples.continuation import Continuation
 from rl.samples.request import SamplingParams
 
 
@@ -41,9 +42,17 @@ class RolloutEngine(abc.ABC):
 
     @abc.abstractmethod
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, min_version: int | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        min_version: int | None = None,
+        continuations: list[Continuation | None] | None = None,
     ) -> list[Sample]:
-        """n samples per prompt, flat, ordered by prompt then sample (`group_id`, `sample_index` set)."""
+        """n samples per prompt, flat, ordered by prompt then sample (`group_id`, `sample_index` set).
+
+        `continuations[i]` (rl/samples/continuation.py), when given, makes prompt i the resumption of an earlier
+        sequence: its prefill fuses the recorded state at each position the continuation marks (a replay
+        prefill), exactly as the decode that produced those tokens did; the other positions run as prompts do."""
 
     @abc.abstractmethod
     def load_weights(self, weights, version: int) -> None:

@@ -49,6 +49,7 @@ from transformers import DynamicCache
 import rl.samples.states as state_formats
 from rl.model import rms_normalize, rms_value
 from rl.samples.batch import Sample
+from rl.samples.continuation import Continuation, check_continuations
 from rl.samples.request import SamplingParams
 from rollout.engine import RolloutEngine, load_state_dict_from, validate_prompts
 from rollout.kv_cache import preallocate
@@ -89,6 +90,7 @@ class TorchEngine(RolloutEngine):
         self.eos_token_ids = tuple(sorted(int(t) for t in eos_token_ids))
         self.fusion_tables = fusion_tables
         self._tables = None  # (weights key, tables)
+        self._continuations = None  # the current call's (generate)
         if prefill_split_tokens is None:
             # A CPU forward call reads every weight once (~16 tokens' worth of matmul time whatever the size:
             # memory bandwidth vs FLOP rate) and pays ~0.4 ms of dispatch per layer (~2e7 FLOPs at CPU matmul
@@ -211,12 +213,20 @@ class TorchEngine(RolloutEngine):
             )
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, min_version: int | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        min_version: int | None = None,
+        continuations: list[Continuation | None] | None = None,
     ) -> list[Sample]:
         """n samples per prompt, flat, prompt-major (module docstring). A stop token ends its sample and is
-        included in `response_ids` (finish_reason "stop"); otherwise the sample has max_tokens tokens ("length")."""
+        included in `response_ids` (finish_reason "stop"); otherwise the sample has max_tokens tokens ("length").
+        `continuations`: prompts that resume earlier sequences, prefilled with their recorded states fused where
+        the decode fused them (rl/samples/continuation.py)."""
         self.check_version(min_version)
         self._validate(prompts, params)
+        check_continuations(prompts, continuations, self.model.config.hidden_size, params.decode_mode)
+        self._continuations = continuations
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, ()).item())
         training = self.model.training  # the model may be shared with an in-process learner: restore its mode
         self.model.eval()
@@ -274,14 +284,14 @@ class TorchEngine(RolloutEngine):
         )
         if len(groups) == 1:
             ids, mask = left_pad(prompts, pad_id, dev)
-            h, cache = model.prefill(ids, mask, mode=mode)
+            h, cache = model.prefill(ids, mask, mode=mode, **self._replayed(range(len(prompts)), ids.shape[1]))
             return h[:, -1], cache, mask  # left padding: every row's last prompt state is in the last column
         P = max(len(p) for p in prompts)
         mask = left_pad(prompts, pad_id, dev)[1]
         h_last, kv = None, None
         for rows in groups:
             ids_g, mask_g = left_pad([prompts[i] for i in rows], pad_id, dev)
-            h_g, cache_g = model.prefill(ids_g, mask_g, mode=mode)
+            h_g, cache_g = model.prefill(ids_g, mask_g, mode=mode, **self._replayed(rows, ids_g.shape[1]))
             idx, Pg = torch.tensor(rows, device=dev), ids_g.shape[1]
             if h_last is None:
                 h_last = h_g.new_zeros(len(prompts), h_g.shape[-1])
@@ -296,6 +306,22 @@ class TorchEngine(RolloutEngine):
             for (k, v), lay in zip(kv, cache_g.layers):
                 k[idx, :, P - Pg :], v[idx, :, P - Pg :] = lay.keys, lay.values
         return h_last, DynamicCache(ddp_cache_data=kv, config=model.config), mask
+
+    def _replayed(self, rows, P: int) -> dict:
+        """The replay prefill's inputs for prompts `rows` left-padded to P: `carried` [b, P, d] and `carried_mask`
+        [b, P] from their continuations (none: an ordinary prefill)."""
+        conts = self._continuations
+        if conts is None or not any(conts[i] is not None and bool(conts[i].fed.any()) for i in rows):
+            return {}
+        d, dev = self.model.config.hidden_size, self.device
+        dtype = self.model.get_input_embeddings().weight.dtype
+        carried = torch.zeros(len(rows), P, d, dtype=dtype)
+        fed = torch.zeros(len(rows), P, dtype=torch.bool)
+        for b, i in enumerate(rows):
+            c = conts[i]
+            if c is not None:
+                carried[b, P - len(c) :], fed[b, P - len(c) :] = c.states.to(dtype), c.fed
+        return {"carried": carried.to(dev), "carried_mask": fed.to(dev)}
 
     def _decode(self, prompts, params: SamplingParams, seed: int):
         """The batched loop. Returns per row (prompt-major, then sample), on CPU: tokens [B, T], log-probs

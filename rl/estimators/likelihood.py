@@ -178,12 +178,20 @@ def _masks(model, batch: LearnerBatch, decode_mode: str):
 
 
 def _feedback(model, batch: LearnerBatch, decode_mode: str) -> torch.Tensor:
-    """[B, L] bool: response positions whose input fuses the previous state (none in `standard` mode)."""
+    """[B, L] bool: the positions of sampled response tokens, whose input fuses the previous state (none in
+    `standard` mode). Observation tokens of a multi-turn sample (response_mask 0) are consumed plainly, as the
+    engine consumed them."""
     dev = _device(model)
     ids = batch.input_ids.to(dev)
     if decode_mode == "standard":
         return torch.zeros_like(ids, dtype=torch.bool)
-    return model.feedback_mask(ids, batch.attention_mask.to(dev), no_feedback_before=batch.prompt_lens.to(dev))
+    fb = model.feedback_mask(ids, batch.attention_mask.to(dev), no_feedback_before=batch.prompt_lens.to(dev))
+    sampled = torch.zeros_like(fb)
+    rows, js = batch.response_mask.bool().nonzero(as_tuple=True)
+    pos = batch.prompt_lens[rows] + js
+    keep = pos < fb.shape[1]
+    sampled[rows[keep].to(dev), pos[keep].to(dev)] = True
+    return fb & sampled
 
 
 def _recorded_carried(model, batch: LearnerBatch, fb: torch.Tensor) -> torch.Tensor:

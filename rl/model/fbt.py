@@ -325,17 +325,32 @@ class FBTMixin:
         return torch.cat(outs, dim=1), past_key_values
 
     # ---- 3. prompt prefill -----------------------------------------------------------------------------
-    def prefill(self, input_ids, attention_mask=None, mode: str = "soft", prefill_passes: int | None = None):
+    def prefill(
+        self,
+        input_ids,
+        attention_mask=None,
+        mode: str = "soft",
+        prefill_passes: int | None = None,
+        carried=None,
+        carried_mask=None,
+    ):
         """Prefill prompts (left-padded for batches). Returns (h [B, P, d], cache).
 
         standard / soft: one ordinary pass. fused: `prefill_passes` passes, each from a fresh cache, the
-        last one kept — so the cache holds the prompt once, not twice.
+        last one kept — so the cache holds the prompt once, not twice. `carried` [B, P, d] / `carried_mask` [B, P]
+        (soft mode): the replay prefill of a continuation — those positions fuse the given recorded states, as the
+        decode that produced them did (rl/samples/continuation.py); the reset rule still applies.
         """
         if mode not in DECODE_MODES:
             raise ValueError(f"decode_mode: expected one of {DECODE_MODES}, got {mode!r}")
         position_ids = positions_from_mask(attention_mask) if attention_mask is not None else None
         e = self.embed(input_ids)
         x = e
+        if carried_mask is not None and bool(carried_mask.any()):
+            if mode != "soft":
+                raise ValueError(f"prefill: recorded states are fused in soft mode only, not {mode!r}")
+            fed = carried_mask & self.feedback_mask(input_ids, attention_mask)
+            x = self._fused_inputs(e, carried, fed)
         if mode == "fused":
             passes = prefill_passes or self.config.fbt_prefill_passes
             fb = self.feedback_mask(input_ids, attention_mask)

@@ -32,6 +32,11 @@ class Sample:
     sample_index: int = 0  # index within the group
     decode_mode: str = "soft"
     preempted: bool = False  # engine recomputed the request: its recurrent state is lost, never train on it
+    # multi-turn samples (docs/TOOLS.md): per response token, 1 where the policy sampled it, 0 where an environment
+    # wrote it (an observation: no loss, no feedback, log-prob 0). None: every response token was sampled.
+    generated_mask: list[int] | None = None
+    # multi-turn samples: turns, tool calls, environment reward and failures (rl/train/multiturn.py); None otherwise
+    episode: dict | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -45,6 +50,11 @@ class Sample:
     def truncated(self) -> bool:
         return self.finish_reason == "length"
 
+    @property
+    def generated(self) -> list[int]:
+        """Per response token, 1 where the policy sampled it (every token of a single-turn sample)."""
+        return self.generated_mask if self.generated_mask is not None else [1] * self.response_len
+
 
 @dataclass
 class LearnerBatch:
@@ -52,7 +62,9 @@ class LearnerBatch:
     attention_mask: torch.Tensor  # [B, L]
     prompt_lens: torch.Tensor  # [B]
     response_lens: torch.Tensor  # [B]
-    response_mask: torch.Tensor  # [B, R] float, 1 on real response tokens
+    # [B, R] float, 1 on response tokens the policy sampled (loss, feedback); 0 on padding and on observation
+    # tokens an environment wrote (multi-turn samples), which are still part of the sequence (response_lens)
+    response_mask: torch.Tensor
     engine_logprobs: torch.Tensor  # [B, R]
     states: torch.Tensor | None = None  # [B, R, d] recorded states (replay), zero-padded
     extras: dict = field(default_factory=dict)  # advantages, rewards, ... keyed by name, [B] or [B, R]
@@ -121,7 +133,7 @@ def collate(samples: list[Sample], pad_id: int = 0, with_states: bool = False, s
         seq = s.prompt_ids + s.response_ids
         input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attention_mask[b, : len(seq)] = 1
-        response_mask[b, : s.response_len] = 1
+        response_mask[b, : s.response_len] = torch.tensor(s.generated, dtype=torch.float32)
         engine_logprobs[b, : s.response_len] = torch.tensor(s.logprobs, dtype=torch.float32)
         if states is not None and b in read:
             if s.states.shape[0] != s.response_len:
