@@ -44,11 +44,12 @@ class LocalRollout:
     def sync_weights(self, learner, version: int, weights_path: str) -> list[int]:
         return self.transport.push(learner, self, version, weights_path)
 
-    def generate(self, prompts, params, min_version: int):
+    def generate(self, prompts, params, min_version: int, continuations=None):
         chunks = split_prompts(len(prompts), len(self.hosts))
+        part = lambda s, e: None if continuations is None else continuations[s:e]  # noqa: E731
         return merge_chunks(
             [
-                (s, h.generate(prompts[s:e], chunk_params(params, s), min_version))
+                (s, h.generate(prompts[s:e], chunk_params(params, s), min_version, part(s, e)))
                 for h, (s, e) in zip(self.hosts, chunks)
             ]
         )

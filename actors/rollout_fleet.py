@@ -127,8 +127,12 @@ class EngineHost:
             torch.set_num_threads(num_threads)
         self.engine = engine if engine is not None else make_engine(cfg, index, weight_sync)
 
-    def generate(self, prompts: list[list[int]], params, min_version: int | None = None) -> list[Sample]:
-        return self.engine.generate(prompts, params, min_version)
+    def generate(
+        self, prompts: list[list[int]], params, min_version: int | None = None, continuations=None
+    ) -> list[Sample]:
+        if continuations is None:
+            return self.engine.generate(prompts, params, min_version)
+        return self.engine.generate(prompts, params, min_version, continuations=continuations)
 
     def load_weights(self, weights, version: int) -> int:
         from actors.weight_sync import RayBuckets
@@ -226,18 +230,21 @@ class RolloutFleet:
     def sync_weights(self, learner, version: int, weights_path: str) -> list[int]:
         return self.transport.push(learner, self, version, weights_path)
 
-    def generate(self, prompts: list[list[int]], params, min_version: int) -> list[Sample]:
-        from actors.state_plane import attach
+    def generate(self, prompts: list[list[int]], params, min_version: int, continuations=None) -> list[Sample]:
+        """`continuations` (a multi-turn rollout's turns, rl/train/multiturn.py): the samples come back with their
+        states fetched to this process, which builds the next turn's continuations from them."""
+        from actors.state_plane import attach, fetch
 
         chunks = split_prompts(len(prompts), len(self.actors))
         states = {}  # chunk -> the reference to its states (the call's second return value, owned here)
 
         def submit(k):
             s, e = chunks[k]
+            extra = () if continuations is None else (continuations[s:e],)
             samples, states[k] = (
                 self.actors[k]
                 .generate_packed.options(num_returns=2)
-                .remote(prompts[s:e], chunk_params(params, s), min_version)
+                .remote(prompts[s:e], chunk_params(params, s), min_version, *extra)
             )
             return samples
 
@@ -247,7 +254,10 @@ class RolloutFleet:
 
         per_chunk = max(e - s for s, e in chunks) * params.n
         outs = gather(submit, len(chunks), on_death, watch=self._watch("generate", per_chunk))
-        return merge_chunks([(s, attach(out, states[k])) for k, ((s, _), out) in enumerate(zip(chunks, outs))])
+        samples = merge_chunks([(s, attach(out, states[k])) for k, ((s, _), out) in enumerate(zip(chunks, outs))])
+        if continuations is not None:
+            fetch(samples, range(len(samples)))
+        return samples
 
     def load_weights(self, weights, version: int) -> list[int]:
         """Every engine loads the weights as `version`: a file path is read on each engine's node (one node, or a
@@ -339,7 +349,7 @@ class RolloutActor(EngineHost):
         self.heap.after_batch()  # now and then, malloc's freed heap back to the kernel (actors/memory.py)
         return samples
 
-    def generate_packed(self, prompts: list[list[int]], params, min_version: int | None = None):
+    def generate_packed(self, prompts: list[list[int]], params, min_version: int | None = None, continuations=None):
         """(samples, their states as one array or None): what `RolloutFleet` calls, with `num_returns=2`, so the
         states are a return value of their own, owned by the caller and kept when this actor dies
         (actors/state_plane.py)."""
@@ -348,7 +358,7 @@ class RolloutActor(EngineHost):
         self.calls += 1
         if hang_injected("GENERATE", self.calls):  # fault injection: a stuck engine (docs/RELIABILITY.md)
             time.sleep(24 * 3600)
-        out = pack(super().generate(prompts, params, min_version))
+        out = pack(super().generate(prompts, params, min_version, continuations))
         self.heap.after_batch()
         return out
 

@@ -109,23 +109,7 @@ def load_reward_fn(
     if isinstance(spec, str) and spec.startswith(PYTHON_PREFIX):
         name = spec.removeprefix(PYTHON_PREFIX)
         return _adapted(_python_fn(name, spec, python_fns or {}), name, spec, convention)
-    if not isinstance(spec, str) or spec.count(":") < 1:
-        raise RewardLoadError(f"reward spec {spec!r} must look like 'path/to/file.py:fn' or 'package.module:fn'")
-    where, attr = spec.rsplit(":", 1)
-    if not where or not attr:
-        raise RewardLoadError(f"reward spec {spec!r} must look like 'path/to/file.py:fn' or 'package.module:fn'")
-    is_file = where.endswith(".py") or "/" in where or os.sep in where
-    base = Path(base_dir) if base_dir is not None else Path.cwd()
-    module = _import_file(where, spec, base) if is_file else _import_module(where, spec)
-    label = f"reward file {where}" if is_file else f"reward module {where!r}"
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-            raise RewardLoadError(
-                f"{label} has no function {attr!r} (from {spec!r}); callables there: {', '.join(names[:20]) or 'none'}"
-            )
-        obj = getattr(obj, part)
+    obj, attr, label = resolve_spec(spec, base_dir)
     if inspect.isclass(obj):
         try:
             obj = obj()
@@ -141,6 +125,30 @@ def load_reward_fn(
         except (AttributeError, TypeError):
             pass
     return _adapted(obj, attr, spec, convention)
+
+
+def resolve_spec(spec: str, base_dir: str | os.PathLike | None = None, what: str = "reward") -> tuple[Any, str, str]:
+    """(object, its name, where it came from) for `path/to/file.py:obj` (relative paths from base_dir, default
+    the working directory) or `package.module:obj`; a dotted name after the colon reaches into an object."""
+    if not isinstance(spec, str) or spec.count(":") < 1:
+        raise RewardLoadError(f"{what} spec {spec!r} must look like 'path/to/file.py:fn' or 'package.module:fn'")
+    where, attr = spec.rsplit(":", 1)
+    if not where or not attr:
+        raise RewardLoadError(f"{what} spec {spec!r} must look like 'path/to/file.py:fn' or 'package.module:fn'")
+    is_file = where.endswith(".py") or "/" in where or os.sep in where
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    module = _import_file(where, spec, base) if is_file else _import_module(where, spec)
+    label = f"{what} file {where}" if is_file else f"{what} module {where!r}"
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+            raise RewardLoadError(
+                f"{label} has no {'function' if what == 'reward' else 'object'} {attr!r} (from {spec!r}); callables "
+                f"there: {', '.join(names[:20]) or 'none'}"
+            )
+        obj = getattr(obj, part)
+    return obj, attr, label
 
 
 def _adapted(obj: Callable, name: str, spec: str, convention: str) -> Callable:

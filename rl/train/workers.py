@@ -17,9 +17,11 @@ from rl.samples.batch import Sample
 
 
 class RolloutWorkers(Protocol):
-    def generate(self, prompts: list[list[int]], params, min_version: int) -> list[Sample]:
+    def generate(self, prompts: list[list[int]], params, min_version: int, continuations=None) -> list[Sample]:
         """n samples per prompt from every engine together (ordered by prompt, then sample); refuses when
-        an engine holds a policy older than `min_version`."""
+        an engine holds a policy older than `min_version`. `continuations` (one per prompt, or None): prompts
+        that resume earlier sequences from their recorded states (rl/samples/continuation.py); the samples then
+        carry their states in this process."""
 
     def sync_weights(self, learner: LearnerWorkers, version: int, weights_path: str) -> list[int]:
         """Move the learner's current weights onto every engine as policy `version`, through the transport the
