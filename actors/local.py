@@ -196,7 +196,7 @@ class LocalRewards(RewardHost):
     """`RewardWorkers` in this process (the reward set of `reward.fns`)."""
 
     def __init__(self, cfg, base_dir: str | None = None, python_fns: dict | None = None):
-        super().__init__(cfg.reward, base_dir, cfg.data.task, python_fns)
+        super().__init__(cfg.reward, base_dir, cfg.data.task, python_fns, cfg.env)
 
 
 def build_local_workers(cfg, learner_backend: str = "deepspeed", python_fns: dict | None = None):

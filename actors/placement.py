@@ -233,7 +233,7 @@ def start_reward_workers(cfg, base_dir: str | None = None, supervisor=None, pyth
 
     def make():
         # python_fns: functions handed to actors.api.train, pickled by value into the actor (cloudpickle)
-        return reward_actor_class().options(**opts).remote(cfg.reward, base_dir, cfg.data.task, python_fns)
+        return reward_actor_class().options(**opts).remote(cfg.reward, base_dir, cfg.data.task, python_fns, cfg.env)
 
     return RewardWorkersOnRay(make(), make, supervisor)
 

@@ -90,10 +90,30 @@ def build_scorer(rcfg, base_dir: str, task: str | None = None, python_fns: dict 
 
 
 class RewardHost:
-    """The reward set in this process. `score` is `RewardWorkers.score`."""
+    """The reward set in this process, and the tool environments of `env` (their worker processes, when set).
+    `score` is `RewardWorkers.score`; `step_envs` and `env_stop_strings` serve multi-turn rollouts."""
 
-    def __init__(self, rcfg, base_dir: str | None = None, task: str | None = None, python_fns: dict | None = None):
+    def __init__(
+        self,
+        rcfg,
+        base_dir: str | None = None,
+        task: str | None = None,
+        python_fns: dict | None = None,
+        env=None,
+    ):
         self.reward_set, self.accuracy_name = build_scorer(rcfg, base_dir or os.getcwd(), task, python_fns)
+        self.envs = None
+        if env is not None:
+            from rewards.env_pool import EnvironmentPool
+
+            self.envs = EnvironmentPool(env.name, env.options, env.num_workers, env.step_timeout_s)
+
+    def env_stop_strings(self) -> tuple[str, ...]:
+        return self.envs.stop_strings
+
+    def step_envs(self, envs: list, rows: list[dict], texts: list[str]) -> list:
+        """One environment step per episode (rewards/env_pool.py: deadlines, failures counted by kind)."""
+        return self.envs.step(envs, rows, texts)
 
     def score(
         self,
@@ -115,6 +135,8 @@ class RewardHost:
 
     def close(self) -> None:
         self.reward_set.close()
+        if self.envs is not None:
+            self.envs.close()
 
 
 class RewardWorkersOnRay:
@@ -137,6 +159,26 @@ class RewardWorkersOnRay:
 
         watch = self.supervisor and self.supervisor.watch("score", lambda _: "reward actor", len(completions))
         return gather(lambda _: self.actor.score.remote(*args), 1, on_death, watch=watch)[0]
+
+    def env_stop_strings(self) -> tuple[str, ...]:
+        import ray
+
+        return ray.get(self.actor.env_stop_strings.remote())
+
+    def step_envs(self, envs: list, rows: list[dict], texts: list[str]) -> list:
+        """An environment step per episode in the reward actor. A replaced actor steps the same environments:
+        between steps they are pickles the driver holds."""
+
+        def on_death(_, error):
+            if self.make_actor is None or self.supervisor is None:
+                raise error
+            self.supervisor.replacing("reward", "reward actor", "step_envs", error)
+            kill(self.actor)
+            self.actor = self.make_actor()
+            return self.actor.step_envs.remote(envs, rows, texts)
+
+        watch = self.supervisor and self.supervisor.watch("step_envs", lambda _: "reward actor", len(texts))
+        return gather(lambda _: self.actor.step_envs.remote(envs, rows, texts), 1, on_death, watch=watch)[0]
 
     def pid(self) -> int:
         import ray

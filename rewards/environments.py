@@ -130,8 +130,9 @@ _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>\s*$", re.S)
 class ToolFunctions(Environment):
     """TRL's `tools=[fn, ...]`: plain functions (type hints, docstring) the model calls by writing
     `<tool_call>{"name": "fn", "arguments": {...}}</tool_call>` (the Hermes / Qwen format TRL parses). The result
-    comes back as `<tool_response>...</tool_response>`; a turn with no call ends the episode. A call that names
-    no tool or whose arguments do not fit returns the error as the response (the model sees it, as in TRL)."""
+    comes back as `<tool_response>...</tool_response>`; a turn that does not end in a call gets nothing (the model
+    goes on; its stop token ends the episode). A call that names no tool or whose arguments do not fit returns the
+    error as the response (the model sees it, as in TRL)."""
 
     stop_strings = ("</tool_call>",)
 
@@ -142,7 +143,7 @@ class ToolFunctions(Environment):
     def step(self, text: str) -> StepResult:
         m = _TOOL_CALL.search(text)
         if m is None:
-            return StepResult(None, done=True)
+            return StepResult(None)
         try:
             call = json.loads(m.group(1))
             fn = self.tools[call["name"]]

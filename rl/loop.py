@@ -33,7 +33,14 @@ from rl.report.metrics import PhaseClock, sample_row, update_row
 from rl.report.step_lines import report_failures
 from rl.train.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, nonfinite_update, partly_applied
 from rl.train.job import JobData, JobParts, JobState, heldout, log_step, start_pass, sync_weights
-from rl.train.rollout_queue import RolloutQueue, generate_batch, score_batch, split_stale, staleness_metrics
+from rl.train.rollout_queue import (
+    RolloutQueue,
+    generate_batch,
+    multiturn_rollouts,
+    score_batch,
+    split_stale,
+    staleness_metrics,
+)
 from rl.train.run_dir import RunDir, save_step, stop_after_step, stopped_before_step
 from rl.train.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
 
@@ -85,9 +92,11 @@ def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
     # producer thread from weights at most `max_staleness` versions older than the learner's. It lives for one
     # pass: a rebuilt learner (LearnerRebuilt) leaves the `with`, which stops the producer, and the next pass
     # makes a new queue from the restored step, so the batches after the checkpoint are generated again.
+    episodes = multiturn_rollouts(cfg, p.rollout, p.rewards, p.tokenizer) if cfg.env is not None else None
+    env_weight = cfg.env.reward_weight if cfg.env is not None else 0.0
     batches = RolloutQueue(
-        lambda k, v: generate_batch(cfg, p.fitter, sampler, p.rollout, p.tokenizer.eos_token_id, k, v),
-        lambda b: score_batch(p.tokenizer, p.rewards, b),
+        lambda k, v: generate_batch(cfg, p.fitter, sampler, p.rollout, p.tokenizer.eos_token_id, k, v, episodes),
+        lambda b: score_batch(p.tokenizer, p.rewards, b, env_weight),
         p.rollout,
         first_step=step + 1,
         last_step=cfg.train.steps,

@@ -39,7 +39,7 @@ class Outcome:
 
 
 class AnswerEveryTurn:
-    """Test scaffolding for `EnvWorkers`: answers every turn with the same observation, never ends an episode."""
+    """Test scaffolding for `step_envs`: answers every turn with the same observation, never ends an episode."""
 
     stop_strings = STOPS
 
@@ -65,7 +65,7 @@ def episodes(engine, max_turns=6, seed=3):
     )
     samples = run_episodes(
         engine,
-        envs,
+        envs.step,
         TOKENIZER,
         prompts,
         [{"prompt": "p"}] * len(prompts),

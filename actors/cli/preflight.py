@@ -162,6 +162,12 @@ def check_combinations(cfg, in_process: bool = False) -> None:
             "(learner.num_workers > 1: ranks would make different numbers of collective parameter gathers); use "
             "learner.zero_stage 1-2, one worker, or the kpass / replay estimators"
         )
+    if cfg.env is not None and r.decode_mode == "fused":
+        raise BadInput(
+            "env (multi-turn rollouts) with rollout.decode_mode fused: a later turn resumes its sequence with the "
+            "recorded states fused where the decode fused them, which is defined for soft and standard decoding; "
+            "use rollout.decode_mode soft"
+        )
     if r.n_samples_per_prompt < 2:
         raise BadInput(
             f"rollout.n_samples_per_prompt={r.n_samples_per_prompt}: algo.adv_estimator={cfg.algo.adv_estimator} "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from rl.config.bounds import ge, gt, within
+from rl.config.env import EnvConfig
 from rl.config.lora import LoraConfig
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
 from rl.config.runtime import FaultsConfig, LoggingConfig, RayConfig
@@ -331,6 +332,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    env: EnvConfig | None = None  # tool environments over several turns (rl/config/env.py); null: single turns
 
     def to_dict(self) -> dict:
         """Plain dicts/lists/scalars (tuples become lists), in schema order."""

@@ -7,7 +7,8 @@ token the policy generated, the state that predicted it — what its recurrent d
 sampled from the context the learner reproduces (`replay`, `kpass`, `exact` read the same positions).
 
 When a turn hands over to the environment: an environment with `stop_strings` gets the turn that ends in one
-(the request stops at every token whose text holds one), and the model's own stop token ends the episode; an
+(the request stops at every token that may complete one: `stop_token_ids`), and the model's own stop token ends
+the episode; an
 environment without them (a chat environment) gets every turn that ends with the model's stop token. A turn cut
 by a token cap ends the episode. Caps: `max_turns`, `max_turn_tokens` per turn, `max_tokens` in all (the
 response, observations included). Token in, token out: sampled tokens are never re-tokenized; only observation
@@ -26,16 +27,14 @@ from rl.samples.batch import Sample
 from rl.samples.continuation import Continuation
 
 
-class EnvWorkers(Protocol):
-    stop_strings: tuple[str, ...]
-
-    def step(self, envs: list, rows: list[dict], texts: list[str]) -> list:
+class StepEnvs(Protocol):
+    def __call__(self, envs: list, rows: list[dict], texts: list[str]) -> list:
         """One step per episode (`envs[i]` None starts episode i from `rows[i]`): outcomes with `env` (the
         environment to pass next time), `observation` (str | None), `reward`, `done`, `failure` (str | None),
-        `kind` (ok | error | timeout | crash | junk)."""
+        `kind` (ok | error | timeout | crash | junk). The reward workers' `step_envs`."""
 
 
-@dataclass
+@dataclass(eq=False)  # episodes are told apart by identity
 class Episode:
     first: Sample  # turn 1's sample: prompt, group, version
     tokens: list[int] = field(default_factory=list)
@@ -77,17 +76,19 @@ class Episode:
 
 
 def stop_token_ids(tokenizer, stop_strings: tuple[str, ...]) -> tuple[int, ...]:
-    """Every token whose text holds one of `stop_strings` (a stop string inside a token still ends the turn)."""
-    if not stop_strings:
+    """Every token whose text holds the last character of one of `stop_strings`: the token that completes a stop
+    string always does (engines stop on tokens, not text). A turn may so end before a stop string is complete; the
+    environment, reading the text, then answers nothing and the model goes on."""
+    last = {s[-1] for s in stop_strings if s}
+    if not last:
         return ()
-    size = len(tokenizer)
-    texts = tokenizer.batch_decode([[i] for i in range(size)], skip_special_tokens=True)
-    return tuple(i for i, t in enumerate(texts) if any(s in t for s in stop_strings))
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
+    return tuple(i for i, t in enumerate(texts) if any(c in t for c in last))
 
 
 def run_episodes(
     rollout,
-    envs: EnvWorkers,
+    step_envs: StepEnvs,
     tokenizer,
     prompts: list[list[int]],
     rows: list[dict],
@@ -110,7 +111,9 @@ def run_episodes(
         record_states=feedback,
     )
     hands_over = set(env_stop_ids) if env_stop_ids else set(turn_params.stop_token_ids)
-    episodes = [Episode(s) for s in rollout.generate(prompts, turn_params, min_version=min_version)]
+    # (continuations given, even empty: the rollout workers then hand the states to this process)
+    first = rollout.generate(prompts, turn_params, min_version=min_version, continuations=[None] * len(prompts))
+    episodes = [Episode(s) for s in first]
     for ep in episodes:
         ep.add_turn(ep.first)
     for turn in range(1, max_turns + 1):
@@ -124,7 +127,7 @@ def run_episodes(
             for ep in waiting:
                 ep.done, ep.finish_reason = True, "length"
             break
-        _step_envs(envs, tokenizer, waiting, rows, budget)
+        _step_envs(step_envs, tokenizer, waiting, rows, budget)
         going = [ep for ep in waiting if not ep.done]
         for ep in [ep for ep in going if len(ep.tokens) >= budget]:  # no token left to answer with
             ep.done, ep.finish_reason = True, "length"
@@ -152,9 +155,9 @@ def _hands_over(ep: Episode, hands_over: set[int]) -> bool:
     return ep.finish_reason == "stop" and bool(ep.tokens) and ep.tokens[-1] in hands_over
 
 
-def _step_envs(envs: EnvWorkers, tokenizer, waiting: list[Episode], rows: list[dict], budget: int) -> None:
+def _step_envs(step_envs: StepEnvs, tokenizer, waiting: list[Episode], rows: list[dict], budget: int) -> None:
     texts = [tokenizer.decode(_last_turn(ep), skip_special_tokens=True) for ep in waiting]
-    outcomes = envs.step([ep.env for ep in waiting], [rows[ep.first.group_id] for ep in waiting], texts)
+    outcomes = step_envs([ep.env for ep in waiting], [rows[ep.first.group_id] for ep in waiting], texts)
     for ep, out in zip(waiting, outcomes):
         ep.env, ep.env_reward = out.env, ep.env_reward + float(out.reward)
         if out.failure is not None:

@@ -43,6 +43,7 @@ import torch
 from rl.data.loaders import reward_columns
 from rl.samples.batch import Sample
 from rl.train.faults import RunStopped
+from rl.train.multiturn import episode_metrics, run_episodes, stop_token_ids
 from rl.train.requests import sampling_params
 
 if TYPE_CHECKING:
@@ -281,15 +282,21 @@ def generate_batch(
     eos: int,
     step: int,
     version: int,
+    episodes: Callable | None = None,
 ) -> RolloutBatch:
     """Step `step`'s prompts and G samples per prompt from policy `version` (or newer), preempted ones removed
-    (their recurrent state was lost: never train on them)."""
+    (their recurrent state was lost: never train on them). `episodes(prompts, rows, params, version)`: the samples
+    are multi-turn episodes with the tool environment of `env` (`multiturn_rollouts`)."""
     rows = sampler.next(cfg.train.prompts_per_step)
     sampler_state = sampler.state_dict()
     prompts = [fitter.encode(r) for r in rows]
     t0 = time.perf_counter()
     seed = cfg.train.seed * 1_000_003 + step
-    samples = rollout.generate(prompts, sampling_params(cfg, eos, seed=seed), min_version=version)
+    params = sampling_params(cfg, eos, seed=seed)
+    if episodes is None:
+        samples = rollout.generate(prompts, params, min_version=version)
+    else:
+        samples = episodes(prompts, rows, params, version)
     elapsed = time.perf_counter() - t0
     kept = [s for s in samples if not s.preempted]
     return RolloutBatch(
@@ -297,7 +304,22 @@ def generate_batch(
     )
 
 
-def score_batch(tokenizer, rewards: RewardWorkers, batch: RolloutBatch) -> RolloutBatch:
+def multiturn_rollouts(cfg: Config, rollout: RolloutWorkers, rewards, tokenizer) -> Callable:
+    """`generate_batch`'s `episodes` for `cfg.env`: turns through the rollout workers, environment steps through
+    the reward workers (which host the environments' processes)."""
+    env = cfg.env
+    stop_ids = stop_token_ids(tokenizer, tuple(rewards.env_stop_strings()))
+
+    def episodes(prompts, rows, params, version):
+        return run_episodes(
+            rollout, rewards.step_envs, tokenizer, prompts, rows, params, version, env.max_turns,
+            env.max_turn_tokens, stop_ids,
+        )  # fmt: skip
+
+    return episodes
+
+
+def score_batch(tokenizer, rewards: RewardWorkers, batch: RolloutBatch, env_reward_weight: float = 0.0) -> RolloutBatch:
     """The batch's rewards and correctness (the task's check, `reward.accuracy`), and the rewards' failures."""
     t0 = time.perf_counter()
     samples = batch.samples
@@ -312,6 +334,11 @@ def score_batch(tokenizer, rewards: RewardWorkers, batch: RolloutBatch) -> Rollo
         dict(reward_columns(sample_rows), completion_ids=[list(s.response_ids) for s in samples]),
     )
     batch.rewards, batch.correct, batch.reward_metrics = list(scored.rewards), scored.correct, dict(scored.metrics)
+    if any(s.episode is not None for s in samples):  # multi-turn: the environments' own rewards join the total
+        env_rewards = [s.episode["env_reward"] if s.episode else 0.0 for s in samples]
+        batch.rewards = [r + env_reward_weight * e for r, e in zip(batch.rewards, env_rewards)]
+        batch.reward_metrics.update(episode_metrics(samples))
+        batch.failures += sorted({s.episode["failure"] for s in samples if s.episode and s.episode["failure"]})
     batch.failures = list(scored.failures)
     batch.unscored = list(getattr(scored, "unscored", []) or [])
     batch.time_reward_s = time.perf_counter() - t0
