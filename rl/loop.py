@@ -36,7 +36,6 @@ from rl.train.job import JobData, JobParts, JobState, heldout, log_step, start_p
 from rl.train.rollout_queue import (
     RolloutQueue,
     generate_batch,
-    multiturn_rollouts,
     score_batch,
     split_stale,
     staleness_metrics,
@@ -92,10 +91,9 @@ def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
     # producer thread from weights at most `max_staleness` versions older than the learner's. It lives for one
     # pass: a rebuilt learner (LearnerRebuilt) leaves the `with`, which stops the producer, and the next pass
     # makes a new queue from the restored step, so the batches after the checkpoint are generated again.
-    episodes = multiturn_rollouts(cfg, p.rollout, p.rewards, p.tokenizer) if cfg.env is not None else None
     env_weight = cfg.env.reward_weight if cfg.env is not None else 0.0
     batches = RolloutQueue(
-        lambda k, v: generate_batch(cfg, p.fitter, sampler, p.rollout, p.tokenizer.eos_token_id, k, v, episodes),
+        lambda k, v: generate_batch(cfg, p.fitter, sampler, p.rollout, p.tokenizer.eos_token_id, k, v, p.episodes),
         lambda b: score_batch(p.tokenizer, p.rewards, b, env_weight),
         p.rollout,
         first_step=step + 1,

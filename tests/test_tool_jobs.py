@@ -18,12 +18,16 @@ def rows_of(run):
 
 
 def test_trl_tool_functions_in_a_tiny_job(tmp_path):
-    argv = local_args(tmp_path, "train.steps=2", f"env={{name: {ENVS}:TOOLS, max_turns: 3}}")
+    env = f"env={{name: {ENVS}:TOOLS, max_turns: 3}}"
+    argv = local_args(tmp_path, "train.steps=2", env, "train.eval_every=2", "train.eval_n=6")
     run = api.train(argv[2], argv[3:], no_ray=True)
-    rows = rows_of(run)
+    rows = [r for r in rows_of(run) if "reward/env/turns_mean" in r]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["reward/env/turns_mean"] >= 1.0 and r["reward/env/failures_error"] == 0.0, r
+    # the held-out evaluation runs greedy episodes with the same tools, and records their calls per problem
+    record = json.loads((run / "eval" / "step_000002.json").read_text())
+    assert len(record["modes"]["soft"]["tool_calls"]) == 6
 
 
 def test_a_step_environment_on_the_real_stack(tmp_path):

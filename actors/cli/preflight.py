@@ -162,11 +162,15 @@ def check_combinations(cfg, in_process: bool = False) -> None:
             "(learner.num_workers > 1: ranks would make different numbers of collective parameter gathers); use "
             "learner.zero_stage 1-2, one worker, or the kpass / replay estimators"
         )
-    if cfg.env is not None and r.decode_mode == "fused":
+    fused = [
+        k
+        for k, v in (("rollout.decode_mode", [r.decode_mode]), ("train.eval_decode_modes", cfg.train.eval_decode_modes))
+        if "fused" in v
+    ]
+    if cfg.env is not None and fused:
         raise BadInput(
-            "env (multi-turn rollouts) with rollout.decode_mode fused: a later turn resumes its sequence with the "
-            "recorded states fused where the decode fused them, which is defined for soft and standard decoding; "
-            "use rollout.decode_mode soft"
+            f"env (multi-turn rollouts) with {fused[0]} fused: a later turn resumes its sequence with the recorded "
+            f"states fused where the decode fused them, which is defined for soft and standard decoding; use soft"
         )
     if r.n_samples_per_prompt < 2:
         raise BadInput(

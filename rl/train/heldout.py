@@ -21,11 +21,14 @@ def heldout_accuracy(
     run: RunDir | None = None,
     step: int | None = None,
     log=None,
+    episodes=None,
 ) -> tuple[dict, dict]:
     """Greedy held-out accuracy per decode mode under two reads: ({mode: the fraction of problems the task's
     correctness check (`reward.accuracy`) calls right — never "reward > 0"}, {mode: the lenient read, the last
     number in the response (`rl.train.evaluator.last_number_score`)}). Both empty when accuracy is off. With `run`, the
-    per-problem outcomes and responses go to RUN_DIR/eval/step_<step>.json, so two evaluations pair up."""
+    per-problem outcomes and responses go to RUN_DIR/eval/step_<step>.json, so two evaluations pair up.
+    `episodes` (a job with a tool environment, rl/train/multiturn.py): each problem is a greedy episode, its tool
+    calls recorded beside it."""
     strict, lenient, record = {}, {}, {}
     prompts = [encode(r) if encode else encode_prompt(tokenizer, r) for r in rows]
 
@@ -42,8 +45,17 @@ def heldout_accuracy(
     chunk = 2 * cfg.rollout.vllm.max_num_seqs * cfg.rollout.num_engines
     for mode in cfg.train.eval_decode_modes:
         params = sampling_params(cfg, tokenizer.eos_token_id, True, mode)
+        calls = []
+
+        def generate(ids, first, params=params):
+            if episodes is None:
+                return rollout.generate(ids, params, version)
+            samples = episodes(ids, rows[first : first + len(ids)], params, version)
+            calls.extend(s.episode["tool_calls"] for s in samples)
+            return samples
+
         outcomes = decode_and_score(
-            lambda ids, _first: rollout.generate(ids, params, version),
+            generate,
             prompts,
             rows,
             tokenizer,
@@ -60,6 +72,7 @@ def heldout_accuracy(
             "lenient": [int(o.lenient) for o in greedy],
             "truncated": [int(o.truncated) for o in greedy],
             "responses": [o.text for o in greedy],
+            **({"tool_calls": calls} if episodes is not None else {}),
         }
         strict[mode] = sum(record[mode]["strict"]) / len(greedy)
         lenient[mode] = sum(record[mode]["lenient"]) / len(greedy)

@@ -21,7 +21,7 @@ from rl.report.metrics import eval_metrics
 from rl.report.step_lines import console_line, eval_line
 from rl.train.faults import FaultLog, RunGuard
 from rl.train.heldout import heldout_accuracy
-from rl.train.rollout_queue import Serialized
+from rl.train.rollout_queue import Serialized, multiturn_rollouts
 from rl.train.run_dir import RunDir, restore_step, weights_file
 from rl.train.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
 
@@ -83,6 +83,9 @@ class JobParts:
     log: Callable[[str], None]
     progress: Callable[[dict], None] | None
     faults: FaultLog
+    # multi-turn episodes with `env`'s tool environment (rl/train/rollout_queue.py `multiturn_rollouts`); None:
+    # single completions
+    episodes: Callable | None = None
 
     @classmethod
     def load(
@@ -108,6 +111,7 @@ class JobParts:
             log,
             progress,
             faults,
+            multiturn_rollouts(cfg, serial_rollout, serial_rewards, tokenizer) if cfg.env is not None else None,
         )
 
 
@@ -154,7 +158,7 @@ def start_pass(p: JobParts, job: JobState, sampler: PromptSampler, history: list
 def heldout(p: JobParts, version: int, step: int) -> tuple[dict, dict, dict]:
     """The held-out eval at `step`: (its metrics row fields, strict and lenient accuracy per mode)."""
     strict, lenient = heldout_accuracy(
-        p.cfg, p.eval_rows, p.tokenizer, p.rollout, p.rewards, version, p.fitter.encode, p.run, step, p.log
+        p.cfg, p.eval_rows, p.tokenizer, p.rollout, p.rewards, version, p.fitter.encode, p.run, step, p.log, p.episodes
     )
     return eval_metrics(strict, lenient, p.cfg.train.eval_decode_modes[0]), strict, lenient
 
