@@ -134,21 +134,26 @@ def run_episodes(
             going.remove(ep)
         if not going:
             break
-        seqs, conts = zip(*(ep.continuation() for ep in going))
-        limits = {min(per_turn, budget - len(ep.tokens)) for ep in going}
-        for limit in sorted(limits):  # one request per remaining budget (usually one)
-            group = [i for i, ep in enumerate(going) if min(per_turn, budget - len(ep.tokens)) == limit]
-            seed = None if params.seed is None else (params.seed * 31 + turn * 1_000_000_007) % 2**62
-            p = replace(turn_params, n=1, max_tokens=limit, seed=seed)
-            samples = rollout.generate(
-                [seqs[i] for i in group],
-                p,
-                min_version=min_version,
-                continuations=[conts[i] if feedback else None for i in group],
-            )
-            for i, s in zip(group, samples):
-                going[i].add_turn(s)
+        seed = None if params.seed is None else (params.seed * 31 + turn * 1_000_000_007) % 2**62
+        _next_turn(rollout, going, replace(turn_params, n=1, seed=seed), budget, min_version, feedback)
     return [_sample(ep, params.record_states, params.states_dtype) for ep in episodes]
+
+
+def _next_turn(rollout, going: list[Episode], params, budget: int, min_version: int, feedback: bool) -> None:
+    """Every going episode's next turn, resumed from its recorded states: one request per remaining token
+    budget (usually one)."""
+    seqs, conts = zip(*(ep.continuation() for ep in going))
+    limit_of = [min(params.max_tokens, budget - len(ep.tokens)) for ep in going]
+    for limit in sorted(set(limit_of)):
+        group = [i for i, n in enumerate(limit_of) if n == limit]
+        samples = rollout.generate(
+            [seqs[i] for i in group],
+            replace(params, max_tokens=limit),
+            min_version=min_version,
+            continuations=[conts[i] if feedback else None for i in group],
+        )
+        for i, s in zip(group, samples):
+            going[i].add_turn(s)
 
 
 def _hands_over(ep: Episode, hands_over: set[int]) -> bool:
