@@ -67,6 +67,9 @@ class DataConfig:
     numbers: Literal["standard", "small"] = "standard"
     # word_problems: worked examples before the problem (0-2)
     shots: Annotated[int, within(0, 2, expected="0, 1 or 2 worked examples")] = 2
+    # word_problems: worked steps written as GSM8K's calculator calls, "3 * 4 = <<3*4=12>>12" (with env.name
+    # calculator, the tool writes "12>>": docs/TOOLS.md)
+    calculator: bool = False
     seed: int = 0
     # arith: fraction of solutions that give the bare answer instead of the worked steps (pretraining / SFT text
     # only; prompts and rewards are unchanged). The demo checkpoint is trained with both behaviours.

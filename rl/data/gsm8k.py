@@ -24,19 +24,23 @@ _CALC = re.compile(r"<<[^<>]*>>")
 _FINAL = re.compile(r"^####\s*(.+?)\s*$")
 
 
-def parse_solution(text: str, where: str) -> tuple[list[str], str]:
-    """GSM8K's worked answer -> (steps without calculator annotations, final answer without thousands commas)."""
+def parse_solution(text: str, where: str, calculator: bool = False) -> tuple[list[str], str]:
+    """GSM8K's worked answer -> (steps without calculator annotations, or with them when `calculator`, final
+    answer without thousands commas)."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     final = _FINAL.match(lines[-1]) if lines else None
     if final is None:
         raise DataError(f"{where}: field 'answer' does not end with a '#### N' line")
     answer = final.group(1).replace(",", "")
-    return [_CALC.sub("", ln) for ln in lines[:-1]], answer
+    return [ln if calculator else _CALC.sub("", ln) for ln in lines[:-1]], answer
 
 
-def rows_from_file(path: str | Path, split: str, shots: int = 2, n: int | None = None) -> list[dict]:
+def rows_from_file(
+    path: str | Path, split: str, shots: int = 2, n: int | None = None, calculator: bool = False
+) -> list[dict]:
     """The GSM8K rows of `split` ('train', 'val' or 'test') from a JSONL file of {question, answer} lines, in
-    file order, the first `n` if given. Errors name file:line."""
+    file order, the first `n` if given. Errors name file:line. `calculator`: the annotations stay in the solution
+    as calculator calls (docs/TOOLS.md), and the worked examples of the prompt are written so too."""
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {list(SPLITS)}, got {split!r}")
     path = Path(path)
@@ -53,8 +57,8 @@ def rows_from_file(path: str | Path, split: str, shots: int = 2, n: int | None =
         question = raw["question"].strip()
         if split_of(question) != split:
             continue
-        steps, answer = parse_solution(raw["answer"], where)
-        row = chat_row(question, steps, 0, difficulty=len(steps), shots=shots)
+        steps, answer = parse_solution(raw["answer"], where, calculator)
+        row = chat_row(question, steps, 0, difficulty=len(steps), shots=shots, calculator=calculator)
         row["solution"] = "\n".join(steps + [f"\\boxed{{{answer}}}"])
         row["answer"] = answer
         row["source"] = "gsm8k"

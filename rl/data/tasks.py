@@ -46,6 +46,7 @@ def _word_problems(data, split: str, n: int) -> list[dict]:
         difficulties=tuple(data.difficulty),
         numbers=getattr(data, "numbers", "standard"),
         shots=getattr(data, "shots", 2),
+        calculator=getattr(data, "calculator", False),
     )
 
 

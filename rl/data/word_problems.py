@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 
 from rl.data.jsonl import DataError
 
@@ -335,7 +336,9 @@ EXAMPLES = [
 ]
 
 
-def make_problem(rng: random.Random, difficulty: int, numbers: str = "standard", shots: int = 2) -> dict:
+def make_problem(
+    rng: random.Random, difficulty: int, numbers: str = "standard", shots: int = 2, calculator: bool = False
+) -> dict:
     """One random problem with `difficulty` operations (1..4) and `numbers` ("standard" / "small") as a row (see
     the module docstring)."""
     if difficulty not in TEMPLATES:
@@ -345,14 +348,46 @@ def make_problem(rng: random.Random, difficulty: int, numbers: str = "standard",
     question, steps, answer = rng.choice(TEMPLATES[difficulty])(_Ctx(rng, numbers))
     if answer < 0 or len(steps) != difficulty:  # a template bug, never a user error
         raise AssertionError(f"template produced answer {answer} with {len(steps)} steps: {question}")
-    return chat_row(question, steps, answer, difficulty, shots)
+    return chat_row(question, steps, answer, difficulty, shots, calculator)
 
 
-def chat_row(question: str, steps: list[str], answer: int, difficulty: int, shots: int = 2) -> dict:
-    """The row of one problem; `shots` worked examples (0-2: the last ones of EXAMPLES) open the chat."""
+_STEP = re.compile(r"^(.*?)\s*=\s*(-?[\d.]+)$")
+
+
+def annotate_step(step: str) -> str:
+    """A worked step in GSM8K's calculator form: "3 * 4 = 12" -> "3 * 4 = <<3*4=12>>12" (docs/TOOLS.md: the model
+    writes up to "=", the calculator appends "12>>"). Steps already annotated, or with no "= N" end, are kept."""
+    m = _STEP.match(step)
+    if m is None or "<<" in step:
+        return step
+    expr, result = m.group(1), m.group(2)
+    return f"{expr} = <<{expr.replace(' ', '')}={result}>>{result}"
+
+
+def calculator_segments(solution: str) -> list[tuple[str, bool]]:
+    """A solution with calculator annotations as (text, written by the policy) segments: each annotation's result
+    and closing `>>` (`12>>`) is the tool's, everything else the policy's. A multi-pass SFT trains on the policy's
+    segments only, and feeds nothing back into the tool's, as a multi-turn rollout reads them."""
+    out, at = [], 0
+    for m in re.finditer(r"<<[^<>=]*=([^<>]*>>)", solution):
+        out.append((solution[at : m.start(1)], True))
+        out.append((m.group(1), False))
+        at = m.end()
+    out.append((solution[at:], True))
+    return [(text, policy) for text, policy in out if text]
+
+
+def chat_row(
+    question: str, steps: list[str], answer: int, difficulty: int, shots: int = 2, calculator: bool = False
+) -> dict:
+    """The row of one problem; `shots` worked examples (0-2: the last ones of EXAMPLES) open the chat.
+    `calculator`: the examples and the solution write each step as a calculator call (`annotate_step`)."""
     if not 0 <= shots <= len(EXAMPLES):
         raise ValueError(f"shots: expected 0..{len(EXAMPLES)} worked examples, got {shots!r}")
     examples = EXAMPLES[len(EXAMPLES) - shots :]
+    if calculator:
+        steps = [annotate_step(x) for x in steps]
+        examples = [(q, "\n".join(annotate_step(x) for x in a.split("\n"))) for q, a in examples]
     turns = [m for q, a in examples for m in ({"role": "user", "content": q}, {"role": "assistant", "content": a})]
     return {
         "id": problem_hash(question)[:16],
@@ -367,7 +402,13 @@ def chat_row(question: str, steps: list[str], answer: int, difficulty: int, shot
 
 
 def generate(
-    split: str, n: int, seed: int = 0, difficulties=(1, 2), numbers: str = "standard", shots: int = 2
+    split: str,
+    n: int,
+    seed: int = 0,
+    difficulties=(1, 2),
+    numbers: str = "standard",
+    shots: int = 2,
+    calculator: bool = False,
 ) -> list[dict]:
     """`n` distinct problems of `split`, deterministic in (split, n, seed, difficulties, numbers); levels drawn
     uniformly; `shots` worked examples open each chat (the problems do not depend on it)."""
@@ -385,7 +426,7 @@ def generate(
             raise DataError(
                 f"only {len(rows)} distinct {split} word problems at difficulties {list(difficulties)} (asked for {n})"
             )
-        row = make_problem(rng, rng.choice(list(difficulties)), numbers, shots)
+        row = make_problem(rng, rng.choice(list(difficulties)), numbers, shots, calculator)
         if split_of(row["question"]) != split or row["question"] in seen:
             misses += 1
             continue

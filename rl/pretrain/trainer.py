@@ -116,16 +116,24 @@ def fresh_config(init, fusion_mode: str, tokenizer):
 
 
 def encode_rows(rows: list[dict], tokenizer, seq_len: int, loss_on: str) -> list[tuple[list[int], list[int]]]:
-    """Each row -> (ids, loss mask): prompt (+ BOS if the tokenizer adds one), target, <eos>; cut at seq_len."""
+    """Each row -> (ids, loss mask): prompt (+ BOS if the tokenizer adds one), target, <eos>; cut at seq_len.
+
+    A target with calculator annotations (`<<48/2=24>>`) is encoded segment by segment, as a multi-turn rollout
+    builds it (docs/TOOLS.md): the policy's text up to each `=`, then the tool's `24>>`, which is not trained on
+    (loss mask 0, and so no feedback under `feedback_on: response`)."""
     from rl.data.loaders import encode_prompt
+    from rl.data.word_problems import calculator_segments
 
     prompts = [encode_prompt(tokenizer, r) for r in rows]  # a templated chat already holds its special tokens
-    targets = tokenizer([r.get("solution") or r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     out = []
-    for p, t in zip(prompts, targets):
+    for p, row in zip(prompts, rows):
+        segments = calculator_segments(row.get("solution") or row["answer"])
+        pieces = tokenizer([text for text, _ in segments], add_special_tokens=False)["input_ids"]
+        t = [tok for piece in pieces for tok in piece]
+        t_mask = [int(policy) for piece, (_, policy) in zip(pieces, segments) for _ in piece]
         ids = (p + t + eos)[:seq_len]
-        mask = ([0] * len(p) + [1] * (len(t) + len(eos)))[:seq_len] if loss_on == "response" else [1] * len(ids)
+        mask = ([0] * len(p) + t_mask + [1] * len(eos))[:seq_len] if loss_on == "response" else [1] * len(ids)
         out.append((ids, mask))
     return out
 
