@@ -10,7 +10,7 @@ export WANDB_MODE ?= offline
 export VLLM_ENABLE_V1_MULTIPROCESSING ?= 0
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: venv venv-gpu peer-venv peer-compare demo test test-all lint clean-venv smollm smollm-rl smollm-fbt smollm-fbt-rl
+.PHONY: venv venv-gpu peer-venv peer-compare demo test test-all lint clean-venv smollm smollm-rl smollm-fbt smollm-fbt-rl smollm-calc
 
 venv: $(STAMP)
 
@@ -69,6 +69,12 @@ smollm-fbt: venv
 
 smollm-fbt-rl: venv
 	$(BIN)/python scripts/smollm_fbt_rl.py --transfer-n 200 --channel-rows 64
+
+# A calculator tool on the real FBT (docs/TOOLS.md): continued training that keeps GSM8K's calculator annotations as
+# tool calls (runs/smollm2/fbt-calc, std-calc), then RL with and without the calculator from both models.
+smollm-calc: venv
+	@test -n "$(GSM8K)" || { echo "make smollm-calc: set GSM8K=path/to/gsm8k_train.jsonl (rl/data/gsm8k.py says how to write it)"; exit 2; }
+	$(BIN)/python scripts/smollm_calc.py --gsm8k "$(GSM8K)"
 
 # ruff (pinned in the dev extra; its settings are in pyproject.toml): the linter, and the formatter in check mode
 # (`$(BIN)/ruff format .` applies it). CI runs both.
