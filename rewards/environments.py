@@ -2,7 +2,7 @@
 
 Owns the interface a user writes (`Environment`: `reset` from the data row, `step` on the model's text of one
 turn, returning a `StepResult`), the built-in `calculator` (GSM8K's `<<48/2=24>>` annotations: the model writes
-`<<48/2=`, the calculator appends `24>>`), and adapters that run environments written for other libraries
+`<<48/2=`, the calculator appends `24>>`) and `python` (a sandboxed interpreter), and adapters that run environments written for other libraries
 unchanged: TRL tool functions (`ToolFunctions`: a list of plain functions the model calls with
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`) and SkyRL's `BaseTextEnv` shape (`TextEnvAdapter`:
 `init(prompt)`, `step(action) -> {"observations", "reward", "done"}`). `load_environment(spec)` turns a config
@@ -29,6 +29,7 @@ __all__ = [
     "Calculator",
     "ToolFunctions",
     "TextEnvAdapter",
+    "PythonSandbox",
     "load_environment",
     "ENVIRONMENTS",
 ]
@@ -179,8 +180,82 @@ class TextEnvAdapter(Environment):
         return StepResult(content or None, float(out.get("reward") or 0.0), bool(out.get("done")))
 
 
+# ---- a Python sandbox --------------------------------------------------------------------------------------------
+_CODE = re.compile(r"<python>(.*?)</python>\s*$", re.S)
+# Runs in a fresh interpreter: an audit hook (it cannot be removed from inside) refuses sockets, new processes and
+# writes outside the temporary working directory before the model's code runs.
+_SANDBOX_MAIN = r"""
+import os, sys
+BLOCKED = ("socket.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.fork", "os.kill", "pty.",
+           "shutil.rmtree", "os.remove", "os.unlink", "os.rename", "ctypes.")
+def hook(event, args):
+    if event.startswith(BLOCKED) or (event == "import" and args[0] in ("ctypes", "_ctypes")):
+        raise PermissionError(f"not allowed in the sandbox: {event} {args[0] if event == 'import' else ''}")
+    if event == "open" and len(args) > 1 and any(c in str(args[1]) for c in "wax+"):
+        path = os.path.realpath(str(args[0]))
+        if not path.startswith(os.path.realpath(os.getcwd())):
+            raise PermissionError(f"not allowed in the sandbox: writing {args[0]}")
+code = sys.stdin.read()
+sys.addaudithook(hook)
+exec(compile(code, "<python>", "exec"), {"__name__": "__main__"})
+"""
+
+
+def _limit_resources(cpu_s: int, memory_mb: int):
+    def apply():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    return apply
+
+
+class PythonSandbox(Environment):
+    """A Python tool: a turn ending in `<python>CODE</python>` gets `<output>STDOUT</output>` (or the error's last
+    line). The code runs in a fresh interpreter with CPU-time, memory and file-size limits, a wall-clock timeout,
+    an empty temporary working directory, and an audit hook that refuses sockets (no network), new processes and
+    writes outside that directory. Output is cut to `max_output` characters."""
+
+    stop_strings = ("</python>",)
+
+    def __init__(self, timeout_s: float = 5.0, cpu_s: int = 5, memory_mb: int = 512, max_output: int = 400):
+        self.timeout_s, self.cpu_s, self.memory_mb, self.max_output = timeout_s, cpu_s, memory_mb, max_output
+
+    def step(self, text: str) -> StepResult:
+        m = _CODE.search(text)
+        if m is None:
+            return StepResult(None)
+        return StepResult(f"<output>{self.run(m.group(1))}</output>")
+
+    def run(self, code: str) -> str:
+        import subprocess
+        import sys
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="fbrl-sandbox-") as cwd:
+            try:
+                done = subprocess.run(
+                    [sys.executable, "-I", "-c", _SANDBOX_MAIN],
+                    input=code,
+                    capture_output=True,
+                    text=True,
+                    cwd=cwd,
+                    timeout=self.timeout_s,
+                    preexec_fn=_limit_resources(self.cpu_s, self.memory_mb),
+                    env={"PATH": "/usr/bin:/bin"},
+                )
+            except subprocess.TimeoutExpired:
+                return f"timed out after {self.timeout_s:g} s"
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            return (lines[-1] if lines else f"exit code {done.returncode}")[: self.max_output]
+        return done.stdout.strip()[: self.max_output]
+
+
 # ---- loading -----------------------------------------------------------------------------------------------------
-ENVIRONMENTS: dict[str, Callable[..., Environment]] = {"calculator": Calculator}
+ENVIRONMENTS: dict[str, Callable[..., Environment]] = {"calculator": Calculator, "python": PythonSandbox}
 
 
 def load_environment(spec: str, options: dict[str, Any] | None = None) -> Callable[[], Environment]:

@@ -109,3 +109,25 @@ def test_the_pool_steps_episodes_and_bounds_failures():
             assert name in out.failure or kind in out.failure
         finally:
             pool.close()
+
+
+@pytest.mark.parametrize(
+    "code, expected",
+    [
+        ("print(6 * 7)", "42"),
+        ("import math\nprint(math.factorial(10))", "3628800"),
+        ("1/0", "ZeroDivisionError: division by zero"),
+        ("import socket\nsocket.create_connection(('127.0.0.1', 9))", "not allowed in the sandbox: socket"),
+        ("import os\nos.system('echo hi')", "not allowed in the sandbox: os.system"),
+        ("open('/tmp/fbrl-sandbox-escape', 'w').write('x')", "not allowed in the sandbox: writing"),
+        ("open('inside.txt', 'w').write('ok'); print(open('inside.txt').read())", "ok"),
+        ("while True: pass", "timed out after 2 s"),
+        ("x = bytearray(2_000_000_000)", "MemoryError"),
+        ("import ctypes", "not allowed in the sandbox: import ctypes"),
+    ],
+)
+def test_the_python_sandbox_runs_code_within_its_limits(code, expected):
+    env = load_environment("python", {"timeout_s": 2.0, "cpu_s": 3, "memory_mb": 256})()
+    out = env.step(f"Let me check. <python>{code}</python>").observation
+    assert out.startswith("<output>") and expected in out, out
+    assert env.step("no code </python").observation is None
