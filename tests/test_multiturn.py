@@ -143,3 +143,19 @@ def test_the_turn_cap_and_token_budget_hold():
     for s in samples:
         assert s.episode["turns"] <= 2 and s.episode["tool_calls"] <= 1
         assert s.finish_reason in ("stop", "length")
+
+
+def test_the_latent_channel_after_a_tool_is_measured(rollout):
+    from rl.report.latent_metrics import _after_tool, latent_metrics
+
+    model, samples, _ = rollout
+    batch = collate(samples, with_states=True)
+    after = _after_tool(batch)
+    calls = sum(s.episode["tool_calls"] for s in samples)
+    assert 0 < int(after.sum()) <= calls  # (an observation may end its episode before an answer)
+    for b, s in enumerate(samples):
+        for j in after[b].nonzero()[:, 0].tolist():
+            assert s.generated_mask[j] == 1 and s.generated_mask[j - 1] == 0
+    m = latent_metrics(model, batch, max_rows=len(batch))
+    assert m["policy_shift_after_tool"] > 0
+    assert ("state_share_after_tool" in m) == (model.fusion.mode != "gate_product")  # (gate_product: no share)

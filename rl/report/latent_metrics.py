@@ -13,6 +13,8 @@ update, on the samples the engines just drew with the same weights) and logged p
 - `gate_mean`, `gate_std`: gate_product: statistics of σ(W_G RMS(e)) there (the state is the value path)
 - `policy_shift`: mean over response tokens of |log π_soft(y) − log π_standard(y)|: what feedback changes in the
   policy's log-probs of its own samples (0 at an identity start)
+- `state_share_after_tool`, `policy_shift_after_tool` (multi-turn samples, docs/TOOLS.md): the same two at the first
+  token the policy writes after a tool's answer, whose input fuses the state at the answer's last token
 
 `policy_shift` uses the recorded states (replay, exact for the weights that drew the samples) when the batch has
 them, else the exact recurrence; the standard log-probs are an ordinary forward. Subset: the first `max_rows` rows.
@@ -75,21 +77,38 @@ def latent_metrics(
     sub = batch.select(range(min(max_rows, len(batch))))
     estimator = "replay" if sub.states is not None else "exact"
     carried, mask = last_pass_inputs(model, sub, decode_mode, estimator)
+    e = model.embed(sub.input_ids.to(carried.device))
     if bool(mask.any()):
-        e = model.embed(sub.input_ids.to(carried.device))
         out.update(_fusion_terms(model, carried[mask], e[mask]))
     # the estimator's final pass over its own inputs, and the same rows with nothing fused
     soft = token_logprobs(model, run_pass(model, sub, carried, mask)[0], sub, temperature).logprobs
     std = token_logprobs(model, run_pass(model, sub, carried, torch.zeros_like(mask))[0], sub, temperature).logprobs
     m = sub.response_mask.to(soft.device)
     out["policy_shift"] = float(((soft - std).abs() * m).sum() / m.sum().clamp_min(1))
+    after = _after_tool(sub).to(soft.device)
+    if bool(after.any()):
+        rows, js = after.nonzero(as_tuple=True)
+        pos = sub.prompt_lens.to(soft.device)[rows] + js
+        share = _fusion_terms(model, carried[rows, pos], e[rows, pos]).get("state_share")
+        if share is not None:
+            out["state_share_after_tool"] = share
+        out["policy_shift_after_tool"] = float((soft - std).abs()[after].mean())
     return out
+
+
+def _after_tool(batch: LearnerBatch) -> torch.Tensor:
+    """[B, R] bool: the first sampled token after each observation (a 0 of `response_mask` inside the response)."""
+    m = batch.response_mask.bool()
+    inside = torch.arange(m.shape[1])[None, :] < batch.response_lens[:, None]
+    observed = ~m & inside
+    return m & torch.nn.functional.pad(observed[:, :-1], (1, 0), value=False)
 
 
 PLOTTED = (
     ("w_state_norm", "‖state weights‖_F"),
     ("state_share", "state share of fused input"),
     ("policy_shift", "mean |log π_soft − log π_std|"),
+    ("policy_shift_after_tool", "... at the first token after a tool"),
     ("w_token_dev", "‖token weights − I‖_F"),
     ("gate_mean", "gate mean"),
 )
