@@ -13,8 +13,13 @@ deleted as soon as it is read; never bulk tensors through RPC between processes)
   from — our contract (rl/samples/logprob_contract.py; T = 0: log_softmax(logits)), which the torch engine and the
   learner's estimators follow too (tests/test_logprob_contract.py).
 - Samples are matched to their recorded states by a per-sample key (not vLLM's request id, which vLLM suffixes
-  internally). A sample whose request vLLM preempted and recomputed is returned with `preempted=True` and no
-  states; the KV cache is sized at construction so the configured concurrency cannot preempt.
+  internally). The KV cache is sized at construction so the configured concurrency does not preempt; if vLLM
+  preempts a request anyway, its re-prefill fuses the states recorded for its generated tokens (the replay
+  prefill of continuations, below) and the sample stays exact; without those states (`resume_preempted=False`)
+  it is returned with `preempted=True` and no states.
+- Continuations (multi-turn, rl/samples/continuation.py): `generate(..., continuations=)` hands each prompt's
+  recorded states to the model per sample key (the tensors themselves in-process, a scratch file otherwise); the
+  prefill fuses them at the positions the continuation marks.
 - Weights: `load_weights(path_or_state_dict, version)` goes through a safetensors file (/dev/shm when there is
   one); on GPU, vLLM's native weight transfer (NCCL / IPC) is driven through the four methods of vLLM's
   `VLLMWeightSyncClient` protocol below; the engine refuses to generate until the new weights carry a version.
@@ -37,6 +42,7 @@ from safetensors.torch import load_file, save_file
 from rl.decode_modes import DECODE_MODES
 from rl.model import FBT_ARCHITECTURES
 from rl.samples.batch import Sample
+from rl.samples.continuation import Continuation, check_continuations
 from rl.samples.request import SamplingParams
 from rollout.engine import RolloutEngine, StaleWeightsError, validate_prompts
 from rollout.vllm_env import (
@@ -61,8 +67,10 @@ class VLLMEngine(RolloutEngine):
     max_model_len / max_num_seqs: per-sequence length and concurrency. The KV cache is `kv_cache_gib` when given,
         else on CPU the size `max_num_seqs` sequences of `max_model_len` tokens need (with head-room), on GPU what
         `gpu_memory_utilization` leaves; either way construction fails if it could not hold them all (preemption).
-    num_gpu_blocks_override: tests only — forces a tiny KV cache and skips that check, so preemption happens and
-        is flagged on the samples.
+    num_gpu_blocks_override: tests only — forces a tiny KV cache and skips that check, so preemption happens.
+    resume_preempted: record every feedback-mode sample's states (also when `record_states` is off: R x d
+        numbers per sample, held until the call returns), so that a request vLLM preempts is re-prefilled with
+        them fused and stays exact; False: such a sample comes back flagged `preempted` (no states).
     weight_transfer_backend: GPU only — "nccl" / "ipc" enables vLLM's native weight transfer.
     eos_token_ids: tokens that always end a sample besides `params.stop_token_ids` (as in TorchEngine): None =
         the checkpoint's generation config / config `eos_token_id`; `()` = none.
@@ -84,6 +92,7 @@ class VLLMEngine(RolloutEngine):
         weight_transfer_backend: str | None = None,
         num_gpu_blocks_override: int | None = None,
         eos_token_ids=None,
+        resume_preempted: bool = True,
         **engine_kwargs,
     ):
         if decode_mode not in DECODE_MODES:
@@ -110,6 +119,7 @@ class VLLMEngine(RolloutEngine):
             )
         self.checkpoint_dir, self.version, self.max_model_len = checkpoint_dir, int(version), max_model_len
         self.max_num_seqs = max_num_seqs
+        self.resume_preempted = bool(resume_preempted)
         self.vocab_size = self.config.vocab_size
         if eos_token_ids is None:
             eos_token_ids = self._config_eos(checkpoint_dir)
@@ -152,6 +162,7 @@ class VLLMEngine(RolloutEngine):
         self._uid = uuid.uuid4().hex[:8]
         self._calls = itertools.count()
         self._weights_invalid = False
+        self.resumed_samples = 0  # samples vLLM preempted and recomputed with their recorded states (exact)
 
     # ---- construction helpers ----------------------------------------------------------------------------
     def _config_eos(self, checkpoint_dir) -> set[int]:
@@ -184,14 +195,15 @@ class VLLMEngine(RolloutEngine):
 
     # ---- RolloutEngine -----------------------------------------------------------------------------------
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams, min_version: int | None = None
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        min_version: int | None = None,
+        continuations: list[Continuation | None] | None = None,
     ) -> list[Sample]:
-        if self._weights_invalid:
-            raise StaleWeightsError(
-                "a native weight transfer started and its weights carry no policy version yet "
-                "(finish_weight_update(weight_version=v) or set_weight_version(v))"
-            )
-        self.check_version(min_version)
+        """n samples per prompt, flat, prompt-major. `continuations[i]` (rl/samples/continuation.py) makes prompt i
+        the resumption of an earlier sequence: its prefill fuses the given states at the positions it marks."""
+        self._check_ready(min_version)
         params.validate()
         validate_prompts(prompts, self.vocab_size)
         for i, p in enumerate(prompts):
@@ -200,12 +212,10 @@ class VLLMEngine(RolloutEngine):
                     f"prompts[{i}]: {len(p)} prompt tokens + max_tokens={params.max_tokens} exceed "
                     f"max_model_len={self.max_model_len}"
                 )
-        from vllm import SamplingParams as VSamplingParams
+        check_continuations(prompts, continuations, self.hidden_size, params.decode_mode)
         from vllm.inputs import TokensPrompt
 
         call = next(self._calls)
-        # vLLM's own EOS handling is off (ignore_eos): the stop set is exactly ours, as in TorchEngine.
-        stop = sorted(set(params.stop_token_ids) | set(self.eos_token_ids))
         keys, reqs, sps, where = [], [], [], []
         for i, p in enumerate(prompts):
             for s in range(params.n):
@@ -214,26 +224,12 @@ class VLLMEngine(RolloutEngine):
                 keys.append(key)
                 where.append((i, s))
                 reqs.append(TokensPrompt(prompt_token_ids=list(p)))
-                # One request per sample (n=1): each has its own key, slot and seed.
-                sps.append(
-                    VSamplingParams(
-                        n=1,
-                        temperature=params.temperature,
-                        top_p=params.top_p,
-                        top_k=params.top_k,
-                        max_tokens=params.max_tokens,
-                        stop_token_ids=stop,
-                        ignore_eos=True,
-                        seed=seed,
-                        logprobs=0,
-                        detokenize=False,
-                        extra_args={"fbt": {"key": key, "mode": params.decode_mode, "record": params.record_states}},
-                    )
-                )
+                sps.append(self._request_params(params, key, seed))
         path = None
         if params.record_states and not self.inline_states:
             path = os.path.join(scratch_dir(), f"fbrl_states_{os.getpid()}_{self._uid}_{call}.safetensors")
         try:
+            self._put_replay(continuations, keys, where, call)
             outs = self.llm.generate(reqs, sps, use_tqdm=False)
             inline = params.record_states and self.inline_states
             popped = self._rpc("fbt_pop", keys, path, params.states_dtype, inline)
@@ -247,10 +243,69 @@ class VLLMEngine(RolloutEngine):
             finally:
                 os.remove(popped["path"])  # read once: scratch files never outlive the call that wrote them
         preempted = set(popped["preempted"])
+        self.resumed_samples += len(popped["resumed"])
         return [
             self._sample(out, key, gi, si, params, prompts[gi], states, popped["index"], key in preempted)
             for out, key, (gi, si) in zip(outs, keys, where)
         ]
+
+    def _check_ready(self, min_version: int | None) -> None:
+        if self._weights_invalid:
+            raise StaleWeightsError(
+                "a native weight transfer started and its weights carry no policy version yet "
+                "(finish_weight_update(weight_version=v) or set_weight_version(v))"
+            )
+        self.check_version(min_version)
+
+    def _request_params(self, params: SamplingParams, key: str, seed: int | None):
+        """vLLM's sampling parameters of one sample (n=1: each sample has its own key, slot and seed)."""
+        from vllm import SamplingParams as VSamplingParams
+
+        # vLLM's own EOS handling is off (ignore_eos): the stop set is exactly ours, as in TorchEngine.
+        stop = sorted(set(params.stop_token_ids) | set(self.eos_token_ids))
+        # States are recorded also when the caller wants none, if a preempted request is to resume exactly.
+        record = params.record_states or (self.resume_preempted and params.decode_mode != "standard")
+        return VSamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=params.max_tokens,
+            stop_token_ids=stop,
+            ignore_eos=True,
+            seed=seed,
+            logprobs=0,
+            detokenize=False,
+            extra_args={"fbt": {"key": key, "mode": params.decode_mode, "record": record}},
+        )
+
+    def _put_replay(self, continuations, keys, where, call: int) -> None:
+        """Hand the continuations' fed positions and states to the model, per sample key: the tensors themselves
+        when the worker shares this process, else through a scratch file deleted once read."""
+        if continuations is None:
+            return
+        tables, index, named = {}, {}, {}
+        for key, (i, _) in zip(keys, where):
+            c = continuations[i]
+            if c is None or not bool(c.fed.any()):
+                continue
+            if i not in named:
+                pos = c.fed.nonzero()[:, 0]
+                named[i] = (pos, c.states[pos].float().contiguous())
+            tables[key], index[key] = named[i], str(i)
+        if not tables:
+            return
+        if self.inline_states:
+            self._rpc("fbt_put_replay", tables)
+            return
+        path = os.path.join(scratch_dir(), f"fbrl_replay_{os.getpid()}_{self._uid}_{call}.safetensors")
+        save_file(
+            {f"{i}.{part}": t for i, (p, st) in named.items() for part, t in (("positions", p), ("states", st))}, path
+        )
+        try:
+            self._rpc("fbt_put_replay", None, path, index)
+        finally:
+            os.remove(path)
 
     def _sample(self, out, key, group_id, sample_index, params, prompt, states, index, preempted) -> Sample:
         comp = out.outputs[0]

@@ -16,6 +16,10 @@ import torch
 WORKER_EXTENSION = "rollout.vllm_worker_ext.FBTWorkerExtension"
 
 # Options latent-feedback decoding cannot run with: name -> (forced value, why).
+# Prefix caching: for a hybrid model vLLM 0.32 turns it into mamba cache mode "align", which needs chunked prefill
+# and cuts every prompt into block-aligned chunks (the state slot of block p must hold the state after (p + 1)
+# blocks, copied by a per-model copy function): the plugin would have to write per-block states, a fused prompt
+# could no longer run its passes in one step, and a one-token chunk would reach the decode path as a prompt token.
 FORCED_OPTIONS = {
     "enable_prefix_caching": (False, "a cached prefix carries no recurrent state"),
     "enable_chunked_prefill": (False, "a fused prompt's passes must see the whole prompt in one step"),

@@ -15,6 +15,9 @@ state of the request's last computed position. Each forward:
 - prefill tokens are a fresh prompt (prefix caching and chunked prefill are forced off by the engine). `soft`
   and `standard` prompts run one ordinary pass; `fused` prompts run `fbt_prefill_passes` passes, pass k fusing
   pass k-1's states shifted one position right, and the last pass's KV is what stays in the cache;
+- a replay prefill: prefill positions whose token the policy generated earlier fuse the state recorded for it,
+  as the decode did — a continuation's (the engine puts its states in `fbt_replay` per sample key), or, when
+  vLLM re-prefills a request it preempted, the request's own generated tokens (rows of `fbt_records`);
 - the new state of every request is written back to its slot, and (when asked) recorded for the learner.
 
 The decode mode is per request: `SamplingParams.extra_args["fbt"] = {"key", "mode", "record"}`, read from the
@@ -37,7 +40,7 @@ from torch import nn
 
 from rl.decode_modes import DECODE_MODES
 from rl.model import FBT_ARCHITECTURES, FBTMixin, Fusion, rms_normalize, rms_value
-from rollout.vllm_records import RequestInfo, StateRecords, StepBatch, to_device
+from rollout.vllm_records import ReplayTable, RequestInfo, StateRecords, StepBatch, to_device
 
 LATENT_LAYER_TYPE = "fbt_latent_state"
 
@@ -164,6 +167,7 @@ class FBTVLLMMixin:
         self._fbt_tables = None  # token-side fusion terms of the current weights (built on first use)
         self.fbt_version = 0  # policy version of the loaded weights (set by the worker extension)
         self.fbt_records = StateRecords()
+        self.fbt_replay = ReplayTable()  # continuations' states, put by the worker extension
         self._fbt_runner = None  # the model runner, attached by the worker extension (per-request info)
         self._fbt_req_cache: dict[str, RequestInfo] = {}
 
@@ -285,26 +289,30 @@ class FBTVLLMMixin:
                 x_d = torch.where(mask_d[:, None], self._fuse_tokens(state[idx_d], ids_d, e[:nd]), e[:nd])
                 x = x_d if nd == e.shape[0] else torch.cat([x_d, e[nd:]])
 
-        # Prefill tokens: a fresh prompt each (chunked prefill and prefix caching are off).
+        # Prefill tokens: a prompt each (chunked prefill is off), from its first uncomputed position. Positions
+        # whose token the policy generated earlier (a continuation's, or a preempted request's own on its
+        # re-prefill) fuse the state recorded for them: the replay prefill.
         passes, pf_idx, last = 1, None, None
         if npf:
             last = md.query_start_loc_p[1:].long() + (nd - 1)  # each prefill's last token
             bounds = (
                 batch.bounds if batch is not None else list(range(nd)) + (md.query_start_loc_p + nd).tolist()
             )  # without the extension: a device read
-            fused_ranges = []
+            fused_ranges, fed_idx, fed_states = [], [], []
             for r in range(ndec, ndec + npf):
                 a, b = bounds[r], bounds[r + 1]
                 info = batch.infos[r] if batch is not None else None
+                start = batch.computed[r] if batch is not None else 0
+                prompt_end = b - a
                 if info is not None and info.key is not None:
-                    if info.key in self.fbt_records.prefilled or b - a != info.prompt_len:
-                        # A recompute after preemption: the generated tokens are re-read as prompt, and the
-                        # recurrent state they were decoded with is lost. Flag it; never train on it.
-                        self.fbt_records.preempted.add(info.key)
-                        continue
-                    self.fbt_records.prefilled.add(info.key)
-                if modes[r] == "fused" and b - a > 1:
-                    fused_ranges.append(np.arange(a + 1, b))
+                    prompt_end = min(b - a, info.prompt_len - start)
+                    for pos, st in self._replayed(info, start, start + b - a):
+                        fed_idx.append(pos - start + a)
+                        fed_states.append(st)
+                if modes[r] == "fused" and prompt_end > 1:
+                    fused_ranges.append(np.arange(a + 1, a + prompt_end))
+            if fed_idx:
+                x = self._fuse_replayed(x, e, input_ids, torch.cat(fed_idx), torch.cat(fed_states))
             if fused_ranges and self.fbt_passes > 1:
                 passes = self.fbt_passes
                 pf_idx = to_device(np.concatenate(fused_ranges), torch.long, e.device)
@@ -326,6 +334,32 @@ class FBTVLLMMixin:
         if batch is not None:
             self._record(batch, ndec, hidden, last)
         return hidden
+
+    def _replayed(self, info: RequestInfo, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(positions [k], states [k, d]) to fuse in a prefill of positions [start, end): the continuation's fed
+        positions (position 0 never), and, when the prefill re-reads generated tokens (vLLM preempted the request
+        and now recomputes it), each generated position t with the state recorded for it, row t - prompt_len.
+        Without those rows (not recorded) the request is flagged preempted."""
+        out = []
+        given = self.fbt_replay.within(info.key, max(start, 1), min(end, info.prompt_len))
+        if given is not None:
+            out.append(given)
+        if end > info.prompt_len and info.mode != "standard":
+            first = max(start, info.prompt_len)
+            rows = self.fbt_records.first_rows(info.key, end - info.prompt_len)
+            if rows is None:
+                self.fbt_records.preempted.add(info.key)  # the latent state is lost: never train on it
+            else:
+                out.append((torch.arange(first, end), rows[first - info.prompt_len :]))
+                self.fbt_records.resumed.add(info.key)
+        return out
+
+    def _fuse_replayed(self, x, e, input_ids, idx: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """x with the tokens at flat indices `idx` fused with `states` (reset tokens keep the plain input)."""
+        idx = to_device(idx, torch.long, e.device)
+        ids = input_ids[idx]
+        fused = torch.where(~self.fbt_is_reset[ids][:, None], self._fuse_tokens(states, ids, e[idx]), e[idx])
+        return x.index_put((idx,), fused.to(x.dtype))
 
     def _record(self, batch: StepBatch, ndec: int, hidden, last) -> None:
         """Row j of a sample is the state that predicted its response token j: row = position - (P - 1), taken

@@ -1,10 +1,12 @@
 """The vLLM plugin's host-side bookkeeping, plain torch: a request as the model runner's tables describe it
 (`RequestInfo`), one forward's requests (`StepBatch`), host values copied to the device without a stall
-(`to_device`), and the recorded states and preemption flags the worker extension pops per sample
-(`StateRecords`)."""
+(`to_device`), the recorded states and preemption flags the worker extension pops per sample
+(`StateRecords`), and the states a replay prefill fuses (`ReplayTable`)."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +16,7 @@ import torch
 class RequestInfo:
     key: str | None  # the engine's per-sample key (None: not one of ours)
     mode: str  # standard | soft | fused
-    record: bool  # record this request's states for the learner
+    record: bool  # record this request's states (for the learner, and to resume it after a preemption)
     prompt_len: int
 
 
@@ -49,17 +51,34 @@ class StateRecords:
         self.keys: list[str] = []  # one per recorded row
         self.rows: list[torch.Tensor] = []  # per step, [n] long on the host (row index within the sample)
         self.states: list[torch.Tensor] = []  # per step, [n, d] on the model's device
-        self.prefilled: set[str] = set()
-        self.preempted: set[str] = set()
+        self.preempted: set[str] = set()  # recomputed without their states: never train on them
+        self.resumed: set[str] = set()  # recomputed with their recorded states fused (exact)
 
     def add(self, keys: list[str], rows: torch.Tensor, states: torch.Tensor) -> None:
         self.keys.extend(keys)
         self.rows.append(rows)
         self.states.append(states.detach().clone())
 
-    def pop(self, keys: list[str]) -> tuple[dict[str, torch.Tensor], set[str]]:
+    def first_rows(self, key: str, count: int) -> torch.Tensor | None:
+        """Rows 0..count-1 recorded for `key` ([count, d] on the model's device; a re-recorded row its latest
+        value), or None if any is missing. Scans every record: for the rare resumption of a preempted request."""
+        if count <= 0 or not self.keys:
+            return None
+        rows = torch.cat(self.rows).tolist()
+        where = {r: i for i, (k, r) in enumerate(zip(self.keys, rows)) if k == key}  # the latest wins
+        if any(r not in where for r in range(count)):
+            return None
+        ends = list(itertools.accumulate(len(r) for r in self.rows))
+        picked = []
+        for r in range(count):
+            step = bisect.bisect_right(ends, where[r])
+            picked.append(self.states[step][where[r] - (ends[step - 1] if step else 0)])
+        return torch.stack(picked)
+
+    def pop(self, keys: list[str]) -> tuple[dict[str, torch.Tensor], set[str], set[str]]:
         """States `[R_recorded, d]` (rows in order; a re-recorded row keeps its latest value) for the given keys,
-        and which of them were preempted. Everything about these keys is forgotten."""
+        which of them were preempted (states lost) and which resumed (states fused again). Everything about these
+        keys is forgotten."""
         wanted = set(keys)
         out: dict[str, torch.Tensor] = {}
         if self.keys:
@@ -83,10 +102,37 @@ class StateRecords:
             self.rows = [rows[idx]] if keep else []
             # what stays, stays where new rows are appended (a host tensor among device ones breaks the next cat)
             self.states = [on_device[idx.to(on_device.device)]] if keep else []
-        preempted = self.preempted & wanted
+        preempted, resumed = self.preempted & wanted, self.resumed & wanted
         self.preempted -= wanted
-        self.prefilled -= wanted
-        return out, preempted
+        self.resumed -= wanted
+        return out, preempted, resumed - preempted
 
     def clear(self) -> None:
         self.__init__()
+
+
+class ReplayTable:
+    """The recorded states a replay prefill fuses, per sample key: positions [k] (host, ascending) and states
+    [k, d] (model device and dtype) of a continuation's fed positions (rl/samples/continuation.py)."""
+
+    def __init__(self):
+        self.by_key: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def put(self, key: str, positions: torch.Tensor, states: torch.Tensor) -> None:
+        self.by_key[key] = (positions, states)
+
+    def within(self, key: str, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(positions, states) of `key`'s fed positions in [start, end), or None."""
+        got = self.by_key.get(key)
+        if got is None:
+            return None
+        pos, states = got
+        lo, hi = torch.searchsorted(pos, torch.tensor([start, end])).tolist()
+        return (pos[lo:hi], states[lo:hi]) if hi > lo else None
+
+    def drop(self, keys) -> None:
+        for k in keys:
+            self.by_key.pop(k, None)
+
+    def clear(self) -> None:
+        self.by_key.clear()

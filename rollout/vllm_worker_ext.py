@@ -121,14 +121,15 @@ class FBTWorkerExtension:
     def fbt_pop(self, keys: list[str], path: str | None, states_dtype: str = "float32", inline: bool = False) -> dict:
         """Hand over what the model recorded for these sample keys and forget it.
 
-        Returns {"preempted": [keys], "index": {key: [row_offset, num_rows]}, "path": path or None, "states":
+        Returns {"preempted": [keys], "resumed": [keys], "index": {key: [row_offset, num_rows]}, "path": path or None, "states":
         tensor or None}: the states [sum rows, d] in storage format `states_dtype` (rl/samples/states.py) are
         returned as `states` when `inline` (only when the caller shares this process: RPC would turn them into lists),
         else written to `path` (safetensors, tensor "states"). Only rank 0 hands them over (all tensor-parallel ranks
         hold the same replicated states).
         """
         model = self._fbt_model()
-        states, preempted = model.fbt_records.pop(list(keys))
+        states, preempted, resumed = model.fbt_records.pop(list(keys))
+        model.fbt_replay.drop(keys)
         index, chunks, offset = {}, [], 0
         for k in keys:
             if k in states:
@@ -144,11 +145,36 @@ class FBTWorkerExtension:
                 save_file({"states": out}, tmp)
                 os.replace(tmp, path)  # the reader never sees a half-written file
                 wrote, out = path, None
-        return {"preempted": sorted(preempted), "index": index, "path": wrote, "states": out}
+        return {
+            "preempted": sorted(preempted),
+            "resumed": sorted(resumed),
+            "index": index,
+            "path": wrote,
+            "states": out,
+        }
+
+    def fbt_put_replay(self, tables: dict | None, path: str | None = None, index: dict | None = None) -> int:
+        """Give the model the states a replay prefill fuses, per sample key: positions [k] (ascending) and states
+        [k, d]. Either `tables` {key: (positions, states)} (only when the caller shares this process: RPC would
+        turn tensors into lists), or a safetensors file `path` holding "{name}.positions" / "{name}.states" and
+        `index` {key: name}. Dropped when the keys are popped. Returns how many keys the model holds."""
+        model = self._fbt_model()
+        if path is not None:
+            loaded = load_file(path)
+            tables = {k: (loaded[f"{n}.positions"], loaded[f"{n}.states"]) for k, n in (index or {}).items()}
+        device, dtype = model.fbt_is_reset.device, model.fbt_state.state_dtype
+        on_device: dict = {}  # a continuation shared by a group's samples goes to the device once
+        for key, (positions, states) in (tables or {}).items():
+            if id(states) not in on_device:
+                on_device[id(states)] = states.to(device=device, dtype=dtype)
+            model.fbt_replay.put(key, positions.to("cpu", torch.long), on_device[id(states)])
+        return len(model.fbt_replay.by_key)
 
     def fbt_clear(self) -> None:
-        """Drop every record and flag (after an aborted generate)."""
-        self._fbt_model().fbt_records.clear()
+        """Drop every record, flag and replay table (after an aborted generate)."""
+        model = self._fbt_model()
+        model.fbt_records.clear()
+        model.fbt_replay.clear()
 
     def fbt_weight_checksums(self) -> dict:
         """{HF tensor name: checksum} of the live weights (`rollout.vllm_checksums`): small, safe through RPC."""

@@ -327,9 +327,12 @@ def test_incompatible_options_are_refused(ckpt, option, value):
         VLLMEngine(ckpt, max_model_len=MAX_LEN, **{option: value})
 
 
-def test_preemption_is_flagged(ckpt, hf_model):
-    """Too few KV blocks for 16 sequences: vLLM preempts some and recomputes them from their tokens, which loses
-    the latent state; those samples must come back flagged (and without states), the others exact."""
+def test_preempted_requests_resume_exactly(ckpt, hf_model):
+    """Too few KV blocks for 16 sequences: vLLM preempts some and later recomputes them from their tokens. The
+    re-prefill fuses the states recorded for their generated tokens (the replay prefill), so every sample stays
+    exact, also when the caller records no states (the engine records them anyway) and for fused prompts (the
+    prompt's passes are run again, the generated tokens fuse their recorded states). With `resume_preempted`
+    off and no states recorded, the preempted samples come back flagged, without states; the others exact."""
     prompts = make_prompts(hf_model.config.vocab_size)
     eng = VLLMEngine(
         ckpt,
@@ -341,13 +344,21 @@ def test_preemption_is_flagged(ckpt, hf_model):
         **ON_GPU,
     )
     try:
-        got = eng.generate(prompts, greedy("soft", max_tokens=40))
+        for mode, record in (("soft", True), ("soft", False), ("fused", True)):
+            before = eng.resumed_samples
+            got = eng.generate(prompts, greedy(mode, record=record, max_tokens=40))
+            assert eng.resumed_samples > before, "the undersized KV cache did not preempt: lower the block count"
+            assert not any(s.preempted for s in got)
+            want = TorchEngine(hf_model).generate(prompts, greedy(mode, record=record, max_tokens=40))
+            assert_same(got, want, check_states=record)
+        eng.resume_preempted = False
+        got = eng.generate(prompts, greedy("soft", record=False, max_tokens=40))
     finally:
         eng.close()
     flagged = [s for s in got if s.preempted]
     assert flagged, "the undersized KV cache did not preempt: lower num_gpu_blocks_override"
     assert all(s.states is None for s in flagged)
-    want = TorchEngine(hf_model).generate(prompts, greedy("soft", max_tokens=40))
+    want = TorchEngine(hf_model).generate(prompts, greedy("soft", record=False, max_tokens=40))
     clean = [(g, w) for g, w in zip(got, want) if not g.preempted]
     assert clean
-    assert_same([g for g, _ in clean], [w for _, w in clean])
+    assert_same([g for g, _ in clean], [w for _, w in clean], check_states=False)
