@@ -40,3 +40,13 @@ def test_a_step_environment_on_the_real_stack(tmp_path):
     assert max(r["reward/env/turns_mean"] for r in rows) > 1.0, rows  # some episodes took a second turn
     assert all(0 < r["reward/env/observation_token_frac"] < 1 for r in rows)
     assert all(r["reward/env/failures_error"] == 0.0 for r in rows)
+
+
+def test_episodes_on_vllm(tmp_path):
+    """The same chat environment with the vLLM engine: a later turn resumes from the states vLLM recorded, through
+    its replay prefill (tests/test_vllm_continuation.py checks it token by token)."""
+    env = f"env={{name: {ENVS}:GuessEnv, max_turns: 2}}"
+    argv = local_args(tmp_path, "train.steps=1", env, "rollout.engine=vllm")
+    run = api.train(argv[2], argv[3:], no_ray=True)
+    rows = rows_of(run)
+    assert rows[-1]["reward/env/turns_mean"] > 1.0 and rows[-1]["reward/env/failures_error"] == 0.0, rows[-1]
