@@ -136,19 +136,26 @@ class Session:
         return 0
 
 
+def stop_exit_code(signum: int) -> int:
+    """128 + the signal; SIGHUP and SIGQUIT end the job as SIGTERM does, and exit as it does (143)."""
+    return 128 + (signal.SIGTERM if signum in (signal.SIGHUP, signal.SIGQUIT) else signum)
+
+
 class Interrupted(BaseException):
     """A signal that must end the job now (raised from the handler into whatever the main thread runs)."""
 
     def __init__(self, signum: int):
         super().__init__(f"{signal.Signals(signum).name} received")
-        self.exit_code = 128 + signum
+        self.exit_code = stop_exit_code(signum)
 
 
 class StopSignals:
-    """SIGTERM / SIGINT: the first one, once the loop runs (`graceful`), asks the loop to stop after the current
-    step (`reason()`); before that, or a second one, raises `Interrupted` at once."""
+    """SIGTERM / SIGINT / SIGHUP (a closed terminal or ssh session) / SIGQUIT: the first one, once the loop runs
+    (`graceful`), asks the loop to stop after the current step (`reason()`); before that, or a second one, raises
+    `Interrupted` at once. Without SIGHUP and SIGQUIT here, Python's defaults would kill the driver mid-step (no
+    checkpoint) or dump core."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
     def __init__(self):
         self.graceful, self.received, self.exit_code, self._previous = False, None, None, {}
@@ -165,7 +172,7 @@ class StopSignals:
         self._previous = {}
 
     def _handle(self, signum, frame) -> None:
-        self.exit_code = self.exit_code or 128 + signum
+        self.exit_code = self.exit_code or stop_exit_code(signum)
         if self.shutting_down:
             return
         if self.graceful and self.received is None:
