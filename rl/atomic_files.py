@@ -4,6 +4,7 @@ generated datasets all go through these, so a crash leaves the last complete ver
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -96,3 +97,14 @@ def fsync_tree(root: str | Path) -> None:
                 os.close(fd)
     for d in reversed(dirs):
         fsync_dir(d)
+
+
+def disk_full(error: BaseException) -> bool:
+    """`error` says the disk (or the user's quota) has no room left: an OSError with ENOSPC / EDQUOT, or a worker's
+    error that carries one in its text (Ray re-raises an actor's exception as its own type)."""
+    text = str(error)
+    return (
+        getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        or "No space left on device" in text
+        or "Disk quota exceeded" in text
+    )
