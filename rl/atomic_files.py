@@ -53,6 +53,11 @@ _OLD = re.compile(r"\.(?P<name>.+)\.old-(?P<pid>\d+)")
 _TMP = re.compile(r"\.(?:.+\.)?tmp-(?:.+-)?(?P<pid>\d+)")
 
 
+def is_temporary(name: str) -> bool:
+    """`name` is one of the temporaries above (`.NAME.old-PID`, `.NAME.tmp-PID`, `.tmp-NAME-PID`)."""
+    return bool(_OLD.fullmatch(name) or _TMP.fullmatch(name))
+
+
 def sweep_leftovers(parent: str | Path) -> list[str]:
     """Recover or delete what writers that are gone (a dead pid, or this process, which is writing nothing when it
     calls this) left in `parent`: a directory renamed aside by `replace_dir` whose replacement never arrived is

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import load_file, save_file
 
+from rl import atomic_files
 from rl.atomic_files import disk_full, fsync_dir, fsync_tree, replace_dir, sweep_leftovers, write_text
 from rl.config import Config, check_resume, load_config
 from rl.config.secrets import redacted
@@ -48,18 +49,11 @@ from rl.train.policy_dir import build_policy_dir
 if TYPE_CHECKING:
     from rl.train.workers import LearnerWorkers
 
-# What a run directory holds (RunDir.new --overwrite deletes these and nothing else).
-RUN_FILES = (
-    "config.yaml",
-    "metrics.jsonl",
-    "checkpoints",
-    "weights",
-    "plots",
-    "wandb",
-    "policy",
-    "eval",
-    "summary.md",
-    "summary.json",
+# What a run directory holds (RunDir.new --overwrite deletes these, and fbrl's own temporaries, and nothing else:
+# another file there, hidden or not, is the user's).
+RUN_FILES = tuple(
+    "config.yaml metrics.jsonl checkpoints weights plots wandb tensorboard policy policy_adapter base_model eval "
+    "summary.md summary.json".split()
 )
 
 
@@ -159,8 +153,10 @@ class RunDir:
                         f"--overwrite: {path} does not look like an fbrl run directory (it holds "
                         f"{', '.join(strangers or held)}); nothing was deleted"
                     )
-                for name in held:
-                    if (p / name).is_dir():
+                for name in held:  # the user's own hidden files (.git, .env) stay
+                    if name not in RUN_FILES and not atomic_files.is_temporary(name):
+                        continue
+                    if (p / name).is_dir() and not (p / name).is_symlink():
                         shutil.rmtree(p / name)
                     else:
                         (p / name).unlink()
