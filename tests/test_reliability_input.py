@@ -87,8 +87,10 @@ def test_resume_with_a_larger_max_tokens_names_the_prompt_limit(tmp_path):
     assert "the prompt limit changed from 208 to 43 tokens (rollout.max_tokens 48 -> 213" in message, message
 
 
+@pytest.mark.slow
 def test_the_command_refuses_it_in_seconds(tmp_path):
-    """Through `fbrl train` itself: exit code 2, one line on stderr, no traceback, no Ray."""
+    """Through `fbrl train` itself: exit code 2, one line on stderr, no traceback, no Ray. (Slow: a process of its
+    own; in CI the check itself runs above, and tests/test_launch_errors.py prints any such error as one line.)"""
     from rl.train import run_dir
 
     run = run_with_a_checkpoint(tmp_path)
