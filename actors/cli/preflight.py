@@ -139,7 +139,8 @@ def check_data(cfg, tokenizer, model_config: dict):
         raise BadInput(str(e)) from None
     for rows, split in ((data.train_rows, "train"), (data.eval_rows, "test")):
         if not rows and (split == "train" or cfg.train.eval_every > 0):  # (no eval: its rows are never loaded)
-            where = f"data.{split}_path: {getattr(cfg.data, f'{split}_path')}" if not _generated(cfg) else "data"
+            path = getattr(cfg.data, f"{split}_path") or cfg.data.train_path  # (one Hub dataset serves both)
+            where = f"data.{split}_path: {path}" if not _generated(cfg) else "data"
             raise BadInput(f"{where}: no rows (an empty {'training' if split == 'train' else 'eval'} set)")
     return data
 
