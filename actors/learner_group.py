@@ -143,9 +143,9 @@ class LearnerGroup:
         """Every rank killed, a new group set up at the initial weights; then `LearnerRebuilt` (never returns)."""
         if self.make_rank is None or self.supervisor is None:
             raise error
-        self.supervisor.replacing("learner", f"learner rank {dead}", method, error)
-        for a in self.actors:
+        for a in self.actors:  # first: a hung rank must not outlive a stop raised by a spent restart bound
             kill(a)
+        self.supervisor.replacing("learner", f"learner rank {dead}", method, error)
         self.actors = [self.make_rank(r) for r in range(len(self.actors))]
         self.generation += 1
         self._setup()

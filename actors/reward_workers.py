@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 from actors.supervision import actor_class, gather, kill
 from rl.data.tasks import TASKS
+from rl.train.faults import hang_injected
 from rl.train.workers import Scores
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,7 @@ class RewardHost:
         env=None,
     ):
         self.reward_set, self.accuracy_name = build_scorer(rcfg, base_dir or os.getcwd(), task, python_fns)
+        self.calls = 0
         self.envs = None
         if env is not None:
             from rewards.env_pool import EnvironmentPool
@@ -123,6 +126,9 @@ class RewardHost:
         finish_reasons: list[str],
         columns: dict[str, list] | None = None,
     ) -> Scores:
+        self.calls += 1
+        if hang_injected("SCORE", self.calls):  # fault injection: a reward actor stuck in C (docs/RELIABILITY.md)
+            time.sleep(24 * 3600)
         result = self.reward_set(prompts, completions, answers, finish_reasons=list(finish_reasons), **(columns or {}))
         for line in result.errors:  # already counted in result.metrics; surfaced in this process's log too
             log.warning(line)
@@ -150,15 +156,21 @@ class RewardWorkersOnRay:
         args = (list(prompts), list(completions), list(answers), list(finish_reasons), columns)
 
         def on_death(_, error):
-            if self.make_actor is None or self.supervisor is None:
-                raise error
-            self.supervisor.replacing("reward", "reward actor", "score", error)
-            kill(self.actor)
-            self.actor = self.make_actor()
-            return self.actor.score.remote(*args)
+            return self.replace(error).score.remote(*args)
 
         watch = self.supervisor and self.supervisor.watch("score", lambda _: "reward actor", len(completions))
         return gather(lambda _: self.actor.score.remote(*args), 1, on_death, watch=watch)[0]
+
+    def replace(self, error: BaseException, during: str = "score"):
+        """A new reward actor for one that died or hung (`error`); raises when it may not be replaced (no supervisor,
+        or `faults.max_reward_restarts` used up: `RunStopped`). The old actor is killed first either way, so a hung
+        one never outlives the stop."""
+        if self.make_actor is None or self.supervisor is None:
+            raise error
+        kill(self.actor)
+        self.supervisor.replacing("reward", "reward actor", during, error)
+        self.actor = self.make_actor()
+        return self.actor
 
     def env_stop_strings(self) -> tuple[str, ...]:
         import ray
@@ -170,12 +182,7 @@ class RewardWorkersOnRay:
         between steps they are pickles the driver holds."""
 
         def on_death(_, error):
-            if self.make_actor is None or self.supervisor is None:
-                raise error
-            self.supervisor.replacing("reward", "reward actor", "step_envs", error)
-            kill(self.actor)
-            self.actor = self.make_actor()
-            return self.actor.step_envs.remote(envs, rows, texts)
+            return self.replace(error, "step_envs").step_envs.remote(envs, rows, texts)
 
         watch = self.supervisor and self.supervisor.watch("step_envs", lambda _: "reward actor", len(texts))
         return gather(lambda _: self.actor.step_envs.remote(envs, rows, texts), 1, on_death, watch=watch)[0]
@@ -186,10 +193,20 @@ class RewardWorkersOnRay:
         return ray.get(self.actor.pid.remote())
 
     def close(self) -> None:
+        """The rewards' close() in the actor, then the actor ended. A dead actor has nothing left to close; a hung
+        one is bounded by the caller (actors/cli/session.py `close_rewards`), which then calls `kill`."""
         import ray
+        from ray.exceptions import RayActorError
 
-        ray.get(self.actor.close.remote())
-        ray.kill(self.actor)
+        try:
+            ray.get(self.actor.close.remote())
+        except RayActorError:
+            pass
+        finally:
+            kill(self.actor)
+
+    def kill(self) -> None:
+        kill(self.actor)
 
 
 def reward_actor_class():

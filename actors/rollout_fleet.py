@@ -288,10 +288,10 @@ class RolloutFleet:
         what = f"rollout actor {k}" + (f" (pid {self._pids[k]})" if self._pids[k] else "")
         if self.make_actor is None or self.supervisor is None or lost_object(error):
             raise error  # (a lost object the call fetched, e.g. weights whose owner died: the engine is alive)
+        kill(self.actors[k])  # first: a hung engine must not outlive a stop (a spent bound, a native transfer)
         if not getattr(self.transport, "replaceable", True):  # vLLM's native transfer, once set up
             raise self.transport.lost_engine(f"{what} died during {during} ({describe(error)})")
         self.supervisor.replacing("rollout", what, during, error)
-        kill(self.actors[k])
         self.actors[k], self._pids[k] = self.make_actor(k), None
         if self.last_sync is not None:
             ray.get(self.actors[k].load_weights.remote(*self.last_sync))

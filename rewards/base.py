@@ -86,22 +86,35 @@ def _accepted_kwargs(fn: Any) -> set[str] | None:
 ABSURD_SCORE = 1e6
 
 
+def _scalar(x: Any) -> bool:
+    """A number with no length: int, float, bool, a numpy scalar, a 0-d numpy array or torch tensor."""
+    return getattr(x, "ndim", None) == 0 or (isinstance(x, (int, float)) and not hasattr(x, "__len__"))
+
+
 def validate_scores(out: Any, n: int) -> tuple[list[float], int, str]:
     """(scores, bad_items, problem). A wrong container or length fails the whole batch (n bad items, all 0);
-    a non-numeric, non-finite or absurd (|score| > ABSURD_SCORE) element fails that item only."""
-    if isinstance(out, (str, bytes, dict, set)) or not hasattr(out, "__len__") or not hasattr(out, "__iter__"):
-        return [0.0] * n, n, f"returned {type(out).__name__}, expected a list of {n} floats"
-    if len(out) != n:
-        return [0.0] * n, n, f"returned {len(out)} scores for a batch of {n}"
+    a non-numeric, non-finite or absurd (|score| > ABSURD_SCORE) element fails that item only. One number (a 0-d
+    tensor or array, a numpy scalar) for a batch of one is that item's score; never raises."""
+    if _scalar(out) and n == 1:
+        out = [out]
+    try:
+        if isinstance(out, (str, bytes, dict, set)) or _scalar(out) or not hasattr(out, "__iter__"):
+            raise TypeError
+        size = len(out)
+    except TypeError:  # (a 0-d tensor or array has __len__, and raises)
+        what = f"one number ({type(out).__name__})" if _scalar(out) else type(out).__name__
+        return [0.0] * n, n, f"returned {what}, expected a list of {n} floats"
+    if size != n:
+        return [0.0] * n, n, f"returned {size} scores for a batch of {n}"
     scores, bad, first = [], 0, ""
     for x in out:
         try:
             if isinstance(x, (str, bytes)):
                 raise TypeError
-            v = float(x)  # int, float, bool, numpy and 0-d torch scalars
+            v = float(x.item() if getattr(x, "ndim", None) == 0 else x)  # numpy and 0-d torch scalars as numbers
             if not math.isfinite(v) or abs(v) > ABSURD_SCORE:
                 raise ValueError
-        except (TypeError, ValueError):
+        except Exception:  # TypeError, ValueError, OverflowError, or whatever a user type's __float__ raises
             bad += 1
             first = first or f"returned a non-finite, absurd (|x| > {ABSURD_SCORE:g}) or non-numeric score {x!r:.80}"
             v = 0.0

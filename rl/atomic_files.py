@@ -4,6 +4,7 @@ generated datasets all go through these, so a crash leaves the last complete ver
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -52,6 +53,11 @@ _OLD = re.compile(r"\.(?P<name>.+)\.old-(?P<pid>\d+)")
 _TMP = re.compile(r"\.(?:.+\.)?tmp-(?:.+-)?(?P<pid>\d+)")
 
 
+def is_temporary(name: str) -> bool:
+    """`name` is one of the temporaries above (`.NAME.old-PID`, `.NAME.tmp-PID`, `.tmp-NAME-PID`)."""
+    return bool(_OLD.fullmatch(name) or _TMP.fullmatch(name))
+
+
 def sweep_leftovers(parent: str | Path) -> list[str]:
     """Recover or delete what writers that are gone (a dead pid, or this process, which is writing nothing when it
     calls this) left in `parent`: a directory renamed aside by `replace_dir` whose replacement never arrived is
@@ -96,3 +102,14 @@ def fsync_tree(root: str | Path) -> None:
                 os.close(fd)
     for d in reversed(dirs):
         fsync_dir(d)
+
+
+def disk_full(error: BaseException) -> bool:
+    """`error` says the disk (or the user's quota) has no room left: an OSError with ENOSPC / EDQUOT, or a worker's
+    error that carries one in its text (Ray re-raises an actor's exception as its own type)."""
+    text = str(error)
+    return (
+        getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        or "No space left on device" in text
+        or "Disk quota exceeded" in text
+    )

@@ -173,10 +173,6 @@ def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
                     metrics |= heldout(p, version, step)[0]
                 except RunStopped as e:
                     stop = e
-            # the sampler position after this step's prompts (the producer may have drawn later batches)
-            state = {"version": version, "sampler": batch.sampler_state}
-            checkpointed = save_step(run, cfg, learner, step, state)
-            unsaved = None if checkpointed else state
             metrics["time_step_s"] = time.perf_counter() - t_step
             try:  # the stop rules see this step's faults; a stop still logs the step and checkpoints it
                 job.guard.check(
@@ -186,9 +182,15 @@ def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
                     len(samples),
                     partly=partly_applied(learner_metrics),
                 )
-                stop = stop or job.stop_requested()
             except RunStopped as e:
                 stop = stop or e
+            # the row before the checkpoint and the export, which can fail or be killed: a checkpoint never holds
+            # a step that metrics.jsonl lacks (a resume truncates the rows after its checkpoint and logs them again)
             log_step(p, job, history, {**metrics, **p.faults.metrics()})
+            # the sampler position after this step's prompts (the producer may have drawn later batches)
+            state = {"version": version, "sampler": batch.sampler_state}
+            checkpointed = save_step(run, cfg, learner, step, state)
+            unsaved = None if checkpointed else state
+            stop = stop or job.stop_requested()
             if stop:
                 stop_after_step(stop, run, learner, step, None if checkpointed else state)

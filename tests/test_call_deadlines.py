@@ -89,12 +89,18 @@ def test_a_hung_engine_is_replaced_after_the_deadline_with_the_same_seeds(ray_se
 
 
 def test_a_hang_past_the_restart_bound_stops_the_job(ray_session):
+    """Stopped with the hung engine killed first: it does not outlive the job's stop."""
+    import ray
+
     engine = stub_engine_class()
     lines: list[str] = []
     fcfg = FaultsConfig(call_timeout_s=2.0, call_timeout_per_sample_s=0.0, max_rollout_restarts=0)
-    fleet, _ = fleet_of([engine.remote(hang_on_call=1)], fcfg, lines)
+    hung = engine.remote(hang_on_call=1)
+    fleet, _ = fleet_of([hung], fcfg, lines)
     with pytest.raises(RunStopped, match=r"rollout actor 0 hung during generate .*max_rollout_restarts=0"):
         fleet.generate([[1]], SamplingParams(n=1, seed=0), 0)
+    with pytest.raises(ray.exceptions.RayActorError):  # killed before the stop (alive, the call would queue)
+        ray.get(hung.version.remote(), timeout=30)
 
 
 def test_no_deadline_when_it_is_off():

@@ -12,8 +12,9 @@ message naming what is wrong; `fbrl train` prints it without a traceback and exi
 - combinations that cannot work (`check_combinations`): a weight transport the engines, GPUs, colocation or
   --no-ray rule out, a vLLM tensor-parallel engine, the exact estimator across ZeRO-3 ranks, one sample per
   prompt with a group-relative advantage;
-- the data (`data`): files exist and parse, rows have the prompt and answer fields, and prompts longer than
-  the engine allows are counted (or stop the job here, `data.overlong_prompts: error`).
+- the data (`data`): files exist and parse, hold rows, rows have the prompt and answer fields, and prompts longer
+  than the engine allows are counted (or stop the job here, `data.overlong_prompts: error`); on `--resume`, as
+  many training rows remain as the checkpoint's sampler drew from (a changed prompt limit is named).
 
 The run directory's rules (a new run into a non-empty directory, `--resume` of a missing one) are
 `rl.train.run_dir.RunDir`'s.
@@ -133,9 +134,54 @@ def check_data(cfg, tokenizer, model_config: dict):
     from rl.train.job import JobData
 
     try:
-        return JobData.load(cfg, tokenizer, SimpleNamespace(**model_config))
+        data = JobData.load(cfg, tokenizer, SimpleNamespace(**model_config))
     except DataError as e:
         raise BadInput(str(e)) from None
+    for rows, split in ((data.train_rows, "train"), (data.eval_rows, "test")):
+        if not rows and (split == "train" or cfg.train.eval_every > 0):  # (no eval: its rows are never loaded)
+            path = getattr(cfg.data, f"{split}_path") or cfg.data.train_path  # (one Hub dataset serves both)
+            where = f"data.{split}_path: {path}" if not _generated(cfg) else "data"
+            raise BadInput(f"{where}: no rows (an empty {'training' if split == 'train' else 'eval'} set)")
+    return data
+
+
+def _generated(cfg) -> bool:
+    from rl.data.tasks import TASKS
+
+    return TASKS[cfg.data.task].generated
+
+
+def check_resume_data(cfg, data, model_config: dict) -> None:
+    """On `--resume`: the training rows as fitted now are the rows the checkpoint's sampler drew from (their count),
+    else the prompts would differ from the run's; a changed prompt limit (`rollout.max_tokens`, the engine's context,
+    `data.max_prompt_tokens`) is the usual cause and is named, with the limits then and now."""
+    from types import SimpleNamespace
+
+    from rl.config import load_config
+    from rl.data.prompts import prompt_token_limit
+    from rl.train.run_dir import RunDir
+
+    checkpoint = RunDir(cfg.train.resume).latest_checkpoint() if cfg.train.resume else None
+    if checkpoint is None:
+        return
+    sampler = json.loads((checkpoint / "trainer_state.json").read_text()).get("sampler") or {}
+    then, now = sampler.get("num_rows"), len(data.train_rows)
+    if then is None or then == now:
+        return
+    run_cfg = load_config(Path(cfg.train.resume) / "config.yaml")
+    config = SimpleNamespace(**model_config)
+    limits = (prompt_token_limit(run_cfg, config), prompt_token_limit(cfg, config))
+    why = (
+        f"the prompt limit changed from {limits[0]} to {limits[1]} tokens (rollout.max_tokens "
+        f"{run_cfg.rollout.max_tokens} -> {cfg.rollout.max_tokens}, data.max_prompt_tokens "
+        f"{run_cfg.data.max_prompt_tokens} -> {cfg.data.max_prompt_tokens}): resume with the run's values"
+        if limits[0] != limits[1]
+        else "the data changed: resume with the data the run started with"
+    )
+    raise BadInput(
+        f"--resume {cfg.train.resume}: {checkpoint.name} drew its prompts from {then} training rows, and {now} "
+        f"remain now after the prompts over the limit are dropped; {why}"
+    )
 
 
 def check_combinations(cfg, in_process: bool = False) -> None:
@@ -215,6 +261,7 @@ def check_job(cfg, base_dir: str | None = None, in_process: bool = False, log=pr
     check_kv_cache(cfg, model_config)
     check_rewards(cfg, base_dir, python_fns)
     data = check_data(cfg, tokenizer, model_config)
+    check_resume_data(cfg, data, model_config)
     answers = sum(r.get("answer") is not None for r in data.train_rows)
     if answers == 0 and cfg.reward.accuracy.strip() == "auto":
         log("reward.accuracy: auto -> none: the training rows carry no answer to check correctness against")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -94,11 +95,8 @@ class Session:
             self.bar.close()
         if self.plots is not None:
             self.plots.finish()  # the final drawing, in its own process, beside the rest of the teardown
-        if self.rewards is not None:
-            try:  # a reward's close() (its client, its pool) runs; a dead reward worker has nothing left to close
-                self.rewards.close()
-            except Exception as e:
-                print(f"closing the rewards failed: {type(e).__name__}: {e}", flush=True)
+        if self.rewards is not None:  # a reward's close() (its client, its pool) runs, within a deadline
+            close_rewards(self.rewards, REWARDS_CLOSE_S, give_up=lambda: self.stop.late is not None)
         wandb_dir = self.trackers.close() if self.trackers is not None else None
         shutdown_ray(self.no_ray)
         written = self.plots.wait() if self.plots is not None else self.run_dir.plot()
@@ -136,23 +134,66 @@ class Session:
         return 0
 
 
+def stop_exit_code(signum: int) -> int:
+    """128 + the signal; SIGHUP and SIGQUIT end the job as SIGTERM does, and exit as it does (143)."""
+    return 128 + (signal.SIGTERM if signum in (signal.SIGHUP, signal.SIGQUIT) else signum)
+
+
+REWARDS_CLOSE_S = 30.0  # how long the end of a job waits for the rewards' close() (a client, a process pool)
+
+
+def close_rewards(rewards, deadline_s: float, give_up=lambda: False) -> bool:
+    """`rewards.close()`, waited for at most `deadline_s` seconds, in 1-s slices so that a signal is handled and
+    `give_up()` (a signal during the teardown) ends the wait. A close that does not return (a hung reward actor, a
+    user close() stuck) gets one line naming it and, on Ray, its actor killed (`rewards.kill()`); a close that
+    raises gets one line. True when it closed."""
+    done, failed = threading.Event(), []
+
+    def close():
+        try:
+            rewards.close()
+        except Exception as e:  # reported below, never raised in this thread
+            failed.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=close, daemon=True, name="fbrl-close-rewards").start()
+    t0 = time.monotonic()
+    while not done.wait(1.0):
+        waited = time.monotonic() - t0
+        if waited >= deadline_s or give_up():
+            why = "a signal arrived" if give_up() else f"past its deadline of {deadline_s:.0f} s"
+            on_ray = hasattr(rewards, "kill")
+            if on_ray:
+                rewards.kill()
+            what, done_with = ("the reward actor", "killed") if on_ray else ("the rewards' close()", "left behind")
+            print(f"closing the rewards: {what} did not return after {waited:.0f} s ({why}); {done_with}", flush=True)
+            return False
+    if failed:
+        print(f"closing the rewards failed: {type(failed[0]).__name__}: {failed[0]}", flush=True)
+    return not failed
+
+
 class Interrupted(BaseException):
     """A signal that must end the job now (raised from the handler into whatever the main thread runs)."""
 
     def __init__(self, signum: int):
         super().__init__(f"{signal.Signals(signum).name} received")
-        self.exit_code = 128 + signum
+        self.exit_code = stop_exit_code(signum)
 
 
 class StopSignals:
-    """SIGTERM / SIGINT: the first one, once the loop runs (`graceful`), asks the loop to stop after the current
-    step (`reason()`); before that, or a second one, raises `Interrupted` at once."""
+    """SIGTERM / SIGINT / SIGHUP (a closed terminal or ssh session) / SIGQUIT: the first one, once the loop runs
+    (`graceful`), asks the loop to stop after the current step (`reason()`); before that, or a second one, raises
+    `Interrupted` at once. Without SIGHUP and SIGQUIT here, Python's defaults would kill the driver mid-step (no
+    checkpoint) or dump core."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
     def __init__(self):
         self.graceful, self.received, self.exit_code, self._previous = False, None, None, {}
-        self.shutting_down = False  # set while the workers are being stopped: later signals change nothing
+        self.shutting_down = False  # set while the workers are being stopped: a signal then ends waits at once
+        self.late = None  # the signal that arrived while shutting down
 
     def install(self) -> None:
         for sig in self.SIGNALS:
@@ -165,8 +206,9 @@ class StopSignals:
         self._previous = {}
 
     def _handle(self, signum, frame) -> None:
-        self.exit_code = self.exit_code or 128 + signum
-        if self.shutting_down:
+        self.exit_code = self.exit_code or stop_exit_code(signum)
+        if self.shutting_down:  # the teardown is bounded; a signal now cuts its waits short (close_rewards)
+            self.late = self.late or signal.Signals(signum).name
             return
         if self.graceful and self.received is None:
             self.received = signal.Signals(signum).name

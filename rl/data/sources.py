@@ -59,7 +59,12 @@ def _parquet(path: Path, split: str) -> tuple[list[dict], str]:
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
-    return pq.read_table(path).to_pylist(), str(path)
+    import pyarrow as pa
+
+    try:
+        return pq.read_table(path).to_pylist(), str(path)
+    except (pa.ArrowException, OSError) as e:  # a corrupt or truncated file, or not parquet at all
+        raise DataError(f"{path}: not a readable parquet file ({str(e)[:200]})") from None
 
 
 def _csv(path: Path, split: str) -> tuple[list[dict], str]:

@@ -19,7 +19,9 @@ Values under secret-looking keys (`api_key`, `token`, ...) are never written to 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
 import json
 import logging
 import math
@@ -34,29 +36,24 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors.torch import load_file, save_file
 
-from rl.atomic_files import fsync_dir, fsync_tree, replace_dir, sweep_leftovers, write_text
+from rl import atomic_files
+from rl.atomic_files import disk_full, fsync_dir, fsync_tree, replace_dir, sweep_leftovers, write_text
 from rl.config import Config, check_resume, load_config
 from rl.config.secrets import redacted
 from rl.config.serialize import yaml_dump
 from rl.decode_modes import rl_modes
 from rl.errors import InputError
-from rl.train.faults import EXIT_BAD_INPUT, RunStopped
+from rl.train.faults import EXIT_BAD_INPUT, EXIT_STOPPED, RunStopped
+from rl.train.policy_dir import build_policy_dir
 
 if TYPE_CHECKING:
     from rl.train.workers import LearnerWorkers
 
-# What a run directory holds (RunDir.new --overwrite deletes these and nothing else).
-RUN_FILES = (
-    "config.yaml",
-    "metrics.jsonl",
-    "checkpoints",
-    "weights",
-    "plots",
-    "wandb",
-    "policy",
-    "eval",
-    "summary.md",
-    "summary.json",
+# What a run directory holds (RunDir.new --overwrite deletes these, and fbrl's own temporaries, and nothing else:
+# another file there, hidden or not, is the user's).
+RUN_FILES = tuple(
+    "config.yaml metrics.jsonl checkpoints weights plots wandb tensorboard policy policy_adapter base_model eval "
+    "summary.md summary.json".split()
 )
 
 
@@ -94,18 +91,6 @@ def lock_run_dir(path: str | Path) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"fbrl train (pid {os.getpid()} on {socket.gethostname()})\n".encode(), 0)
     _LOCKS[p] = fd
-
-
-POLICY_CONFIG_FILES = ("config.json", "generation_config.json")
-POLICY_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
 
 
 RUNS_ENV = "FBRL_RUNS_DIR"  # where a run without train.run_dir goes inside `ray job submit` (default ~/fbrl-runs)
@@ -168,8 +153,10 @@ class RunDir:
                         f"--overwrite: {path} does not look like an fbrl run directory (it holds "
                         f"{', '.join(strangers or held)}); nothing was deleted"
                     )
-                for name in held:
-                    if (p / name).is_dir():
+                for name in held:  # the user's own hidden files (.git, .env) stay
+                    if name not in RUN_FILES and not atomic_files.is_temporary(name):
+                        continue
+                    if (p / name).is_dir() and not (p / name).is_symlink():
                         shutil.rmtree(p / name)
                     else:
                         (p / name).unlink()
@@ -206,13 +193,15 @@ class RunDir:
     def log_metrics(self, row: dict) -> None:
         """Append one row in a single write(2) on an O_APPEND descriptor: a crash or a full disk can cut the last
         row short (read_metrics drops it), never interleave two."""
-        data = metrics_line(row).encode()
-        fd = os.open(self.path / "metrics.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            if os.write(fd, data) != len(data):
-                raise OSError(f"{self.path / 'metrics.jsonl'}: short write (disk full?)")
-        finally:
-            os.close(fd)
+        data, path = metrics_line(row).encode(), self.path / "metrics.jsonl"
+        with self.full_disk_stops(path):
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.ENOSPC, f"{path}: short write (No space left on device?)")
+                os.fsync(fd)  # a step logged is on the disk before its checkpoint is written
+            finally:
+                os.close(fd)
 
     def read_metrics(self) -> list[dict]:
         """Every row. A last line cut short (a crash or a full disk during the append) is dropped with a warning:
@@ -262,20 +251,40 @@ class RunDir:
         name = f"step_{step:06d}"
         tmp = self.ckpt_root / f".tmp-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        check_saved(tmp / "learner", learner.save_checkpoint(str(tmp / "learner")), self.path)
-        state = dict(trainer_state, step=step, python_rng=_jsonable(random.getstate()))
-        write_text(tmp / "trainer_state.json", json.dumps(state, indent=1, sort_keys=True))
-        save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-        fsync_tree(tmp)  # after a power loss `latest` must not name files the disk never got
-        final = self.ckpt_root / name
-        replace_dir(tmp, final)  # a re-run of the same step: the old one stays whole until the new one is in
-        fsync_dir(self.ckpt_root)
-        write_text(self.ckpt_root / "latest", name)
-        fsync_dir(self.ckpt_root)
+        with self.full_disk_stops(tmp, remove=tmp):
+            tmp.mkdir(parents=True)
+            check_saved(tmp / "learner", learner.save_checkpoint(str(tmp / "learner")), self.path)
+            state = dict(trainer_state, step=step, python_rng=_jsonable(random.getstate()))
+            write_text(tmp / "trainer_state.json", json.dumps(state, indent=1, sort_keys=True))
+            save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+            fsync_tree(tmp)  # after a power loss `latest` must not name files the disk never got
+            final = self.ckpt_root / name
+            replace_dir(tmp, final)  # a re-run of the same step: the old one stays whole until the new one is in
+            fsync_dir(self.ckpt_root)
+            write_text(self.ckpt_root / "latest", name)
+            fsync_dir(self.ckpt_root)
         if keep is not None:
             self.prune_checkpoints(keep)
         return final
+
+    @contextlib.contextmanager
+    def full_disk_stops(self, path: Path, remove: Path | None = None):
+        """A write to `path`: on failure `remove` (its half-written temporary) is deleted, and a full disk stops the
+        job (exit 3) with one line naming the disk and the path; the last complete checkpoint stays `latest`."""
+        try:
+            yield
+        except Exception as e:
+            if remove is not None:
+                shutil.rmtree(remove, ignore_errors=True)
+            if not disk_full(e):
+                raise
+            latest = self.latest_checkpoint()
+            last = f"from {latest.name}" if latest is not None else "(no checkpoint yet: start again)"
+            raise RunStopped(
+                f"the disk is full (no space left on device) writing {path}: free space on the disk of {self.path}, "
+                f"then `fbrl train --resume {self.path}` continues {last}",
+                exit_code=EXIT_STOPPED,
+            ) from None
 
     def complete_checkpoints(self) -> list[Path]:
         """Checkpoints whose trainer state parses and whose learner state exists, oldest first (by recorded step)."""
@@ -340,21 +349,11 @@ class RunDir:
         Built in a temporary directory, then swapped in (the old one removed after)."""
         final, tmp = self.path / "policy", self.path / f".policy.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:  # a hard link costs nothing; the learner replaces (never rewrites) its export file
-            os.link(weights_file, tmp / "model.safetensors")
-        except OSError:
-            shutil.copy2(weights_file, tmp / "model.safetensors")
-        for src, names in ((model_dir, POLICY_CONFIG_FILES), (tokenizer_dir or model_dir, POLICY_TOKENIZER_FILES)):
-            for name in names:
-                if (Path(src) / name).is_file():
-                    shutil.copy2(Path(src) / name, tmp / name)
-        if decode_modes is not None and (tmp / "config.json").is_file():
-            from rl.decode_modes import CONFIG_KEY
-
-            config = json.loads((tmp / "config.json").read_text())
-            (tmp / "config.json").write_text(json.dumps({**config, CONFIG_KEY: decode_modes}, indent=2) + "\n")
-        replace_dir(tmp, final)
+        with self.full_disk_stops(final, remove=tmp):
+            build_policy_dir(tmp, weights_file, model_dir, tokenizer_dir, decode_modes)
+            fsync_tree(tmp)  # the weights (a hard link to the learner's file) and the config reach the disk
+            replace_dir(tmp, final)
+            fsync_dir(self.path)
         return final
 
     # ---- plots -----------------------------------------------------------------------------------------
