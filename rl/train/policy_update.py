@@ -72,9 +72,12 @@ class TorchBackend:
 
 
 def policy_loss_config(algo_cfg, max_tokens: int) -> algos.PolicyLossConfig:
-    one_update = algo_cfg.ppo_epochs == 1 and algo_cfg.mini_batches == 1
+    loss_type = algo_cfg.policy_loss
+    if loss_type == "auto":
+        one_update = algo_cfg.ppo_epochs == 1 and algo_cfg.mini_batches == 1
+        loss_type = "reinforce" if one_update and algo_cfg.clip_ratio_c is None else "ppo"
     return algos.PolicyLossConfig(
-        loss_type="reinforce" if one_update and algo_cfg.clip_ratio_c is None else "ppo",
+        loss_type=loss_type,
         eps_low=algo_cfg.eps_low,
         eps_high=algo_cfg.eps_high,
         clip_ratio_c=algo_cfg.clip_ratio_c,
