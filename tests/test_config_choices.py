@@ -24,6 +24,8 @@ from rl.samples.states import CONFIG_NAMES
 
 def _registries() -> dict[str, set[str]]:
     """{dotted key: the names its registry holds (plus the key's own `auto`, where it has one)}."""
+    from actors.engines import ENGINES
+    from actors.weight_sync import TRANSPORTS
     from rewards.conventions import CONVENTIONS
     from rl.model import FUSION_INITS, FUSION_MODES
 
@@ -41,6 +43,8 @@ def _registries() -> dict[str, set[str]]:
         "model.fusion_mode": set(FUSION_MODES),
         "model.convert_init": set(FUSION_INITS),
         "reward.fns.convention": set(CONVENTIONS),
+        "rollout.engine": set(ENGINES),
+        "rollout.weight_sync": {"auto", *TRANSPORTS},
     }
 
 
@@ -62,8 +66,6 @@ PLAIN_OPTIONS = {
     "model.init.backbone",
     "likelihood.ref_estimator",  # a subset of the estimators: tested below
     "algo.tis_cap",  # a number, `auto` or null
-    "rollout.engine",
-    "rollout.weight_sync",
 }
 
 
@@ -140,3 +142,11 @@ def test_policy_loss_ppo_is_selectable_and_reinforce_refuses_a_dual_clip():
     assert policy_loss_config(load_config(None, ["algo.policy_loss=ppo"]).algo, 8).loss_type == "ppo"
     with pytest.raises(ConfigError, match="algo.policy_loss"):
         load_config(None, ["algo.policy_loss=reinforce", "algo.clip_ratio_c=3.0"])
+
+
+def test_every_engine_receives_only_registered_transports():
+    from actors.engines import ENGINES
+    from actors.weight_sync import TRANSPORTS
+
+    for name, kind in ENGINES.items():
+        assert kind.transports and set(kind.transports) <= set(TRANSPORTS), name
