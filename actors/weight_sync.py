@@ -39,7 +39,7 @@ import torch
 
 from actors.engines import engine_kind
 from actors.supervision import describe, lost_object
-from rl.algos._registry import lookup
+from rl.algos.registry import lookup
 from rl.train.faults import RunStopped
 
 

@@ -4,10 +4,10 @@ nothing that is not there: a module added, moved or removed changes the table in
 A row's first column holds the paths it describes, in backticks: a module (`rl/loop.py`) or a package
 (`rl/algos/`, which names the modules directly inside it)."""
 
-import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 PACKAGES = ("rl", "rollout", "rewards", "actors")
 HEADER = "| module | what it is |"
 

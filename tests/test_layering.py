@@ -9,8 +9,8 @@ import ast
 import pathlib
 
 import pytest
+from conftest import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("rl", "rollout", "rewards", "actors")
 
 # package -> top-level names it must never import

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from conftest import TINY_ARITH
 
 import rl.model  # noqa: F401
 from rl import algos
@@ -15,7 +16,7 @@ from rl.samples.request import SamplingParams
 from rl.train.policy_update import PolicyUpdater, TorchBackend
 from rollout.torch_engine import TorchEngine
 
-CKPT = "checkpoints/tiny-arith"
+CKPT = str(TINY_ARITH)
 
 
 @pytest.fixture(scope="module")

@@ -3,11 +3,10 @@ shared directories, a scratch area, a tracker, a branch)."""
 
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 TOP = "configs|docs|rl|actors|rollout|rewards|bench|tools|scripts|examples|checkpoints|tests"
 # a file of the tree named by its path: `rl/model/fbt.py`, configs/tiny.yaml (metric names like rewards/total/mean
 # carry no extension and are not paths)

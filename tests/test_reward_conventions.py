@@ -5,16 +5,14 @@ signature. The last test runs two steps of the tiny job with a TRL reward that c
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
 from rewards.base import RewardSet
 from rewards.conventions import adapt, detect
 from rewards.loader import RewardLoadError, build_reward_set
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # A TRL reward as its docs write them: chat completions read as completion[0]["content"], the ground truth from a
 # nested column, TRL's keywords taken through **kwargs.

@@ -10,7 +10,6 @@ are the embedded CPU default (tiny checkpoint, arithmetic task). The sections of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from rl.config.bounds import ge, gt, within
@@ -347,9 +346,6 @@ class Config:
 
     def to_yaml(self) -> str:
         return yaml_dump(self.to_dict())
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_yaml())
 
     def flat(self) -> dict[str, Any]:
         """{'train.lr': 1e-6, ...}: every leaf under its dotted key (lists are leaves)."""

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.algos._registry import lookup, make_register
+from rl.algos.registry import lookup, make_register
 from rl.decode_modes import DECODE_MODES
 from rl.samples.batch import LearnerBatch
 from rl.samples.logprob_contract import behaviour_log_softmax, entropy_of
