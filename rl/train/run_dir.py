@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rl.atomic_files import fsync_dir, fsync_tree, replace_dir, sweep_leftovers, write_text
+from rl.backbones import TOKENIZER_FILES
 from rl.config import Config, check_resume, load_config
 from rl.config.secrets import redacted
 from rl.config.serialize import yaml_dump
@@ -97,15 +98,6 @@ def lock_run_dir(path: str | Path) -> None:
 
 
 POLICY_CONFIG_FILES = ("config.json", "generation_config.json")
-POLICY_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
 
 
 RUNS_ENV = "FBRL_RUNS_DIR"  # where a run without train.run_dir goes inside `ray job submit` (default ~/fbrl-runs)
@@ -345,7 +337,7 @@ class RunDir:
             os.link(weights_file, tmp / "model.safetensors")
         except OSError:
             shutil.copy2(weights_file, tmp / "model.safetensors")
-        for src, names in ((model_dir, POLICY_CONFIG_FILES), (tokenizer_dir or model_dir, POLICY_TOKENIZER_FILES)):
+        for src, names in ((model_dir, POLICY_CONFIG_FILES), (tokenizer_dir or model_dir, TOKENIZER_FILES)):
             for name in names:
                 if (Path(src) / name).is_file():
                     shutil.copy2(Path(src) / name, tmp / name)
