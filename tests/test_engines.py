@@ -58,3 +58,24 @@ def test_an_unknown_engine_names_the_valid_ones():
     cfg.rollout.engine = "tourch"
     with pytest.raises(ValueError, match="unknown rollout.engine 'tourch'; valid choices: .*torch.*vllm"):
         engines.build_engine(cfg)
+
+
+def test_a_new_transport_is_one_entry(file_only_engine, monkeypatch):
+    """A weight transport is one `TRANSPORTS` entry (how it is made, what it needs); an engine that lists it can
+    be given it, one that does not is refused naming the engine."""
+    from actors import weight_sync
+
+    made = []
+    monkeypatch.setitem(weight_sync.TRANSPORTS, "test_pigeon", weight_sync.Transport(lambda cfg: made.append(cfg)))
+    monkeypatch.setitem(
+        engines.ENGINES,
+        "test_file_only",
+        engines.EngineKind("test_file_only", lambda *a: None, ("file", "test_pigeon")),
+    )
+    cfg = load_config("configs/tiny.yaml")
+    cfg.rollout.engine, cfg.rollout.weight_sync = "test_file_only", "test_pigeon"
+    assert transport_problem(cfg, in_process=False) is None
+    weight_sync.make_transport(cfg, "test_pigeon")
+    assert made == [cfg]
+    cfg.rollout.engine = "torch"
+    assert "rollout.engine is 'torch'" in transport_problem(cfg, in_process=False)
