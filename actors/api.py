@@ -16,9 +16,7 @@ On Ray they are pickled by value into the reward actor (cloudpickle), so closure
 
 from __future__ import annotations
 
-import argparse
 import datetime
-import tempfile
 from pathlib import Path
 
 
@@ -34,6 +32,7 @@ class TrainingStopped(RuntimeError):
 def train(
     config=None,
     overrides=(),
+    *,
     reward_fns=None,
     resume: str | Path | None = None,
     no_ray: bool = False,
@@ -45,53 +44,36 @@ def train(
     `resume`, the run's own config). `overrides`: dotted `key=value` strings, as on the command line.
     `reward_fns`: callables, or `(callable, weight)` pairs. `no_ray`: in-process workers (`--no-ray`)."""
     from actors.cli import launch
-    from rl.config import load_config
+    from rl.errors import InputError
 
     overrides = list(overrides)
-    python_fns = {}
-    if reward_fns:
-        entries = []
-        for item in reward_fns:
-            fn, weight = item if isinstance(item, tuple) else (item, 1.0)
-            base = getattr(fn, "__name__", None) or type(fn).__name__
-            name, k = base, 2
-            while name in python_fns:
-                name, k = f"{base}_{k}", k + 1
-            python_fns[name] = fn
-            entries.append(f"{{fn: 'python:{name}', weight: {float(weight)}}}")
-        overrides.append(f"reward.fns=[{', '.join(entries)}]")
-    with tempfile.TemporaryDirectory(prefix="fbrl-api-") as tmp:
-        path = _config_path(config, Path(tmp))
-        if resume is None:
-            run_dir = load_config(path, overrides).train.run_dir
-            if run_dir is None:  # the launcher would stamp one; choose it here, so that it can be returned
-                run_dir = f"runs/{datetime.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
-                overrides.append(f"train.run_dir={run_dir}")
-        else:
-            run_dir = str(resume)
-        args = argparse.Namespace(
-            config=path,
-            overrides=overrides,
-            resume=str(resume) if resume is not None else None,
-            overwrite=overwrite,
-            no_ray=no_ray,
-            print_config=False,
-            verbose=False,
-            python_fns=python_fns or None,
-        )
-        code = launch.run(args)
+    python_fns = _python_rewards(reward_fns or (), overrides)
+    try:
+        label, cfg, resumed = launch.job_config(config, overrides, str(resume) if resume else None)
+    except (InputError, OSError) as e:  # as `fbrl train` says it: one line, exit code 2
+        raise TrainingStopped(f"fbrl train: error: {e}", launch.bad_input(e), None) from e
+    if resumed is None and cfg.train.run_dir is None:
+        # the launcher would stamp one to the second; choose it here, to the microsecond, so that it can be returned
+        cfg.train.run_dir = f"runs/{datetime.datetime.now().strftime('%Y%m%d-%H%M%S-%f')}"
+    run_dir = Path(resumed.path if resumed is not None else cfg.train.run_dir)
+    code = launch.run_job(cfg, label, resumed, overwrite=overwrite, no_ray=no_ray, python_fns=python_fns or None)
     if code != 0:
-        raise TrainingStopped(f"fbrl train ended with exit code {code} (its output says why)", code, Path(run_dir))
-    return Path(run_dir)
+        raise TrainingStopped(f"fbrl train ended with exit code {code} (its output says why)", code, run_dir)
+    return run_dir
 
 
-def _config_path(config, tmp: Path) -> str | None:
-    """A YAML file for `config` (the launcher reads configs from files: origins in errors name the file)."""
-    if config is None or isinstance(config, (str, Path)):
-        return None if config is None else str(config)
-    import yaml
-
-    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return str(path)
+def _python_rewards(reward_fns, overrides: list[str]) -> dict:
+    """{name: callable} of the reward functions given, each named once (`f`, `f_2`, ...); the override that puts
+    them in `reward.fns` as `python:<name>` is appended to `overrides`."""
+    python_fns, entries = {}, []
+    for item in reward_fns:
+        fn, weight = item if isinstance(item, tuple) else (item, 1.0)
+        base = getattr(fn, "__name__", None) or type(fn).__name__
+        name, k = base, 2
+        while name in python_fns:
+            name, k = f"{base}_{k}", k + 1
+        python_fns[name] = fn
+        entries.append(f"{{fn: 'python:{name}', weight: {float(weight)}}}")
+    if entries:
+        overrides.append(f"reward.fns=[{', '.join(entries)}]")
+    return python_fns

@@ -2,7 +2,8 @@
 DeepSpeed is.
 
 `LearnerRank` works in-process (world_size 1, e.g. `actors/local.py` and the tests) and as a Ray actor
-(`actors/learner_group.py` wraps it with `ray.remote`). Each rank loads the FBT checkpoint, wraps it in a
+(`actors/learner_group.py` wraps it with `ray.remote`). Each rank is assembled as every learner is
+(`actors.learner_assembly.PolicyLearner`: the FBT checkpoint, LoRA, reference, updater), the policy wrapped in a
 DeepSpeed engine (ZeRO stage 0–3 from `learner.zero_stage`, torch AdamW, gloo on CPU / NCCL on GPU) and runs
 `rl.train.policy_update.PolicyUpdater` on the WHOLE rollout batch: the updater picks this rank's rows from a plan
 computed on the whole batch, so every rank makes the same number of backward/step calls. Stage 0 (no ZeRO: the shipped
@@ -56,43 +57,15 @@ from actors.deepspeed_setup import (
     set_dist_env,
     use_gpu,
 )
-from rl.decode_modes import record_rl_mode
-from rl.estimators.mismatch_parts import MismatchProbe
-from rl.model.files import (
-    copy_tokenizer_files,
-    load_fbt,
-    pad_id_of,
-    stream_safetensors_atomic,
-    write_safetensors_atomic,
-)
-from rl.model.lora_policy import maybe_wrap, reference_scope
-from rl.report.latent_metrics import latent_metrics
-from rl.samples.batch import collate
+from actors.learner_assembly import ADAPTER_SUBDIR, MODEL_SUBDIR, PolicyLearner, compute_latent_metrics
 from rl.train.faults import injected
 from rl.train.policy_update import PolicyUpdater
-from rl.train.run_dir import saved_files
 from rl.train.update_plan import rows_read
-from rl.train.workers import tensor_checksums
 
 log = logging.getLogger(__name__)
 
-DS_SUBDIR, MODEL_SUBDIR, DS_TAG = "deepspeed", "model", "state"
-ADAPTER_SUBDIR = "adapter"  # a LoRA learner's adapters in peft's format, beside model/ (rl/model/lora_policy.py)
-
-
-def compute_latent_metrics(policy, cfg, samples) -> dict[str, float]:
-    """`latent/<name>` metrics of the first `train.latent_metrics_rows` samples, with the policy in eval mode."""
-    rows = samples[: cfg.train.latent_metrics_rows]
-    if not rows:
-        return {}
-    was_training = policy.training
-    policy.eval()
-    try:
-        batch = collate(rows, pad_id_of(policy), with_states=all(s.states is not None for s in rows))
-        found = latent_metrics(policy, batch, cfg.rollout.decode_mode, len(rows), cfg.rollout.temperature or 1.0)
-    finally:
-        policy.train(was_training)
-    return {f"latent/{k}": v for k, v in found.items()}
+DS_SUBDIR, DS_TAG = "deepspeed", "state"
+__all__ = ["ADAPTER_SUBDIR", "MODEL_SUBDIR", "DS_SUBDIR", "LearnerRank", "compute_latent_metrics"]
 
 
 class _Routed(nn.Module):
@@ -114,7 +87,7 @@ class _Routed(nn.Module):
 class _EngineUpdater(PolicyUpdater):
     """`PolicyUpdater` whose micro-batch losses are computed through `engine.forward` (see `_Routed`)."""
 
-    def __init__(self, engine, model, cfg, pad_id: int, ref_model=None, ref_scope=contextlib.nullcontext):
+    def __init__(self, model, cfg, pad_id: int, ref_model=None, ref_scope=contextlib.nullcontext, *, engine):
         super().__init__(model, cfg, pad_id, ref_model, ref_scope)
         self.engine = engine
 
@@ -130,9 +103,12 @@ class _EngineUpdater(PolicyUpdater):
 
 
 # ---- one rank ---------------------------------------------------------------------------------------------------
-class LearnerRank:
-    """One data-parallel rank. Every method that touches weights is collective under ZeRO-3 (parameters are
+class LearnerRank(PolicyLearner):
+    """One data-parallel rank, assembled as every learner is (`actors.learner_assembly.PolicyLearner`) with
+    DeepSpeed as its backend. Every method that touches weights is collective under ZeRO-3 (parameters are
     partitioned), so a group calls it on every rank; only rank 0 writes files."""
+
+    updater_class = _EngineUpdater
 
     def __init__(
         self,
@@ -172,11 +148,14 @@ class LearnerRank:
                 init_loopback_process_group(dist_backend(lcfg), rank, world_size, master_port)
             deepspeed.init_distributed(dist_backend=dist_backend(lcfg), auto_mpi_discovery=False)
 
-        self.policy = load_fbt(cfg.model.path)
-        record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
-        # learner.lora: peft adapters and the fusion train, the rest is frozen (rl/model/lora_policy.py)
-        self.policy, self.lora = maybe_wrap(self.policy, lcfg.lora, cfg.train.seed)
-        self.pad_id = pad_id_of(self.policy)
+        self._assemble(cfg, torch.bfloat16 if lcfg.bf16 else torch.float32)
+        self.updates = 0  # update() calls on this rank (fault injection counts them)
+
+    def _make_backend(self) -> DeepSpeedBackend:
+        """The policy inside a DeepSpeed engine (`self.engine`), its optimizer over the trainable parameters."""
+        import deepspeed
+
+        lcfg = self.cfg.learner
         routed = _Routed(self.policy)
         # only trainable parameters get optimizer state (and ZeRO's flat fp32 copy): all of them, unless LoRA
         trainable = [p for p in routed.parameters() if p.requires_grad]
@@ -195,21 +174,19 @@ class LearnerRank:
         self.engine, *_ = deepspeed.initialize(
             model=routed, model_parameters=trainable, optimizer=optimizer, config=deepspeed_config(lcfg)
         )
-        if lcfg.zero_stage == 0 and world_size == 1:
+        if lcfg.zero_stage == 0 and self.world_size == 1:
             # Alone, nothing to reduce with; DeepSpeed would still flatten every gradient into buckets and copy it
             # back at each step (its all-reduce over a group of one).
             self.engine.enable_backward_allreduce = False
         self.engine.checkpoint_engine = safe_checkpoint_engine(self.engine)
-        self.backend = DeepSpeedBackend(self.engine, world_size)
-        ref = None
-        if cfg.algo.kl_coef > 0 and self.lora is not None:  # the policy itself, adapters off (rl/model/lora_policy.py)
-            ref = self.policy
-        elif cfg.algo.kl_coef > 0:  # frozen copy of the starting policy, outside DeepSpeed (never updated)
-            ref = load_fbt(cfg.model.path, torch.bfloat16 if lcfg.bf16 else torch.float32)
-            ref = ref.to(self.engine.device).eval().requires_grad_(False)
-        self.updater = _EngineUpdater(self.engine, self.policy, cfg, self.pad_id, ref, reference_scope(self.lora))
-        self.updates = 0  # update() calls on this rank (fault injection counts them)
-        self.probe = None  # rl.estimators.mismatch_parts.MismatchProbe, built at the first mismatch_parts call (rank 0)
+        return DeepSpeedBackend(self.engine, self.world_size)
+
+    def _updater_options(self) -> dict:
+        return {"engine": self.engine}
+
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
 
     # -- training ---------------------------------------------------------------------------------------------
     def update(self, samples, advantages, rows=None) -> dict:
@@ -242,20 +219,6 @@ class LearnerRank:
             return []
         return list(range(min(n, len(samples))))
 
-    def mismatch_parts(self, samples, version: int) -> dict:
-        """The mismatch taken apart on `samples` (rl/estimators/mismatch_parts.py); records the current weights as
-        `version`.
-        Rank 0 reports; collective under ZeRO-3 (the full weights are gathered)."""
-        state = self.full_state()
-        if self.rank != 0:
-            return {}
-        from actors.state_plane import fetch
-
-        fetch(samples, range(len(samples)))  # states held as object-store references: rank 0 reads every row
-        if self.probe is None:
-            self.probe = MismatchProbe(self.cfg, lambda: load_fbt(self.cfg.model.path), self.pad_id, self.engine.device)
-        return self.probe.measure(samples, version, state)
-
     def _latent_metrics(self, samples) -> dict:
         """`latent/*` metrics (rl/report/latent_metrics.py), reported by rank 0. Under ZeRO-3 every rank runs the same
         forwards (each module call gathers its parameters collectively) and the fusion weights are gathered."""
@@ -273,46 +236,12 @@ class LearnerRank:
         return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
     # -- weights ----------------------------------------------------------------------------------------------
-    def full_tensors(self):
-        """(name, full weight on CPU) per parameter on rank 0, (name, None) on the other ranks, named as in the
-        checkpoint (tied weights once). Collective under ZeRO-3: parameters are gathered one at a time (bounding
-        memory), so every rank must run it to the end. A LoRA learner's are the merged weights (rl/model/lora_policy.py)."""
-        if self.lora is not None:  # merged tensors are new, the others frozen or stable until the next update
-            for name, t in self.lora.merged_tensors():
-                yield name, (t.to("cpu") if self.rank == 0 else None)
-                del t  # not kept alive while the next layer is merged
-            return
-        for name, p in self.policy.named_parameters():
-            with self._gathered(p):
-                yield name, (p.detach().to("cpu", copy=True) if self.rank == 0 else None)
-
-    def full_state(self) -> dict[str, torch.Tensor] | None:
-        """Full weights on CPU on rank 0, a snapshot (`full_tensors` as a dict, a LoRA learner's views of its
-        parameters copied); None elsewhere. Collective under ZeRO-3."""
-        copy = self.lora is not None and self.rank == 0
-        out = {name: (t.clone() if copy else t) for name, t in self.full_tensors()}
-        return out if self.rank == 0 else None
-
     def _gathered(self, p):
         if not self.zero3:
             return contextlib.nullcontext()
         import deepspeed
 
         return deepspeed.zero.GatheredParameters([p], modifier_rank=None)
-
-    def export_weights(self, path: str) -> str | None:
-        """Rank 0 writes one safetensors file at `path` (atomically) and returns it; other ranks return None. A LoRA
-        learner's merged weights are written one layer at a time."""
-        if self.lora is not None:
-            return (
-                stream_safetensors_atomic(self.lora.metadata(), self.full_tensors(), path) if self.rank == 0 else None
-            )
-        state = self.full_state()
-        return write_safetensors_atomic(state, path) if state is not None else None
-
-    def weight_checksums(self) -> dict[str, float] | None:
-        state = self.full_state()
-        return tensor_checksums(state.items()) if state is not None else None
 
     # -- weight sync over the network (actors/weight_sync.py) -----------------------------------------------------
     def export_buckets(self, bucket_bytes: int) -> list | None:
@@ -336,19 +265,9 @@ class LearnerRank:
         self.transfer.send_weights()
 
     # -- checkpoints -----------------------------------------------------------------------------------------
-    def save_checkpoint(self, directory: str) -> dict:
-        """`directory/model/` (save_pretrained + tokenizer: a loadable checkpoint) and `directory/deepspeed/`
-        (DeepSpeed's own: module, fp32 master weights and optimizer partitions of every rank); a LoRA learner's
-        model/ is the merged model, and `directory/adapter/` holds its adapters in peft's format. Collective.
-        The caller makes `directory` atomic; with several nodes it must be on a shared filesystem: the returned
-        `saved_files` let the driver check that it sees what every rank wrote."""
-        state = self.full_state()
-        if self.rank == 0:
-            model_dir = Path(directory) / MODEL_SUBDIR
-            model_dir.mkdir(parents=True, exist_ok=True)
-            self.policy.save_pretrained(str(model_dir), state_dict=state, safe_serialization=True)
-            copy_tokenizer_files(self.cfg.model.tokenizer or self.cfg.model.path, str(model_dir))
-            self.export_adapter(str(Path(directory) / ADAPTER_SUBDIR))
+    def _save_backend_state(self, directory: str) -> None:
+        """`directory/deepspeed/`: DeepSpeed's own state (module, fp32 master weights and optimizer partitions of
+        every rank). With several nodes `directory` must be on a shared filesystem."""
         # a LoRA learner's frozen base comes from `model.path` at load (and model/ holds the merged weights):
         # DeepSpeed's copy of it would be a second full base in every checkpoint
         self.engine.save_checkpoint(
@@ -357,14 +276,6 @@ class LearnerRank:
             save_latest=False,
             exclude_frozen_parameters=self.lora is not None,
         )
-        return saved_files(directory, self.rank)
-
-    def export_adapter(self, directory: str) -> str | None:
-        """A LoRA learner's adapters in peft's format at `directory` (rank 0; None elsewhere or without LoRA)."""
-        if self.lora is None or self.rank != 0:
-            return None
-        self.lora.save_adapter(directory)
-        return directory
 
     def load_checkpoint(self, directory: str) -> None:
         """Restore weights and optimizer state written by `save_checkpoint` (same world size and ZeRO stage)."""

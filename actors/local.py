@@ -13,23 +13,12 @@ from pathlib import Path
 
 import torch
 
+from actors.learner_assembly import ADAPTER_SUBDIR, PolicyLearner, compute_latent_metrics
 from actors.learner_group import merge_rank_metrics
-from actors.learner_rank import ADAPTER_SUBDIR, LearnerRank, compute_latent_metrics
+from actors.learner_rank import LearnerRank
 from actors.reward_workers import RewardHost
 from actors.rollout_fleet import EngineHost, chunk_params, merge_chunks, split_prompts
-from rl.decode_modes import record_rl_mode
-from rl.estimators.mismatch_parts import MismatchProbe
-from rl.model.files import (
-    copy_tokenizer_files,
-    load_fbt,
-    pad_id_of,
-    stream_safetensors_atomic,
-    write_safetensors_atomic,
-)
-from rl.model.lora_policy import maybe_wrap, reference_scope
-from rl.train.policy_update import PolicyUpdater, TorchBackend
-from rl.train.run_dir import saved_files
-from rl.train.workers import tensor_checksums
+from rl.train.policy_update import TorchBackend
 
 
 class LocalRollout:
@@ -65,31 +54,18 @@ class LocalRollout:
             h.close()
 
 
-class TorchLearner:
-    """One rank without DeepSpeed: `rl.train.policy_update.TorchBackend` (AdamW, clipping), same files as
-    `LearnerRank`."""
+class TorchLearner(PolicyLearner):
+    """One rank without DeepSpeed, assembled as every learner is (`actors.learner_assembly.PolicyLearner`) with
+    `rl.train.policy_update.TorchBackend` (AdamW, clipping) as its backend; the same files as `LearnerRank`."""
 
     OPTIMIZER_FILE = "optimizer.pt"
 
     def __init__(self, cfg):
-        lcfg = cfg.learner
-        self.cfg = cfg
-        self.policy = load_fbt(cfg.model.path)
-        record_rl_mode(self.policy.config, cfg.model.path, cfg.rollout.decode_mode)  # saved with checkpoints
-        self.policy, self.lora = maybe_wrap(
-            self.policy, lcfg.lora, cfg.train.seed
-        )  # learner.lora (rl/model/lora_policy.py)
-        self.backend = TorchBackend(self.policy, lcfg.lr, lcfg.weight_decay, tuple(lcfg.adam_betas), lcfg.grad_clip)
-        ref = None
-        if cfg.algo.kl_coef > 0:  # a LoRA policy is its own reference, adapters off
-            ref = self.policy if self.lora else load_fbt(cfg.model.path).eval().requires_grad_(False)
-        self.updater = PolicyUpdater(self.policy, cfg, pad_id_of(self.policy), ref, reference_scope(self.lora))
-        self.probe = MismatchProbe(
-            cfg, lambda: load_fbt(cfg.model.path), pad_id_of(self.policy), next(self.policy.parameters()).device
-        )
+        self._assemble(cfg)
 
-    def mismatch_parts(self, samples, version: int) -> dict:
-        return self.probe.measure(samples, version, self.full_state())
+    def _make_backend(self) -> TorchBackend:
+        lcfg = self.cfg.learner
+        return TorchBackend(self.policy, lcfg.lr, lcfg.weight_decay, tuple(lcfg.adam_betas), lcfg.grad_clip)
 
     def update(self, samples, advantages) -> dict:
         latent = (
@@ -103,32 +79,8 @@ class TorchLearner:
         metrics["_tokens"] = float(self.cfg.algo.ppo_epochs * sum(s.response_len for s in samples))
         return metrics
 
-    def full_state(self) -> dict[str, torch.Tensor]:
-        named = self.lora.merged_tensors() if self.lora else self.policy.named_parameters()
-        return {k: v.detach().to("cpu", copy=True) for k, v in named}
-
-    def export_weights(self, path: str) -> str:
-        if self.lora is not None:  # one merged layer at a time
-            return stream_safetensors_atomic(self.lora.metadata(), self.lora.merged_tensors(), path)
-        return write_safetensors_atomic(self.full_state(), path)
-
-    def weight_checksums(self) -> dict[str, float]:
-        return tensor_checksums(self.full_state().items())
-
-    def export_adapter(self, directory: str) -> str | None:
-        if self.lora is None:
-            return None
-        self.lora.save_adapter(directory)
-        return directory
-
-    def save_checkpoint(self, directory: str) -> dict:
-        model_dir = Path(directory) / "model"
-        model_dir.mkdir(parents=True, exist_ok=True)
-        self.policy.save_pretrained(str(model_dir), state_dict=self.full_state(), safe_serialization=True)
-        self.export_adapter(str(Path(directory) / ADAPTER_SUBDIR))
-        copy_tokenizer_files(self.cfg.model.tokenizer or self.cfg.model.path, str(model_dir))
+    def _save_backend_state(self, directory: str) -> None:
         torch.save(self.backend.optimizer.state_dict(), Path(directory) / self.OPTIMIZER_FILE)
-        return saved_files(directory, 0)
 
     def load_checkpoint(self, directory: str) -> None:
         if self.lora is not None:  # the adapters and the trained fusion; the frozen base is the loaded model's

@@ -325,11 +325,3 @@ def build_workers(
     log_placement(rollout, learner, rewards, log)
     attach_transport(cfg, rollout, learner, transport, why, log=log)
     return rollout, learner, rewards
-
-
-def shutdown_workers(*workers) -> None:
-    """Close each worker object that has `close()` (engines, pools, actors); Ray itself stays up."""
-    for w in workers:
-        close = getattr(w, "close", None)
-        if callable(close):
-            close()

@@ -1,7 +1,8 @@
 """Rollout actors (one per engine) and `RolloutFleet`, the loop's `RolloutWorkers` on Ray.
 
-An engine is built from the config by `make_engine`: vLLM (`rollout.vllm_engine.VLLMEngine`, the default) or the
-pure-torch reference engine (`rollout.torch_engine.TorchEngine`, `rollout.engine: torch`). `EngineHost` holds one
+An engine is built from the config by `make_engine`, from `actors.engines`' registry: vLLM
+(`rollout.vllm_engine.VLLMEngine`, the default) or the pure-torch reference engine (`rollout.torch_engine.TorchEngine`,
+`rollout.engine: torch`). `EngineHost` holds one
 engine in the process it lives in; `RolloutActor` is the same class as a Ray actor (vLLM in-process inside it:
 `VLLM_ENABLE_V1_MULTIPROCESSING=0`, the "uni" executor, so the engine starts in seconds and tensors stay in one
 process). `RolloutFleet` splits a request's prompts into contiguous chunks, one per engine, and concatenates the
@@ -19,9 +20,9 @@ keeps the chunks' streams distinct.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
+from actors.engines import build_engine
 from actors.resources import role_threads
 from actors.supervision import actor_class, describe, gather, kill, lost_object
 from rl.samples.batch import Sample
@@ -29,70 +30,10 @@ from rl.train.faults import hang_injected
 from rl.train.workers import tensor_checksums
 
 
-def max_model_len(cfg, model_config) -> int:
-    """vLLM's per-sequence bound: the configured one, else the model's positions (at most 2048, which keeps the
-    no-preemption KV budget of `max_num_seqs` sequences small on CPU)."""
-    from rl.data.prompts import vllm_max_model_len  # one rule, shared with the prompt-length limit
-
-    return vllm_max_model_len(cfg, model_config)
-
-
 def make_engine(cfg, index: int = 0, weight_sync: str = "file"):
-    """The engine the config asks for, loaded from `model.path`, at policy version 0, ready for the resolved
-    weight-sync transport (`actors.weight_sync`: vLLM's native ones are set up at construction)."""
-    r = cfg.rollout
-    gpu = r.num_gpus_per_engine > 0
-    if r.engine == "torch":
-        import torch
-
-        from rl.model.files import load_fbt
-        from rollout.torch_engine import TorchEngine
-
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.model.dtype]
-        model = load_fbt(cfg.model.path, dtype)
-        if gpu:
-            model = model.to("cuda")
-        return TorchEngine(model, version=0)
-    if r.engine == "vllm":
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is imported
-        from rl.model.files import load_fbt_config
-        from rollout.vllm_engine import VLLMEngine
-
-        if not cfg.logging.verbose:  # the warnings every fbrl engine triggers, dropped before the engine is built
-            import vllm  # noqa: F401  (configures vLLM's logging, whose handlers get the filter)
-
-            from actors.console import drop_vllm_noise
-
-            drop_vllm_noise()
-        v = r.vllm
-        model_config = load_fbt_config(cfg.model.path)
-        extra = {}
-        if v.enable_prefix_caching:  # passed through so the engine refuses it with its reason
-            extra["enable_prefix_caching"] = True
-        if not v.enforce_eager:
-            extra["enforce_eager"] = False
-        if weight_sync in ("nccl", "ipc"):
-            extra["weight_transfer_backend"] = weight_sync
-        elif weight_sync == "native_ray":
-            from vllm.config import WeightTransferConfig
-
-            from rollout import vllm_inline_transfer
-
-            vllm_inline_transfer.register_inline_transfer()
-            extra["weight_transfer_config"] = WeightTransferConfig(backend=vllm_inline_transfer.BACKEND)
-        return VLLMEngine(
-            cfg.model.path,
-            decode_mode=r.decode_mode,
-            version=0,
-            max_model_len=max_model_len(cfg, model_config),
-            max_num_seqs=v.max_num_seqs,
-            kv_cache_gib=None if gpu else v.kv_cache_gib,
-            seed=cfg.train.seed + 1000 * index,
-            dtype=cfg.model.dtype,
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            **extra,
-        )
-    raise ValueError(f"rollout.engine: expected 'vllm' or 'torch', got {r.engine!r}")
+    """The engine the config asks for (`actors.engines`' registry), loaded from `model.path`, at policy version 0,
+    ready for the resolved weight-sync transport (vLLM's native ones are set up at construction)."""
+    return build_engine(cfg, index, weight_sync)
 
 
 def engine_checksums(engine) -> dict[str, float]:

@@ -32,15 +32,34 @@ The same for every transport:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from actors.engines import engine_kind
 from actors.supervision import describe, lost_object
+from rl.algos.registry import lookup
 from rl.train.faults import RunStopped
 
-TRANSPORTS = ("file", "ray", "nccl", "ipc", "native_ray")
-NATIVE = ("nccl", "ipc", "native_ray")
+
+@dataclass(frozen=True)
+class Transport:
+    """A weight-sync transport by name (`rollout.weight_sync`): how it is made from the config and what it needs."""
+
+    make: Callable  # (cfg) -> the transport (its `push`)
+    gpu_only: bool = False  # moves GPU tensors: GPU engines and learners
+    colocated_only: bool = False  # the engines sit on the learners' GPUs (ray.colocate)
+    native: bool = False  # drives vLLM's native weight transfer (actors/weight_transfer.py)
+
+
+def _bucket_bytes(cfg) -> int:
+    return cfg.rollout.weight_sync_bucket_mb * 2**20
+
+
+# Filled in below the classes: {name: Transport}. The config's `rollout.weight_sync` choices are these names and
+# `auto` (tests/test_config_choices.py); an engine lists those it can receive (`actors.engines`).
+TRANSPORTS: dict[str, Transport] = {}
 
 
 # ---- choosing the transport ---------------------------------------------------------------------------------
@@ -49,22 +68,28 @@ def transport_problem(cfg, in_process: bool) -> str | None:
     only, so `fbrl train` refuses it before Ray starts (actors/cli/preflight.py); `in_process`: --no-ray."""
     r, want = cfg.rollout, cfg.rollout.weight_sync
     gpu = r.num_gpus_per_engine > 0 and cfg.learner.num_gpus_per_worker > 0
+    if want != "auto":
+        lookup(TRANSPORTS, "rollout.weight_sync", want)  # an unknown name: ValueError listing the valid ones
     if in_process and want not in ("auto", "file"):
         return (
             f"rollout.weight_sync={want!r} needs Ray actors; in-process workers (--no-ray) sync "
             f"through a file (rollout.weight_sync: file or auto)"
         )
-    if want in NATIVE and r.engine != "vllm":
+    if want == "auto":
+        return None
+    engine, transport = engine_kind(r.engine), TRANSPORTS[want]
+    if want not in engine.transports:
+        why = "drives vLLM's native weight transfer" if transport.native else "is not one it can receive"
         return (
-            f"rollout.weight_sync={want!r} drives vLLM's native weight transfer, but rollout.engine is "
-            f"{r.engine!r}: use rollout.weight_sync file, ray or auto (or rollout.engine vllm)"
+            f"rollout.weight_sync={want!r} {why}, but rollout.engine is {r.engine!r}: use rollout.weight_sync "
+            f"{', '.join(engine.transports)} or auto"
         )
-    if want in ("nccl", "ipc") and not gpu:
+    if transport.gpu_only and not gpu:
         return (
             f"rollout.weight_sync={want!r} moves GPU tensors: it needs rollout.num_gpus_per_engine > 0 "
             f"and learner.num_gpus_per_worker > 0 (on CPU use ray, or native_ray for vLLM's lifecycle)"
         )
-    if want == "ipc" and not cfg.ray.colocate:
+    if transport.colocated_only and not cfg.ray.colocate:
         return (
             "rollout.weight_sync='ipc' shares GPU memory by CUDA IPC: the engines must sit on the "
             "learners' GPUs (ray.colocate: true); across GPUs or nodes use nccl"
@@ -82,7 +107,8 @@ def resolve_transport(cfg, placement) -> tuple[str, str]:
     if placement is None:
         return "file", "in-process workers" if want == "auto" else "rollout.weight_sync"
     if want == "auto":
-        if r.num_gpus_per_engine > 0 and cfg.learner.num_gpus_per_worker > 0 and r.engine == "vllm":
+        gpu = r.num_gpus_per_engine > 0 and cfg.learner.num_gpus_per_worker > 0
+        if gpu and {"ipc", "nccl"} <= set(engine_kind(r.engine).transports):
             if cfg.ray.colocate:
                 return "ipc", "auto: the engines share the learners' GPUs (ray.colocate)"
             return "nccl", "auto: GPU engines and learners"
@@ -100,14 +126,8 @@ def attach_transport(cfg, rollout, learner, transport: str, why: str, log=print)
 
 
 def make_transport(cfg, transport: str):
-    bucket_bytes = cfg.rollout.weight_sync_bucket_mb * 2**20
-    if transport == "file":
-        return FileSync()
-    if transport == "ray":
-        return RaySync(bucket_bytes)
-    if transport in NATIVE:
-        return NativeSync(transport, bucket_bytes)
-    raise ValueError(f"rollout.weight_sync: expected one of {TRANSPORTS} or auto, got {transport!r}")
+    """The transport `transport` names (a resolved one: not `auto`)."""
+    return lookup(TRANSPORTS, "rollout.weight_sync", transport).make(cfg)
 
 
 # ---- file ---------------------------------------------------------------------------------------------------
@@ -332,3 +352,13 @@ class EngineFleetClient:
 
     def finish_weight_update(self, weight_version=None) -> None:
         self._all("finish_weight_update", weight_version)
+
+
+TRANSPORTS.update(
+    file=Transport(lambda cfg: FileSync()),
+    ray=Transport(lambda cfg: RaySync(_bucket_bytes(cfg))),
+    nccl=Transport(lambda cfg: NativeSync("nccl", _bucket_bytes(cfg)), gpu_only=True, native=True),
+    ipc=Transport(lambda cfg: NativeSync("ipc", _bucket_bytes(cfg)), gpu_only=True, colocated_only=True, native=True),
+    native_ray=Transport(lambda cfg: NativeSync("native_ray", _bucket_bytes(cfg)), native=True),
+)
+NATIVE = tuple(name for name, t in TRANSPORTS.items() if t.native)

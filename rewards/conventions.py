@@ -28,7 +28,6 @@ from typing import Any
 
 from rewards.base import RewardResult, fn_name
 
-CONVENTIONS = ("auto", "fbrl", "trl", "verl", "openrlhf")
 TRL_KEYWORDS = ("completion_ids", "trainer_state", "log_metric")
 # fbrl's own keyword columns, not dataset columns: another library's function does not get them
 FBRL_ONLY = ("finish_reasons", "completion_ids", "messages")
@@ -190,12 +189,16 @@ def _floats(x: Any) -> list[float]:
     return [float(v) for v in x] if isinstance(x, (list, tuple)) else [float(x)]
 
 
+# a convention by name: the adapter that calls a function written for it with fbrl's contract (`reward.fns[].convention`
+# offers these names, `auto` and `fbrl`; tests/test_config_choices.py keeps the schema equal to them)
 ADAPTERS = {"trl": TrlReward, "verl": VerlReward, "openrlhf": OpenRlhfReward}
+CONVENTIONS = ("auto", "fbrl", *ADAPTERS)
 
 
 def adapt(fn: Callable, convention: str = "auto") -> tuple[Callable, str]:
     """(a function with fbrl's contract, the convention it was resolved to)."""
-    if convention not in CONVENTIONS:
-        raise ValueError(f"convention: expected one of {', '.join(CONVENTIONS)}, got {convention!r}")
+    known = ("auto", "fbrl", *ADAPTERS)  # (read at the call: an adapter registered later counts)
+    if convention not in known:
+        raise ValueError(f"convention: expected one of {', '.join(known)}, got {convention!r}")
     resolved = detect(fn) if convention == "auto" else convention
     return (ADAPTERS[resolved](fn) if resolved in ADAPTERS else fn), resolved

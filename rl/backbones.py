@@ -1,7 +1,9 @@
 """The backbones an FBT is built on, by name: what a checkpoint's config.json is checked against before anything
 heavy is imported (the checks before a job starts run in the driver, which never loads the model classes).
 
-`rl.model.fbt.FBT_CLASSES` holds the classes for these names (tests/test_backbones.py keeps the two equal).
+`rl.model.fbt.FBT_CLASSES` holds the classes for these names (tests/test_backbones.py keeps the two equal). Also
+here, for the same reason: `TOKENIZER_FILES`, the files a checkpoint's tokenizer may be saved as (a saved model
+gets them beside it; the run directory's exported policy copies them).
 """
 
 from __future__ import annotations
@@ -21,3 +23,15 @@ def stock_backbone(config: dict) -> str | None:
     arch = (config.get("architectures") or [""])[0]
     kind = config.get("model_type", "")
     return kind if kind in FBT_ARCHITECTURE_OF and not arch.startswith("FBT") else None
+
+
+# the files of a saved tokenizer, whichever of them a tokenizer writes
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)

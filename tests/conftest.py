@@ -1,7 +1,14 @@
-"""Shared test setup."""
+"""Shared test setup: the repository root and the committed tiny checkpoints (`from conftest import ROOT`), and
+one torch thread per test module."""
+
+from pathlib import Path
 
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_ARITH = ROOT / "checkpoints" / "tiny-arith"  # the tiny default job's checkpoint
+TINY_ARITH_MIXED = ROOT / "checkpoints" / "tiny-arith-mixed"
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "tiny.yaml"
 SMALL = [
     "train.prompts_per_step=8",

@@ -3,15 +3,12 @@ global token-mean, PPO == REINFORCE gradient at ratio 1, dynamic sampling / skip
 
 import importlib
 import math
-import pathlib
 import subprocess
 import sys
 
 import pytest
 import torch
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
+from conftest import ROOT
 
 A = importlib.import_module("rl.algos")
 D = torch.float64

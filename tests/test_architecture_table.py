@@ -4,10 +4,10 @@ nothing that is not there: a module added, moved or removed changes the table in
 A row's first column holds the paths it describes, in backticks: a module (`rl/loop.py`) or a package
 (`rl/algos/`, which names the modules directly inside it)."""
 
-import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 PACKAGES = ("rl", "rollout", "rewards", "actors")
 HEADER = "| module | what it is |"
 
@@ -60,3 +60,24 @@ def test_reading_the_table():
     )
     assert table_paths(text) == ["rl/loop.py", "rl/algos/", "rewards/base.py"]
     assert "rl/algos/losses.py" in covered(["rl/algos/"])
+
+
+def test_each_new_piece_names_a_test_that_adds_one():
+    """docs/ARCHITECTURE.md's "where a new piece goes": every kind of piece names the test that adds one, and that
+    test exists (so the files the row lists are the ones a working addition touched)."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    section = text.split("### Where a new piece goes", 1)[1].split("###", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| piece")]
+    pieces = {row.split("|")[1].strip(): row.split("|")[3] for row in rows}
+    assert set(pieces) == {
+        "advantage estimator",
+        "policy loss",
+        "likelihood estimator",
+        "rollout engine",
+        "reward convention",
+        "task",
+        "weight transport",
+    }
+    for piece, cell in pieces.items():
+        path, name = re.match(r"\s*(tests/\w+\.py) `(\w+)`", cell).groups()
+        assert re.search(rf"^def {name}\(", (ROOT / path).read_text(), re.M), f"{piece}: {path} has no {name}"

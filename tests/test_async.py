@@ -16,18 +16,17 @@
 import random
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, TINY_ARITH_MIXED
 
 from rl.algos import mismatch_decomposition
 from rl.estimators.mismatch_parts import WeightHistory, diagnostic_rows
 from rl.samples.batch import Sample
 from rl.train.rollout_queue import RolloutBatch, RolloutQueue, Serialized, gate_step, split_stale
 
-ROOT = Path(__file__).resolve().parent.parent
-CKPT = str(ROOT / "checkpoints" / "tiny-arith-mixed")
+CKPT = str(TINY_ARITH_MIXED)
 
 
 # ---- the schedule, without models -------------------------------------------------------------------------------

@@ -14,8 +14,8 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "tiny.yaml"
 ENV = dict(WANDB_MODE="offline", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
 MY_REWARDS = "def zero(prompts, completions, answers, **fields):\n    return [0.0] * len(completions)\n"

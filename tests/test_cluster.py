@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from conftest import ROOT, TINY_ARITH_MIXED
 from safetensors.torch import save_file
 
 from actors.placement import plan_bundles
@@ -45,8 +46,7 @@ from actors.weight_transfer import GatheredWeights
 from rl.config import ConfigError, load_config
 from rl.train.workers import tensor_checksums
 
-ROOT = Path(__file__).resolve().parent.parent
-CKPT = str(ROOT / "checkpoints" / "tiny-arith-mixed")
+CKPT = str(TINY_ARITH_MIXED)
 VENV_BIN = Path(sys.executable).parent
 LOOPBACK_PREFIXES = ("127.", "::1", "::ffff:127.")
 

@@ -137,7 +137,7 @@ def test_round_trip_through_yaml(tmp_path):
         ],
     )
     path = tmp_path / "dump.yaml"
-    cfg.save(path)
+    path.write_text(cfg.to_yaml())
     again = load_config(path)
     assert again == cfg
     assert again.to_dict() == cfg.to_dict()

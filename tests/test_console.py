@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from actors import console
 from actors.cli import COMMANDS, build_parser, main
@@ -19,9 +20,6 @@ from rl.config import load_config
 from rl.report import live_plots, plots
 from rl.report.step_lines import console_line
 from rl.train.run_dir import RunDir
-
-ROOT = Path(__file__).resolve().parent.parent
-
 
 # ---------------------------------------------------------------------------------------------- CLI
 

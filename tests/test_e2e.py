@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 CKPT = os.environ.get("FBRL_E2E_CHECKPOINT", str(ROOT / "checkpoints" / "tiny-arith"))
 FUSED_CKPT = str(ROOT / "checkpoints" / "tiny-arith-fused")
 REQUIRED = (

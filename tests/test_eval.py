@@ -3,9 +3,9 @@ committed checkpoint."""
 
 import json
 import math
-from pathlib import Path
 
 import pytest
+from conftest import ROOT, TINY_ARITH
 
 from rl.data.tokenizer import build_tokenizer
 from rl.report.eval_stats import format_table, mcnemar_exact, pass_at_k
@@ -13,8 +13,7 @@ from rl.samples.batch import Sample
 from rl.samples.request import SamplingParams
 from rl.train.evaluator import evaluate, plain_numeric_score
 
-ROOT = Path(__file__).resolve().parent.parent
-CKPT = ROOT / "checkpoints" / "tiny-arith"
+CKPT = TINY_ARITH
 
 
 def test_mcnemar_exact_by_hand():

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, TINY_ARITH_MIXED
 from fault_harness import (  # noqa: F401
     alive,
     check_checkpoints,
@@ -27,8 +28,7 @@ from fault_harness import (  # noqa: F401
     wait_for,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-CKPT = str(ROOT / "checkpoints" / "tiny-arith-mixed")
+CKPT = str(TINY_ARITH_MIXED)
 
 
 # ---- real stack -------------------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT
 TREE_LIMIT = 32 * 2**20  # the working tree stays small enough to copy to a GPU machine
 
 

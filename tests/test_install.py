@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT
 
 
 def run(cmd: list, **kw) -> subprocess.CompletedProcess:

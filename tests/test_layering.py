@@ -9,8 +9,8 @@ import ast
 import pathlib
 
 import pytest
+from conftest import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = ("rl", "rollout", "rewards", "actors")
 
 # package -> top-level names it must never import
@@ -208,3 +208,17 @@ def test_no_import_circles_anywhere():
     }
     assert not import_cycles(graph)
     assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_one_learner_assembly():
+    """The policy updater is built in one place of the packages, `actors.learner_assembly.PolicyLearner`, which both
+    learners (the DeepSpeed rank, the torch learner) are assembled by: no second copy of the assembly to drift."""
+    updaters = {"PolicyUpdater", "_EngineUpdater", "updater_class"}
+    built = []
+    for path in sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name in updaters:
+                    built.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert len(built) == 1 and built[0].startswith("actors/learner_assembly.py:"), built

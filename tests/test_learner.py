@@ -5,6 +5,7 @@ import copy
 
 import pytest
 import torch
+from conftest import TINY_ARITH
 
 import rl.model  # noqa: F401
 from rl import algos
@@ -15,7 +16,7 @@ from rl.samples.request import SamplingParams
 from rl.train.policy_update import PolicyUpdater, TorchBackend
 from rollout.torch_engine import TorchEngine
 
-CKPT = "checkpoints/tiny-arith"
+CKPT = str(TINY_ARITH)
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +56,32 @@ def test_update_moves_probability_toward_positive_advantages(rollouts, estimator
         delta = logp() - before
     assert metrics["optimizer_steps"] == 1 and metrics["grad_norm"] > 0
     assert delta[adv > 0].mean() > 0 > delta[adv < 0].mean(), (estimator, delta, adv)
+
+
+def test_an_estimator_registered_as_needing_states_receives_them(rollouts):
+    """The capability on the registry entry is all it takes: the training request records states and the
+    update's micro-batches carry them, with no edit outside the registration (and an estimator without the
+    capability gets none)."""
+    from rl.estimators import likelihood
+    from rl.train.requests import sampling_params
+
+    model, samples, adv = rollouts
+    seen: dict[str, list[bool]] = {"test_with_states": [], "test_without_states": []}
+    for name, needs in (("test_with_states", True), ("test_without_states", False)):
+
+        def hidden(model, batch, decode_mode, passes, name=name):
+            seen[name].append(batch.states is not None)
+            return likelihood.response_hidden(model, batch, decode_mode, "exact", passes)
+
+        likelihood.register_estimator(name, needs_states=needs)(hidden)
+    try:
+        for name, needs in (("test_with_states", True), ("test_without_states", False)):
+            cfg = load_config("configs/tiny.yaml", ["learner.micro_batch_size=5"])
+            cfg.likelihood.estimator = name
+            assert sampling_params(cfg, eos_id=2).record_states is needs
+            policy = copy.deepcopy(model).train()
+            PolicyUpdater(policy, cfg, pad_id=0).update(samples, adv.tolist(), TorchBackend(policy, lr=1e-5))
+            assert seen[name] and set(seen[name]) == {needs}, (name, seen[name])
+    finally:
+        for name in seen:
+            likelihood.ESTIMATORS.pop(name, None)

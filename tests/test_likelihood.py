@@ -5,10 +5,10 @@ log-probs by ~0.1 nats (with the paper's init the estimators would agree trivial
 """
 
 import json
-import pathlib
 
 import pytest
 import torch
+from conftest import TINY_ARITH
 
 from rl.estimators.likelihood import (
     ESTIMATORS,
@@ -292,7 +292,7 @@ def test_compare_estimators(model, rollouts):
     assert any(line.split()[0] == "standard" for line in table.splitlines()[2:])
 
 
-TINY_CKPT = pathlib.Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith"
+TINY_CKPT = TINY_ARITH
 
 
 @pytest.mark.parametrize("source,mode", [("random", "soft"), ("random", "fused"), ("tiny-arith", "soft")])

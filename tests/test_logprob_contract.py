@@ -14,10 +14,9 @@ tests/test_vllm_engine.py). Before this contract vLLM's gap to the learner was 0
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from conftest import TINY_ARITH
 from transformers import AutoModelForCausalLM
 
 import rl.model  # noqa: F401  (registers the FBT Auto classes)
@@ -28,7 +27,7 @@ from rl.samples.request import SamplingParams
 from rl.train.policy_update import PolicyUpdater
 from rollout.torch_engine import TorchEngine
 
-CKPT = str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith")
+CKPT = str(TINY_ARITH)
 TRUNCATIONS = [(0, 0.8), (5, 1.0)]  # (top_k, top_p)
 TEMPERATURE = 1.2
 

@@ -11,10 +11,10 @@ tight bound, while a row counted twice, lost, or normalised by a local count cha
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_ARITH
 from transformers import AutoModelForCausalLM
 
 import rl.model  # noqa: F401
@@ -24,7 +24,7 @@ from rl.samples.batch import Sample
 from rl.train.policy_update import PolicyUpdater
 from rl.train.update_plan import plan_update
 
-CKPT = str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith")
+CKPT = str(TINY_ARITH)
 
 
 def mixed_samples(n=20, seed=0, d=128):

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_ARITH
 from test_faults_async import local_args
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
 from actors.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "checkpoints" / "tiny-arith"
+DEMO = TINY_ARITH
 REPO = "acme/tiny-qwen3"
 
 

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_ARITH
 
 import rl.model  # noqa: F401  (registers fbt_llama with the Auto classes)
 
-TINY_ARITH = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith"
+TINY_ARITH = TINY_ARITH
 CHATML = (
     "{% for m in messages %}<bos>{{ m['role'] }}\n{{ m['content'] }}<eos>\n{% endfor %}"
     "{% if add_generation_prompt %}<bos>assistant\n{% endif %}"

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 from test_data_sources import write_parquet
 from test_model_source import hub_cache
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -23,7 +24,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 import rl.model  # noqa: F401  (the demo checkpoint is an FBT)
 from rl.data import arith
 
-ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "QUICKSTART.md"
 TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"  # the demo's own prompt format
 

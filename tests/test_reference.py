@@ -9,10 +9,10 @@ weight noise, the reference the checkpoint itself; "true" is k3 of the two model
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY_ARITH
 from transformers import AutoModelForCausalLM
 
 import rl.model  # noqa: F401
@@ -23,7 +23,7 @@ from rl.samples.request import SamplingParams
 from rl.train.policy_update import PolicyUpdater
 from rollout.torch_engine import TorchEngine
 
-CKPT = str(Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith")
+CKPT = str(TINY_ARITH)
 
 
 class NoStep:

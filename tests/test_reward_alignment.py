@@ -10,12 +10,11 @@ the learner advantages that differ from those recomputed from what each sample s
 from __future__ import annotations
 
 import zlib
-from pathlib import Path
 
 import torch
+from conftest import ROOT, TINY_ARITH_MIXED
 
-ROOT = Path(__file__).resolve().parent.parent
-CKPT = str(ROOT / "checkpoints" / "tiny-arith-mixed")
+CKPT = str(TINY_ARITH_MIXED)
 
 REWARD = """
 import zlib

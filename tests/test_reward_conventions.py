@@ -5,16 +5,14 @@ signature. The last test runs two steps of the tiny job with a TRL reward that c
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT
 
 from rewards.base import RewardSet
 from rewards.conventions import adapt, detect
 from rewards.loader import RewardLoadError, build_reward_set
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # A TRL reward as its docs write them: chat completions read as completion[0]["content"], the ground truth from a
 # nested column, TRL's keywords taken through **kwargs.
@@ -254,3 +252,21 @@ def test_a_trl_reward_reads_chat_completions_and_a_nested_ground_truth(tmp_path)
         reward_model=[{"style": "rule", "ground_truth": "5"}, {"style": "rule", "ground_truth": "3"}],
     )
     assert out.rewards == [1.0, 0.0] and not out.errors
+
+
+def test_a_new_convention_is_one_adapter(monkeypatch):
+    """A convention is one `ADAPTERS` entry: a class that wraps a function written for it into fbrl's call."""
+    from rewards import conventions
+
+    class FirstCompletionOnly:  # a library that hands its reward one completion at a time
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __call__(self, prompts, completions, answers, **fields):
+            return [float(self.fn(c)) for c in completions]
+
+    monkeypatch.setitem(conventions.ADAPTERS, "test_single", FirstCompletionOnly)
+    wrapped, resolved = adapt(len, "test_single")
+    assert resolved == "test_single" and wrapped(["p", "q"], ["ab", "abc"], ["x", "y"]) == [2.0, 3.0]
+    with pytest.raises(ValueError, match="convention: expected one of auto, fbrl, trl, verl, openrlhf, test_single"):
+        adapt(len, "test_singel")

@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 from actors.reward_workers import build_scorer
 from rewards.loader import RewardLoadError, build_reward_set
 from rl.config import ConfigError, config_from_dict
 
-ROOT = Path(__file__).resolve().parent.parent
 DOC = (ROOT / "docs" / "REWARDS.md").read_text()
 SECTION = DOC[DOC.index("## 6. Writing, testing and plugging in a reward function") :]
 BLOCK = re.compile(

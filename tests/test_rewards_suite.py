@@ -7,11 +7,9 @@ case). Default and strict scoring both. The suite's ~290 pairs take ~10 s in-pro
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_ARITH
 
 import rl.model  # noqa: F401
 import rl.samples.states as sf
@@ -26,7 +27,7 @@ from rl.train.policy_update import PolicyUpdater, TorchBackend
 from rl.train.update_plan import plan_for, rows_read
 from rollout.torch_engine import TorchEngine
 
-CKPT = "checkpoints/tiny-arith"
+CKPT = str(TINY_ARITH)
 
 
 def rows(n=7, d=96, seed=0):

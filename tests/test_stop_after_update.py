@@ -5,13 +5,9 @@ torch learner). Kept apart from tests/test_faults*.py, whose tests each have a g
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from fault_harness import check_checkpoints, metrics_of
 from test_faults_async import local_args
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 class StopsIn:

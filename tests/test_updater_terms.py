@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from conftest import TINY_ARITH
 from test_learner import tiny_arith_rollouts
 
 import rl.model  # noqa: F401
@@ -23,7 +24,7 @@ from rl.estimators.likelihood import get_estimator
 from rl.samples.batch import collate
 from rl.train.policy_update import PolicyUpdater, TorchBackend
 
-CKPT = "checkpoints/tiny-arith"
+CKPT = str(TINY_ARITH)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ import torch
 
 pytest.importorskip("vllm")
 
+from conftest import TINY_ARITH
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import rl.model  # noqa: E402,F401  (registers fbt_llama with the Auto classes)
@@ -38,7 +39,7 @@ from rollout.vllm_engine import VLLMEngine  # noqa: E402
 TOL = 1e-4
 # vLLM checks at start that free GPU memory >= gpu_memory_utilization x total: small shares let engines coexist.
 ON_GPU = {} if not torch.cuda.is_available() else {"gpu_memory_utilization": 0.1, "kv_cache_gib": 1.0}
-TINY_ARITH = Path(__file__).resolve().parents[1] / "checkpoints" / "tiny-arith"
+TINY_ARITH = TINY_ARITH
 MAX_LEN = 128
 
 

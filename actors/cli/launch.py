@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from rl.errors import InputError
+
 
 def add_arguments(p) -> None:
     p.add_argument(
@@ -64,58 +66,75 @@ def _environment(cfg) -> None:
 
 
 def load_train_config(args):
-    """(config path, Config, the --resume run dir or None) from the command line: CONFIG (or the embedded default,
+    """(config label, Config, the --resume run dir or None) from the command line: CONFIG (or the embedded default,
     or the resumed run's own config.yaml), overrides, flags. Creates nothing."""
+    config, overrides = args.config, list(args.overrides)
+    if config and "=" in config and not Path(config).exists():  # `fbrl train key=value`
+        overrides.insert(0, config)
+        config = None
+    # `run_dir=PATH` is the documented shorthand for `train.run_dir=PATH`
+    overrides = [f"train.{o}" if o.startswith("run_dir=") else o for o in overrides]
+    if getattr(args, "verbose", False):
+        overrides.append("logging.verbose=true")
+    return job_config(config, overrides, args.resume)
+
+
+def job_config(config=None, overrides=(), resume=None):
+    """(config label, Config, the resumed run's directory or None): `config` (a YAML path, a mapping of sections,
+    a `Config`; None: the embedded default, or with `resume` the run's own config.yaml) with `overrides`, and
+    with `resume` the run it continues. Creates nothing."""
     from rl.config import load_config
     from rl.config.loading import DEFAULT_CONFIG  # the embedded default job, wherever fbrl is installed
     from rl.train.run_dir import RunDir
 
-    config_path = args.config
-    if args.config and "=" in args.config and not Path(args.config).exists():  # `fbrl train key=value`
-        args.overrides.insert(0, args.config)
-        config_path = None
-    if config_path is None:  # a resumed run keeps its own config; a new one gets the embedded default
-        config_path = str(Path(args.resume) / "config.yaml") if args.resume else str(DEFAULT_CONFIG)
-    # `run_dir=PATH` is the documented shorthand for `train.run_dir=PATH`
-    overrides = [f"train.{o}" if o.startswith("run_dir=") else o for o in args.overrides]
-    run_dir = None
-    if args.resume:
-        run_dir = RunDir.existing(args.resume)  # before anything else: a missing run is not created
-        overrides += [f"train.resume={args.resume}", f"train.run_dir={args.resume}"]
-    if getattr(args, "verbose", False):
-        overrides.append("logging.verbose=true")
-    return config_path, load_config(config_path, overrides), run_dir
+    if config is None:  # a resumed run keeps its own config; a new one gets the embedded default
+        config = str(Path(resume) / "config.yaml") if resume else str(DEFAULT_CONFIG)
+    overrides, run_dir = list(overrides), None
+    if resume:
+        run_dir = RunDir.existing(resume)  # before anything else: a missing run is not created
+        overrides += [f"train.resume={resume}", f"train.run_dir={resume}"]
+    label = str(config) if isinstance(config, (str, Path)) else "the given config"
+    return label, load_config(config, overrides), run_dir
 
 
 def prepare(args):
-    """(cfg, config path, run dir, tokenizer, the data as checked) with every input checked; raises an
-    `rl.errors.InputError` naming the first bad one. Starts nothing (no Ray, no engine)."""
+    """`fbrl train ARGV`'s (cfg, config label, run dir, tokenizer, the data as checked): `load_train_config`, then
+    `prepare_job`."""
+    label, cfg, resumed = load_train_config(args)
+    cfg, run_dir, tokenizer, data = prepare_job(
+        cfg, resumed, resume=bool(args.resume), overwrite=args.overwrite, in_process=getattr(args, "no_ray", False)
+    )
+    return cfg, label, run_dir, tokenizer, data
+
+
+def prepare_job(cfg, run_dir, *, resume: bool, overwrite: bool = False, in_process: bool = False, python_fns=None):
+    """(cfg, run dir, tokenizer, the data as checked) with every input checked; raises an `rl.errors.InputError`
+    naming the first bad one. `run_dir`: the resumed run's (`resume`), else made here. Starts nothing (no Ray,
+    no engine)."""
     from actors.cli.model_source import convert_stock_model, resolve_hub_ids
     from actors.cli.preflight import check_job
     from rl.config import ConfigError
     from rl.config.secrets import REDACTED
     from rl.train.run_dir import RunDir, durable_run_dir
 
-    config_path, cfg, run_dir = load_train_config(args)
     cfg = resolve_hub_ids(cfg)
-    if args.resume:
+    if resume:
         run_dir.check_resume_config(cfg)  # refuse a changed experiment, naming the field
         hidden = _redacted_keys(cfg.to_dict(), REDACTED)
         if hidden:
             raise ConfigError(
                 f"{', '.join(hidden)}: secret values are never saved with a run; resume with the "
-                f"config that holds them: fbrl train CONFIG --resume {args.resume}"
+                f"config that holds them: fbrl train CONFIG --resume {run_dir.path}"
             )
-    python_fns = getattr(args, "python_fns", None)
-    tokenizer, cfg, data = check_job(cfg, in_process=getattr(args, "no_ray", False), python_fns=python_fns)
-    if not args.resume:
+    tokenizer, cfg, data = check_job(cfg, in_process=in_process, python_fns=python_fns)
+    if not resume:
         # inside `ray job submit` the working dir is Ray's temporary copy: the run goes somewhere that lasts
         durable = durable_run_dir(cfg.train.run_dir, os.getcwd())
         if durable != cfg.train.run_dir:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, run_dir=durable))
-        run_dir = RunDir.new(cfg.train.run_dir, overwrite=args.overwrite)
+        run_dir = RunDir.new(cfg.train.run_dir, overwrite=overwrite)
         cfg = convert_stock_model(cfg, run_dir.path)
-    return cfg, config_path, run_dir, tokenizer, data
+    return cfg, run_dir, tokenizer, data
 
 
 def _redacted_keys(data, marker: str, prefix: str = "") -> list[str]:
@@ -127,25 +146,39 @@ def _redacted_keys(data, marker: str, prefix: str = "") -> list[str]:
 
 
 def run(args) -> int:
-    """prepare → session → workers → train → summary."""
-    from rl.errors import InputError
-    from rl.train.faults import EXIT_BAD_INPUT
-
+    """`fbrl train ARGV`: argv → Config (`prepare`), then the job (`run_prepared`); the exit code."""
     if args.print_config:
         return print_config(args)
     t_start = time.perf_counter()
     try:
-        cfg, config_path, run_dir, tokenizer, data = prepare(args)
-    except (InputError, OSError) as e:  # config, data, reward, checkpoint and run-dir problems: one clear line
-        # (any other exception is a bug: it keeps its traceback)
-        print(f"fbrl train: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
-    announce(cfg, config_path, run_dir)
+        cfg, label, run_dir, tokenizer, data = prepare(args)
+    except (InputError, OSError) as e:
+        return bad_input(e)
+    return run_prepared(cfg, label, run_dir, tokenizer, data, no_ray=args.no_ray, t_start=t_start)
+
+
+def run_job(cfg, label: str, resumed=None, *, overwrite=False, no_ray=False, python_fns=None) -> int:
+    """One job from its Config (`job_config`'s) to its exit code, as `fbrl train` runs it: the path of
+    `actors.api.train`. `resumed`: the run directory it continues, None for a new run. `python_fns`: reward
+    functions that `reward.fns` names `python:<name>`."""
+    t_start = time.perf_counter()
+    try:
+        cfg, run_dir, tokenizer, data = prepare_job(
+            cfg, resumed, resume=resumed is not None, overwrite=overwrite, in_process=no_ray, python_fns=python_fns
+        )
+    except (InputError, OSError) as e:
+        return bad_input(e)
+    return run_prepared(cfg, label, run_dir, tokenizer, data, no_ray=no_ray, python_fns=python_fns, t_start=t_start)
+
+
+def run_prepared(cfg, label, run_dir, tokenizer, data, *, no_ray=False, python_fns=None, t_start=None) -> int:
+    """A checked job (`prepare_job`'s results) run: session → workers → the loop → summary; the exit code."""
+    announce(cfg, label, run_dir)
     from actors.cli.session import Session
     from rl.loop import train
 
-    with Session(cfg, run_dir, args.no_ray, t_start) as session:
-        rollout, learner, rewards = session.start_workers(getattr(args, "python_fns", None))
+    with Session(cfg, run_dir, no_ray, t_start if t_start is not None else time.perf_counter()) as session:
+        rollout, learner, rewards = session.start_workers(python_fns)
         train(
             cfg,
             tokenizer,
@@ -160,6 +193,15 @@ def run(args) -> int:
             data=data,
         )
     return session.exit_code()
+
+
+def bad_input(error) -> int:
+    """Config, data, reward, checkpoint and run-dir problems: one clear line and exit code 2 (any other exception
+    is a bug: it keeps its traceback)."""
+    from rl.train.faults import EXIT_BAD_INPUT
+
+    print(f"fbrl train: error: {error}", file=sys.stderr, flush=True)
+    return EXIT_BAD_INPUT
 
 
 def print_config(args) -> int:

@@ -22,7 +22,7 @@ import yaml
 
 from rl.config.bounds import bound_problems
 from rl.config.schema import AUTO_TIS_CAP, Config, ConfigError
-from rl.config.serialize import is_under, join_key
+from rl.config.serialize import flatten, is_under, join_key
 
 UNIONS = (Union, types.UnionType)  # Optional[X] and X | None alike
 
@@ -270,15 +270,19 @@ def _config_and_origins(data: dict | None, overrides, origins: dict[str, str]) -
     return _build(Config, raw, "", origins)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> Config:
-    """Load `path` (YAML; None: the defaults) and apply dotted `key=value` overrides in order.
+def load_config(source: str | Path | dict | Config | None = None, overrides: list[str] | tuple = ()) -> Config:
+    """Load `source` and apply dotted `key=value` overrides in order. `source`: a YAML file; a mapping of sections
+    or a `Config` (checked as a file would be, errors naming "the given config"); None: the defaults.
 
     Relative input paths (`INPUT_PATH_KEYS`) of the package's own configs and of the schema's defaults are made
     absolute from the package root (`resolve_packaged_paths`)."""
     data, origins = None, {}
     packaged = False
-    if path is not None:
-        p = Path(path)
+    if isinstance(source, (Config, dict)):
+        data = source.to_dict() if isinstance(source, Config) else source
+        origins = {key: "the given config" for key in flatten(data)}
+    elif source is not None:
+        p = Path(source)
         if not p.is_file():
             raise ConfigError(f"config file not found: {p}")
         data, origins = _parse_yaml(p.read_text(), str(p))

@@ -10,7 +10,6 @@ are the embedded CPU default (tiny checkpoint, arithmetic task). The sections of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from rl.config.bounds import ge, gt, within
@@ -145,7 +144,12 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
+    # Each choice below is a registry's names (rl/algos/: advantages.py, losses.py, mismatch.py), kept equal to
+    # the registry by tests/test_config_choices.py: a new entry is registered there and named here.
     adv_estimator: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    # the policy loss (POLICY_LOSSES). auto: `reinforce` with one update per rollout batch and no dual clip (every
+    # ratio is 1 there, so PPO's clipping could not act), else `ppo`
+    policy_loss: Literal["auto", "ppo", "reinforce"] = "auto"
     adv_eps: Annotated[float, gt(0, "(0 scales rounding-level reward differences up to advantages of ±1)")] = 1e-6
     loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "token_mean"
     eps_low: Annotated[float, ge(0)] = 0.2
@@ -171,6 +175,8 @@ class AlgoConfig:
     mini_batches: Annotated[int, ge(1)] = 1  # optimizer steps per rollout batch per epoch
 
     def validate(self):
+        if self.policy_loss == "reinforce" and self.clip_ratio_c is not None:
+            yield "policy_loss", "reinforce has no ratio to clip: set algo.clip_ratio_c to null, or use ppo"
         if self.kl_coef > 0 and self.kl_estimator == "k1":
             yield (
                 "kl_estimator",
@@ -192,6 +198,8 @@ AUTO_TIS_CAP = 2.0
 
 @dataclass
 class LikelihoodConfig:
+    # rl/estimators/likelihood.py's registry (`register_estimator`); the reference's: those that read no recorded
+    # states (tests/test_config_choices.py)
     estimator: Literal["replay", "kpass", "exact", "standard"] = "replay"
     passes: Annotated[int, ge(1)] = 3  # K for kpass (the policy's and a kpass reference's)
     # the reference model's log-probs (algo.kl_coef > 0) come from its own recurrence, never the policy's recorded
@@ -343,9 +351,6 @@ class Config:
 
     def to_yaml(self) -> str:
         return yaml_dump(self.to_dict())
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_yaml())
 
     def flat(self) -> dict[str, Any]:
         """{'train.lr': 1e-6, ...}: every leaf under its dotted key (lists are leaves)."""

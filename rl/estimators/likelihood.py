@@ -28,6 +28,9 @@ Besides the estimators this module exposes the pieces `rl/estimators/comparison.
 (the detached carried states and fusion mask each estimator's final pass consumes), `run_pass` (one pass over
 such inputs, optionally returning the per-layer K/V cache) and `response_log_dists` (full-vocabulary log-probs at
 the response positions).
+
+`rl.model` is imported where it is used: the driver reads this registry (which estimators need recorded states,
+`needs_recorded_states`) without loading the model classes.
 """
 
 from __future__ import annotations
@@ -37,9 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.algos._registry import lookup, make_register
+from rl.algos.registry import lookup, make_register
 from rl.decode_modes import DECODE_MODES
-from rl.model import positions_from_mask, shift_right
 from rl.samples.batch import LearnerBatch
 from rl.samples.logprob_contract import behaviour_log_softmax, entropy_of
 
@@ -48,6 +50,7 @@ __all__ = [
     "LikelihoodOutput",
     "get_estimator",
     "register_estimator",
+    "needs_recorded_states",
     "response_hidden",
     "last_pass_inputs",
     "run_pass",
@@ -74,11 +77,18 @@ def get_estimator(name: str) -> Callable[..., LikelihoodOutput]:
     return lookup(ESTIMATORS, "likelihood estimator", name)
 
 
-def register_estimator(name: str):
+def needs_recorded_states(name: str) -> bool:
+    """Whether estimator `name` reads the engine's recorded states: the rollout requests record them and the
+    learner's micro-batches carry them (`collate(..., with_states=True)`)."""
+    return get_estimator(name).needs_states
+
+
+def register_estimator(name: str, *, needs_states: bool = False):
     """Decorator: register `hidden_fn(model, batch, decode_mode, passes) -> h [B, L, d]` as estimator `name`.
 
     The registered estimator wraps it with micro-batching and the log-prob / entropy gathering, so every
-    estimator shares one log-prob contract.
+    estimator shares one log-prob contract. `needs_states`: it reads `batch.states`, the states the engine
+    recorded (the entry carries it as `.needs_states`; requests and collation ask it, never the name).
     """
 
     def deco(hidden_fn):
@@ -114,6 +124,7 @@ def register_estimator(name: str):
 
         estimator.__name__ = f"{name}_estimator"
         estimator.__doc__ = hidden_fn.__doc__
+        estimator.needs_states = needs_states
         _add_estimator(name)(estimator)  # a second estimator under a taken name is an error
         _HIDDEN[name] = hidden_fn
         return hidden_fn
@@ -244,7 +255,7 @@ def _kpass_hidden(model, batch, decode_mode, passes):
     return out.last_hidden
 
 
-@register_estimator("replay")
+@register_estimator("replay", needs_states=True)
 def _replay_hidden(model, batch, decode_mode, passes):
     """One differentiable pass fed the engine's recorded states (detached): exact up to numerics for the
     weights that generated the rollout (one update per rollout batch)."""
@@ -263,6 +274,8 @@ def _replay_hidden(model, batch, decode_mode, passes):
 @register_estimator("standard")
 def _standard_hidden(model, batch, decode_mode, passes):
     """An ordinary forward: standard (non-FBT) models, or FBT models decoded without feedback."""
+    from rl.model import positions_from_mask
+
     dev = _device(model)
     ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
     if hasattr(model, "run_stack"):
@@ -294,6 +307,8 @@ def last_pass_inputs(
     states whose right shift feeds that pass, already computed (exact: the recurrence's output; kpass: the
     final states of kpass with K-1 passes) — the comparison walks K = 1..M with one pass per K this way.
     """
+    from rl.model import shift_right
+
     fb, pc, pm = _masks(model, batch, decode_mode)
     dev = _device(model)
     ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
@@ -329,6 +344,8 @@ def run_pass(model, batch: LearnerBatch, carried: torch.Tensor, mask: torch.Tens
     """One pass over the rows, fusing `carried` at `mask`. Returns (h [B, L, d], kv) where kv is a list over
     layers of (keys, values) [B, kv_heads, L, head_dim] read from the backbone's DynamicCache (None unless
     `with_kv`). Keys are post-RoPE, as cached."""
+    from rl.model import positions_from_mask
+
     dev = _device(model)
     ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
     e = model.embed(ids)

@@ -34,6 +34,7 @@ from collections.abc import Callable
 import torch
 
 from rl.algos.mismatch import mismatch_decomposition
+from rl.estimators.likelihood import get_estimator, needs_recorded_states
 from rl.samples.batch import Sample, collate
 
 PARTS = ("engine", "staleness", "estimator")
@@ -109,9 +110,6 @@ class MismatchProbe:
         return self._scratch
 
     def _logprobs(self, estimator: str, model, batch) -> torch.Tensor:
-        # imported here: the driver imports this module for measure_parts and never loads the model classes
-        from rl.estimators.likelihood import get_estimator
-
         c, r = self.cfg, self.cfg.rollout
         # the learner's log-prob contract (rl/samples/logprob_contract.py): the engines' behaviour density, top-k /
         # top-p kept set included, so the engine part compares like with like
@@ -132,7 +130,7 @@ class MismatchProbe:
         if not samples:
             return {}
         estimator = self.cfg.likelihood.estimator
-        batch = collate(samples, self.pad_id, with_states=estimator == "replay")
+        batch = collate(samples, self.pad_id, with_states=needs_recorded_states(estimator))
         model = self._model(state)
         exact_now = self._logprobs("exact", model, batch)
         est_now = exact_now if estimator == "exact" else self._logprobs(estimator, model, batch)

@@ -1,9 +1,4 @@
-"""rl.model — the full-bandwidth transformer (FBT) on Hugging Face backbones (Llama, Qwen2, Qwen3 and Mistral).
-
-`fusion` (the fusion `F(h_{t-1}, e_t)` and its tensor helpers, plain torch), `fbt` (the FBT configs and models:
-multi-pass forward, recurrent step, prefill), `convert` (an FBT from a plain checkpoint and back). Importing
-`rl.model` registers `fbt_llama` / `fbt_qwen2` / `fbt_qwen3` / `fbt_mistral` with transformers' Auto classes.
-"""
+"""rl.model — the full-bandwidth transformer (FBT) on Hugging Face backbones; importing it registers the FBT configs."""
 
 from rl.model.conversion import (
     FUSION_INITS,

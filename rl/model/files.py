@@ -10,15 +10,7 @@ from pathlib import Path
 
 import torch
 
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
+from rl.backbones import TOKENIZER_FILES
 
 
 def load_fbt(path, dtype=torch.float32):

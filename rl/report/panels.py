@@ -21,35 +21,37 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rl.report.metrics import EVAL_ACCURACY, EVAL_LENIENT, LEARNER, MISMATCH_PARTS, REWARD
+
 PHASES = ("rollout", "reward", "learner", "sync")  # time_<phase>_s, in the order a step runs them
 _NOT_SIZES = ("seq_ess", "ratio_outside_frac")  # mismatch keys that are not a size of the mismatch
 _LABELS = {
     "reward_mean": "reward (mean)",
     "accuracy": "accuracy (sampled)",
-    "learner/loss": "total loss",
-    "learner/pg_loss": "policy-gradient loss",
-    "learner/kl_loss": "KL to reference",
-    "learner/grad_norm": "grad norm",
-    "learner/approx_kl": "k3 KL(old ‖ new)",
-    "learner/entropy": "entropy",
-    "learner/pg_clipfrac_low": "clipped low",
-    "learner/pg_clipfrac_high": "clipped high",
-    "learner/pg_clipfrac_dual": "dual clip",
+    f"{LEARNER}loss": "total loss",
+    f"{LEARNER}pg_loss": "policy-gradient loss",
+    f"{LEARNER}kl_loss": "KL to reference",
+    f"{LEARNER}grad_norm": "grad norm",
+    f"{LEARNER}approx_kl": "k3 KL(old ‖ new)",
+    f"{LEARNER}entropy": "entropy",
+    f"{LEARNER}pg_clipfrac_low": "clipped low",
+    f"{LEARNER}pg_clipfrac_high": "clipped high",
+    f"{LEARNER}pg_clipfrac_dual": "dual clip",
     "response_len_mean": "mean response length",
     "truncation_rate": "truncated share",
-    "learner/mismatch/abs_logp_diff": "mean |Δ log p| engine vs learner",
-    "learner/mismatch/k3": "k3 KL(engine ‖ learner)",
-    "mismatch_parts/engine": "engine: exact(θ_v) − engine(θ_v)",
-    "mismatch_parts/staleness": "staleness: exact(θ_V) − exact(θ_v)",
-    "mismatch_parts/estimator": "estimator: est(θ_V) − exact(θ_V)",
-    "mismatch_parts/total": "total: est(θ_V) − engine(θ_v)",
-    "learner/latent/w_state_norm": "‖W_U‖ (state weights)",
-    "learner/latent/w_token_dev": "‖W_T − I‖ (token weights)",
-    "learner/latent/w_gate_norm": "‖W_G‖ (gate weights)",
-    "learner/latent/state_share": "state share of fused input",
-    "learner/latent/policy_shift": "mean |log π_soft − log π_std|",
-    "learner/latent/gate_mean": "gate mean",
-    "learner/latent/gate_std": "gate std",
+    f"{LEARNER}mismatch/abs_logp_diff": "mean |Δ log p| engine vs learner",
+    f"{LEARNER}mismatch/k3": "k3 KL(engine ‖ learner)",
+    f"{MISMATCH_PARTS}engine": "engine: exact(θ_v) − engine(θ_v)",
+    f"{MISMATCH_PARTS}staleness": "staleness: exact(θ_V) − exact(θ_v)",
+    f"{MISMATCH_PARTS}estimator": "estimator: est(θ_V) − exact(θ_V)",
+    f"{MISMATCH_PARTS}total": "total: est(θ_V) − engine(θ_v)",
+    f"{LEARNER}latent/w_state_norm": "‖W_U‖ (state weights)",
+    f"{LEARNER}latent/w_token_dev": "‖W_T − I‖ (token weights)",
+    f"{LEARNER}latent/w_gate_norm": "‖W_G‖ (gate weights)",
+    f"{LEARNER}latent/state_share": "state share of fused input",
+    f"{LEARNER}latent/policy_shift": "mean |log π_soft − log π_std|",
+    f"{LEARNER}latent/gate_mean": "gate mean",
+    f"{LEARNER}latent/gate_std": "gate std",
 }
 
 
@@ -109,40 +111,42 @@ def build_panels(rows: list[dict]) -> list[Panel]:
     p = Panel("reward", "Reward and accuracy (training samples)", "mean over samples", smooth=True)
     p.series += [_series(train, "reward_mean"), _series(train, "accuracy", style="--")]
     terms = [
-        k for k in keys if k.startswith("reward/rewards/") and k.endswith("/mean") and k != "reward/rewards/total/mean"
+        k
+        for k in keys
+        if k.startswith(f"{REWARD}rewards/") and k.endswith("/mean") and k != f"{REWARD}rewards/total/mean"
     ]
     if len(terms) > 1:  # one term is the total itself: drawing it again says nothing
         p.series += [_series(train, k, f"term: {k.split('/')[2]}", style=":") for k in terms]
     panels.append(p)
 
-    modes = [k[len("eval_accuracy_") :] for k in _keys(rows) if k.startswith("eval_accuracy_")]
+    modes = [k[len(EVAL_ACCURACY) + 1 :] for k in _keys(rows) if k.startswith(f"{EVAL_ACCURACY}_")]
     p = Panel("eval_accuracy", "Held-out greedy accuracy by decode mode", "accuracy", ylim=(0.0, 1.0))
-    p.series += [_series(rows, f"eval_accuracy_{m}", m, marker="o") for m in modes]
+    p.series += [_series(rows, f"{EVAL_ACCURACY}_{m}", m, marker="o") for m in modes]
     # the lenient read (last number in the response): a gain in the answer format alone opens a gap to it
     p.series += [
-        _series(rows, f"eval_lenient_accuracy_{m}", f"{m} (lenient read)", marker="x", style="--")
+        _series(rows, f"{EVAL_LENIENT}_{m}", f"{m} (lenient read)", marker="x", style="--")
         for m in modes
-        if f"eval_lenient_accuracy_{m}" in _keys(rows)
+        if f"{EVAL_LENIENT}_{m}" in _keys(rows)
     ]
     panels.append(p)
 
     p = Panel("loss", "Policy loss", "loss", right_label="grad norm")
-    p.series += [_series(train, k) for k in ("learner/loss", "learner/pg_loss") if k in keys]
-    p.series.append(_series(train, "learner/grad_norm", right=True, style=":"))
+    p.series += [_series(train, k) for k in (f"{LEARNER}loss", f"{LEARNER}pg_loss") if k in keys]
+    p.series.append(_series(train, f"{LEARNER}grad_norm", right=True, style=":"))
     panels.append(p)
 
     p = Panel("kl_entropy", "KL and entropy", "KL", right_label="entropy (nats/token)", shares=("left", "right"))
     kls = [
         k
         for k in keys
-        if k.startswith("learner/") and "kl" in k.split("/")[-1] and "mismatch" not in k and "latent" not in k
+        if k.startswith(LEARNER) and "kl" in k.split("/")[-1] and "mismatch" not in k and "latent" not in k
     ]
     p.series += [_series(train, k) for k in kls]
-    p.series.append(_series(train, "learner/entropy", right=True, style="--"))
+    p.series.append(_series(train, f"{LEARNER}entropy", right=True, style="--"))
     panels.append(p)
 
     p = Panel("clip_fraction", "Clip fraction (share of tokens)", "fraction", shares=("left",))
-    p.series += [_series(train, k) for k in keys if k.startswith("learner/pg_clipfrac_")]
+    p.series += [_series(train, k) for k in keys if k.startswith(f"{LEARNER}pg_clipfrac_")]
     panels.append(p)
 
     p = Panel("length", "Response length and truncation", "tokens", right_label="truncated share", shares=("right",))
@@ -153,7 +157,7 @@ def build_panels(rows: list[dict]) -> list[Panel]:
     if not mism and "logprob_mismatch_abs_mean" in keys:
         mism = ["logprob_mismatch_abs_mean"]
     p = Panel("mismatch", "Log-prob mismatch (engine vs learner)", "per token (log scale)", log=True)
-    p.series += [_series(train, k, _LABELS.get(k, k.replace("learner/", "")), positive=True) for k in mism]
+    p.series += [_series(train, k, _LABELS.get(k, k.replace(LEARNER, "")), positive=True) for k in mism]
     panels.append(p)
 
     # the three parts of the mismatch (and their sum) on the diagnostic rows; an exact 0 (staleness at s = 0, the
@@ -162,7 +166,7 @@ def build_panels(rows: list[dict]) -> list[Panel]:
         "mismatch_parts", "Mismatch taken apart (diagnostic rows)", "mean |Δ log p| per token (log scale)", log=True
     )
     p.series += [
-        _series(train, f"mismatch_parts/{part}", positive=True, style=":" if part == "total" else "-")
+        _series(train, f"{MISMATCH_PARTS}{part}", positive=True, style=":" if part == "total" else "-")
         for part in ("engine", "staleness", "estimator", "total")
     ]
     panels.append(p)
@@ -178,7 +182,7 @@ def build_panels(rows: list[dict]) -> list[Panel]:
         p.series.append(Series("other (eval, checkpoint)", [o[0] for o in other], [max(o[1], 0.0) for o in other]))
     panels.append(p)
 
-    latent = [k for k in keys if k.startswith("learner/latent/")]  # rl/report/latent_metrics.py
+    latent = [k for k in keys if k.startswith(f"{LEARNER}latent/")]  # rl/report/latent_metrics.py
     p = Panel(
         "latent",
         "Latent channel",

@@ -8,16 +8,9 @@ import os
 import shutil
 from pathlib import Path
 
+from rl.backbones import TOKENIZER_FILES
+
 POLICY_CONFIG_FILES = ("config.json", "generation_config.json")
-POLICY_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
 
 
 def build_policy_dir(tmp: Path, weights_file, model_dir, tokenizer_dir=None, decode_modes=None) -> None:
@@ -29,7 +22,7 @@ def build_policy_dir(tmp: Path, weights_file, model_dir, tokenizer_dir=None, dec
         os.link(weights_file, tmp / "model.safetensors")
     except OSError:
         shutil.copy2(weights_file, tmp / "model.safetensors")
-    for src, names in ((model_dir, POLICY_CONFIG_FILES), (tokenizer_dir or model_dir, POLICY_TOKENIZER_FILES)):
+    for src, names in ((model_dir, POLICY_CONFIG_FILES), (tokenizer_dir or model_dir, TOKENIZER_FILES)):
         for name in names:
             if (Path(src) / name).is_file():
                 shutil.copy2(Path(src) / name, tmp / name)

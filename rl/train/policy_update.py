@@ -32,7 +32,7 @@ import torch
 
 from rl import algos
 from rl.config import tis_cap_in_force
-from rl.estimators.likelihood import get_estimator
+from rl.estimators.likelihood import get_estimator, needs_recorded_states
 from rl.model.fusion import dropout_off
 from rl.samples.batch import LearnerBatch, Sample, collate
 from rl.train.update_plan import SUMMED_METRICS, UpdatePlan, plan_for
@@ -72,9 +72,12 @@ class TorchBackend:
 
 
 def policy_loss_config(algo_cfg, max_tokens: int) -> algos.PolicyLossConfig:
-    one_update = algo_cfg.ppo_epochs == 1 and algo_cfg.mini_batches == 1
+    loss_type = algo_cfg.policy_loss
+    if loss_type == "auto":
+        one_update = algo_cfg.ppo_epochs == 1 and algo_cfg.mini_batches == 1
+        loss_type = "reinforce" if one_update and algo_cfg.clip_ratio_c is None else "ppo"
     return algos.PolicyLossConfig(
-        loss_type="reinforce" if one_update and algo_cfg.clip_ratio_c is None else "ppo",
+        loss_type=loss_type,
         eps_low=algo_cfg.eps_low,
         eps_high=algo_cfg.eps_high,
         clip_ratio_c=algo_cfg.clip_ratio_c,
@@ -113,7 +116,7 @@ class PolicyUpdater:
         if self.loss_cfg.kl_coef > 0 and ref_model is None:
             raise ValueError("algo.kl_coef > 0 needs a reference model")
         self.multiple_updates = cfg.algo.ppo_epochs * cfg.algo.mini_batches > 1
-        self.replay = cfg.likelihood.estimator == "replay"
+        self.with_states = needs_recorded_states(cfg.likelihood.estimator)
 
     def _logprobs(self, model, batch: LearnerBatch, estimator=None, with_entropy=False, **overrides):
         r = self.cfg.rollout
@@ -130,7 +133,10 @@ class PolicyUpdater:
         """A micro-batch of `rows`; an empty one (a rank short of rows) is row 0 as a stand-in, with zero states:
         its loss is multiplied by 0, and row 0's states may be another rank's, never fetched here."""
         micro = collate(
-            [samples[i] for i in rows or [0]], self.pad_id, with_states=self.replay, state_rows=None if rows else []
+            [samples[i] for i in rows or [0]],
+            self.pad_id,
+            with_states=self.with_states,
+            state_rows=None if rows else [],
         )
         micro.extras["advantages"] = advantages[rows or [0]]
         return micro
@@ -181,7 +187,7 @@ class PolicyUpdater:
         out["grad_norm"] = sum(grad_norms) / len(grad_norms)
         out["optimizer_steps"] = float(len(grad_norms))
         out["nonfinite_steps"] = float(sum(not math.isfinite(g) for g in grad_norms))  # skipped (Backend.step)
-        out["replay_approximate"] = float(self.replay and self.multiple_updates)
+        out["replay_approximate"] = float(self.with_states and self.multiple_updates)
         out["_tokens"] = float(
             self.cfg.algo.ppo_epochs
             * sum(samples[i].response_len for m in range(len(plan.minibatches)) for i in plan.rank_rows(m, rank))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rl.estimators.likelihood import needs_recorded_states
 from rl.samples.request import SamplingParams
 from rl.samples.states import params_states_dtype
 
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def sampling_params(cfg: Config, eos_id: int, greedy: bool = False, decode_mode: str | None = None, seed=None):
-    """The request for a training step (G samples per prompt, recording states for the `replay` estimator) or,
+    """The request for a training step (G samples per prompt, recording states when the likelihood estimator reads them) or,
     `greedy`, for a held-out evaluation in `decode_mode`."""
     r = cfg.rollout
     return SamplingParams(
@@ -25,6 +26,6 @@ def sampling_params(cfg: Config, eos_id: int, greedy: bool = False, decode_mode:
         stop_token_ids=(eos_id,),
         seed=seed,
         decode_mode=decode_mode or r.decode_mode,
-        record_states=not greedy and cfg.likelihood.estimator == "replay",
+        record_states=not greedy and needs_recorded_states(cfg.likelihood.estimator),
         states_dtype=params_states_dtype(r.record_states_dtype, engines_on_gpu=r.num_gpus_per_engine > 0),
     )

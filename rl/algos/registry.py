@@ -1,4 +1,5 @@
-"""Name → function registries shared by the GRPO-family modules (verl-style, without the 2,000 lines)."""
+"""Name → function registries (`make_register`, `lookup`): the GRPO family's, the likelihood estimators', the engines' and
+the weight transports'."""
 
 from __future__ import annotations
 
