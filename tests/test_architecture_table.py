@@ -77,6 +77,7 @@ def test_each_new_piece_names_a_test_that_adds_one():
         "reward convention",
         "task",
         "weight transport",
+        "tool environment",
     }
     for piece, cell in pieces.items():
         path, name = re.match(r"\s*(tests/\w+\.py) `(\w+)`", cell).groups()
