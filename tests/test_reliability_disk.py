@@ -11,10 +11,10 @@ from test_faults_async import local_args
 
 
 def test_a_full_disk_mid_checkpoint_stops_cleanly_and_resume_completes(tmp_path, monkeypatch, capsys):
-    import rl.train.run_dir
+    import rl.train.checkpoints
     from actors.cli import main
 
-    real, calls = rl.train.run_dir.save_file, []
+    real, calls = rl.train.checkpoints.save_file, []
 
     def full_at_the_second(tensors, path):
         calls.append(path)
@@ -22,7 +22,7 @@ def test_a_full_disk_mid_checkpoint_stops_cleanly_and_resume_completes(tmp_path,
             raise OSError(errno.ENOSPC, "No space left on device", path)
         return real(tensors, path)
 
-    monkeypatch.setattr(rl.train.run_dir, "save_file", full_at_the_second)
+    monkeypatch.setattr(rl.train.checkpoints, "save_file", full_at_the_second)
     code = main(local_args(tmp_path, "train.steps=3", "train.checkpoint_every=1"))
     out, err = capsys.readouterr()
     run_dir = tmp_path / "run"
@@ -34,7 +34,7 @@ def test_a_full_disk_mid_checkpoint_stops_cleanly_and_resume_completes(tmp_path,
     assert not list(run_dir.glob("**/.tmp-*")) and not list(run_dir.glob("**/.*.tmp-*"))  # nothing half-written
     check_checkpoints(run_dir, 1, [1])
     assert [r["step"] for r in metrics_of(run_dir)] == [1, 2]  # step 2 was logged; the resume runs it again
-    monkeypatch.setattr(rl.train.run_dir, "save_file", real)
+    monkeypatch.setattr(rl.train.checkpoints, "save_file", real)
     assert main(["train", "--no-ray", "--resume", str(run_dir)]) == 0
     assert [r["step"] for r in metrics_of(run_dir)] == [1, 2, 3]
     check_checkpoints(run_dir, 3, [1, 2, 3])

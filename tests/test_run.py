@@ -61,7 +61,7 @@ class TwoNodeLearner(FileLearner):
     """Rank 0 writes on the driver's node; rank 1's files land on another node's disk (reported, not here)."""
 
     def save_checkpoint(self, directory):
-        from rl.train.run_dir import saved_files
+        from rl.train.checkpoints import saved_files
 
         super().save_checkpoint(directory)
         return [saved_files(directory, 0), {"rank": 1, "host": "node-b", "files": ["ds/rank1_optim.pt"]}]
@@ -146,7 +146,7 @@ def test_a_checkpoint_is_durable_before_latest_names_it(tmp_path, monkeypatch):
     import os
 
     import rl.atomic_files as atomic
-    import rl.train.run_dir as run_dir
+    import rl.train.checkpoints as checkpoints
 
     events, synced = [], set()
     real_fsync, real_open = os.fsync, os.open
@@ -171,7 +171,7 @@ def test_a_checkpoint_is_durable_before_latest_names_it(tmp_path, monkeypatch):
     monkeypatch.setattr(atomic.os, "open", tracking_open)
     monkeypatch.setattr(atomic.os, "fsync", tracking_fsync)
     for name in ("fsync_tree", "fsync_dir", "replace_dir", "write_text"):
-        monkeypatch.setattr(run_dir, name, recorded(name, getattr(run_dir, name)))
+        monkeypatch.setattr(checkpoints, name, recorded(name, getattr(checkpoints, name)))
     run = RunDir(str(tmp_path / "run"))
     final = run.save_checkpoint(3, FileLearner(3), {"version": 3})
     kinds = [e[0] for e in events]

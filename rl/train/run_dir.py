@@ -3,15 +3,11 @@
 Layout of RUN_DIR:
     config.yaml                 the resolved config (resume compares against it)
     metrics.jsonl               one JSON object per step (and eval rows merged into their step)
-    checkpoints/step_000010/    learner/ (model save_pretrained + optimizer state), trainer_state.json, rng
-    checkpoints/latest          name of the newest complete checkpoint
+    checkpoints/                the checkpoints (rl/train/checkpoints.py: written atomically, pruned, loaded)
     policy/                     the policy as a save_pretrained directory (config, weights, tokenizer), replaced at
                                 every checkpoint and at the end: load it with AutoModelForCausalLM, decode with vLLM
     plots/summary.png, *.png    every panel of rl/report/plots.py in one figure, and each panel alone; redrawn
                                 during the run (after eval steps, else every 30 s or so) and at the end
-A checkpoint is written under a temporary name and renamed into place, then `latest` is replaced: a crash at
-any point leaves the previous checkpoint and pointer intact.
-
 `RunDir.new` (a new run) refuses a directory that already holds something, unless told to overwrite a previous
 run there; `RunDir.existing` (resume) refuses a directory that is not a run with a checkpoint, and creates nothing.
 Values under secret-looking keys (`api_key`, `token`, ...) are never written to config.yaml (`redacted`).
@@ -19,31 +15,27 @@ Values under secret-looking keys (`api_key`, `token`, ...) are never written to 
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import errno
 import json
 import logging
 import math
 import os
-import random
 import shutil
 import socket
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import load_file, save_file
-
 from rl import atomic_files
-from rl.atomic_files import disk_full, fsync_dir, fsync_tree, replace_dir, sweep_leftovers, write_text
+from rl.atomic_files import fsync_dir, fsync_tree, replace_dir, sweep_leftovers, write_text
 from rl.config import Config, check_resume, load_config
 from rl.config.secrets import redacted
 from rl.config.serialize import yaml_dump
 from rl.decode_modes import rl_modes
 from rl.errors import InputError
-from rl.train.faults import EXIT_BAD_INPUT, EXIT_STOPPED, RunStopped
+from rl.train.checkpoints import Checkpoints, not_shared
+from rl.train.faults import RunStopped
 from rl.train.policy_dir import build_policy_dir
 
 if TYPE_CHECKING:
@@ -120,7 +112,7 @@ def durable_run_dir(run_dir: str | None, cwd: str | Path, env=os.environ) -> str
     return str((Path(env.get(RUNS_ENV) or Path.home() / "fbrl-runs")).expanduser().absolute() / stamp)
 
 
-class RunDir:
+class RunDir(Checkpoints):
     def __init__(self, path: str | None):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         self.path = Path(path or f"runs/{stamp}")
@@ -243,98 +235,6 @@ class RunDir:
         """Every evaluation `write_eval` recorded, in step order."""
         return [json.loads(p.read_text()) for p in sorted((self.path / "eval").glob("step_*.json"))]
 
-    # ---- checkpoints -----------------------------------------------------------------------------------
-    def save_checkpoint(self, step: int, learner, trainer_state: dict, keep: int | None = None) -> Path:
-        """Write checkpoint `step` under a temporary name, fsync its files and directories, rename it into place and
-        point `latest` at it; then, with `keep`, delete all but the newest `keep` complete checkpoints (by recorded
-        step; never the one `latest` names). A crash at any point leaves a resumable run."""
-        name = f"step_{step:06d}"
-        tmp = self.ckpt_root / f".tmp-{name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        with self.full_disk_stops(tmp, remove=tmp):
-            tmp.mkdir(parents=True)
-            check_saved(tmp / "learner", learner.save_checkpoint(str(tmp / "learner")), self.path)
-            state = dict(trainer_state, step=step, python_rng=_jsonable(random.getstate()))
-            write_text(tmp / "trainer_state.json", json.dumps(state, indent=1, sort_keys=True))
-            save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
-            fsync_tree(tmp)  # after a power loss `latest` must not name files the disk never got
-            final = self.ckpt_root / name
-            replace_dir(tmp, final)  # a re-run of the same step: the old one stays whole until the new one is in
-            fsync_dir(self.ckpt_root)
-            write_text(self.ckpt_root / "latest", name)
-            fsync_dir(self.ckpt_root)
-        if keep is not None:
-            self.prune_checkpoints(keep)
-        return final
-
-    @contextlib.contextmanager
-    def full_disk_stops(self, path: Path, remove: Path | None = None):
-        """A write to `path`: on failure `remove` (its half-written temporary) is deleted, and a full disk stops the
-        job (exit 3) with one line naming the disk and the path; the last complete checkpoint stays `latest`."""
-        try:
-            yield
-        except Exception as e:
-            if remove is not None:
-                shutil.rmtree(remove, ignore_errors=True)
-            if not disk_full(e):
-                raise
-            latest = self.latest_checkpoint()
-            last = f"from {latest.name}" if latest is not None else "(no checkpoint yet: start again)"
-            raise RunStopped(
-                f"the disk is full (no space left on device) writing {path}: free space on the disk of {self.path}, "
-                f"then `fbrl train --resume {self.path}` continues {last}",
-                exit_code=EXIT_STOPPED,
-            ) from None
-
-    def complete_checkpoints(self) -> list[Path]:
-        """Checkpoints whose trainer state parses and whose learner state exists, oldest first (by recorded step)."""
-        found = []
-        for path in self.ckpt_root.glob("step_*"):
-            try:
-                step = json.loads((path / "trainer_state.json").read_text())["step"]
-            except (OSError, ValueError, KeyError):
-                continue
-            if (path / "learner").is_dir():
-                found.append((int(step), path))
-        return [path for _, path in sorted(found)]
-
-    def prune_checkpoints(self, keep: int) -> None:
-        """Delete all but the newest `keep` complete checkpoints, never the one `latest` names (renamed aside
-        first, so a kill mid-delete leaves a `.tmp-` directory the next start sweeps, not half a checkpoint)."""
-        latest = self.latest_checkpoint()
-        done = self.complete_checkpoints()
-        for path in done[: max(len(done) - keep, 0)]:
-            if latest is not None and path.resolve() == latest.resolve():
-                continue
-            doomed = self.ckpt_root / f".tmp-pruned-{path.name}-{os.getpid()}"
-            os.replace(path, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
-
-    def latest_checkpoint(self) -> Path | None:
-        """The checkpoint `latest` names when it is complete; else the newest complete one (with a warning: a crash
-        or power loss after the pointer was written); None without any."""
-        pointer = self.ckpt_root / "latest"
-        named = self.ckpt_root / pointer.read_text().strip() if pointer.is_file() else None
-        complete = self.complete_checkpoints()
-        if named is not None and named in complete:
-            return named
-        if named is not None and complete:
-            warnings.warn(
-                f"{pointer} names {named.name}, which is incomplete; resuming from {complete[-1].name}", stacklevel=2
-            )
-        return complete[-1] if complete else None
-
-    def load_checkpoint(self, learner) -> dict:
-        """Restore the learner and the RNGs; return the trainer state (step, version, sampler, ...)."""
-        path = self.latest_checkpoint()
-        if path is None:
-            raise FileNotFoundError(f"{self.path}: no complete checkpoint to resume from")
-        learner.load_checkpoint(str(path / "learner"))
-        state = json.loads((path / "trainer_state.json").read_text())
-        random.setstate(_tupled(state.pop("python_rng")))
-        torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
-        return state
-
     # ---- the policy, for the user to take away -------------------------------------------------------------
     def export_policy(
         self,
@@ -431,61 +331,9 @@ def stopped_before_step(stop: RunStopped, run: RunDir, learner: LearnerWorkers, 
     return RunStopped(f"{stop.reason}; {where}", stop.resumable, stop.exit_code)
 
 
-def saved_files(directory: str | Path, rank: int) -> dict:
-    """What a learner rank reports after writing its part of a checkpoint: its host and every file it sees under
-    `directory` (with several nodes, only its own node's unless the storage is shared)."""
-    root = Path(directory)
-    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    return {"rank": rank, "host": socket.gethostname(), "files": files}
-
-
-def check_saved(directory: Path, receipts: list[dict] | None, run_path: Path) -> None:
-    """Refuse a checkpoint the driver cannot see whole: a file a rank wrote that is not under `directory` here means
-    the ranks wrote to their own nodes' disks, and resuming (or rebuilding the learner) from it would fail later.
-    `receipts`: the ranks' `saved_files` (None: a learner stand-in that reports none)."""
-    if receipts is None:
-        return
-    missing = {}
-    for r in receipts:
-        lost = [f for f in r["files"] if not (directory / f).is_file()]
-        if lost:
-            missing[r["rank"]] = (r["host"], lost)
-    if missing:
-        ranks = "; ".join(
-            f"rank {rank} on {host}: {len(lost)} files, e.g. {lost[0]}"
-            for rank, (host, lost) in sorted(missing.items())
-        )
-        shutil.rmtree(directory.parent, ignore_errors=True)
-        raise not_shared(
-            f"the checkpoint is incomplete as this driver (on {socket.gethostname()}) sees it, and nothing of it was "
-            f"kept: the learner ranks wrote files it cannot find under {directory} ({ranks})",
-            run_path,
-            "every learner rank",
-        )
-
-
-def not_shared(what: str, run_path: Path, ranks: str) -> RunStopped:
-    """The stop for files the learner ranks wrote where this driver cannot read them (nodes without shared
-    storage): exit 2, naming `train.run_dir` and the fix."""
-    return RunStopped(
-        f"{what}. train.run_dir={run_path} must be on storage every node shares (NFS or a cluster filesystem), or "
-        f"{ranks} on the driver's node",
-        resumable=False,
-        exit_code=EXIT_BAD_INPUT,
-    )
-
-
 def metrics_line(row: dict) -> str:
     """One metrics.jsonl line. A value that is not finite (a NaN loss, an infinite gradient norm) is written as
     null: strict JSON readers (jq, pandas, browsers) refuse NaN and Infinity, and the row's `nonfinite` flag and
     `faults/...` counts already say what happened."""
     clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
     return json.dumps(clean, sort_keys=True, allow_nan=False) + "\n"
-
-
-def _jsonable(x):
-    return [_jsonable(v) for v in x] if isinstance(x, (tuple, list)) else x
-
-
-def _tupled(x):
-    return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
