@@ -3,7 +3,7 @@
 Every estimator has the signature
 
     fn(model, batch: LearnerBatch, decode_mode, passes=3, temperature=1.0, with_entropy=False,
-       micro_batch_size=None, top_k=0, top_p=1.0, entropy_grad=False)
+       micro_batch_size=None, top_k=0, top_p=1.0, entropy_grad=False, share_prompts=False)
         -> LikelihoodOutput(logprobs [B, R], entropy [B, R] | None)
 
 and returns the response tokens' log-probs under the log-prob contract (rl/samples/logprob_contract.py: log_softmax
@@ -19,6 +19,9 @@ consumed, its input is F(row j, e(y_j)).
 | `kpass`    | K-1 parallel passes under no_grad, one pass fed their detached states   | last pass only               |
 | `replay`   | one pass fed the engine's recorded states (detached)                     | that pass only               |
 | `standard` | an ordinary forward (standard models / standard decoding)                | that pass                    |
+
+`share_prompts=True` computes each distinct prompt of a micro-batch once and runs the rows' response positions
+against its keys and values (rl/estimators/shared_prompt.py: soft and standard decoding; equal up to rounding).
 
 Prompt modes: `soft` keeps the prompt ordinary; `fused` feeds the prompt positions the states of the engine's
 earlier prefill passes (`model.prompt_carried`, always detached except in `exact`, where the true gradient flows
@@ -39,6 +42,7 @@ import torch
 
 from rl.algos._registry import lookup, make_register
 from rl.decode_modes import DECODE_MODES
+from rl.estimators import shared_prompt
 from rl.model import positions_from_mask, shift_right
 from rl.samples.batch import LearnerBatch
 from rl.samples.logprob_contract import behaviour_log_softmax, entropy_of
@@ -94,12 +98,13 @@ def register_estimator(name: str):
             top_k: int = 0,
             top_p: float = 1.0,
             entropy_grad: bool = False,
+            share_prompts: bool = False,
         ) -> LikelihoodOutput:
             _check(model, name, decode_mode, passes)
             outs = [
                 token_logprobs(
                     model,
-                    hidden_fn(model, mb, decode_mode, passes),
+                    _micro_batch_hidden(model, mb, name, decode_mode, passes, share_prompts),
                     mb,
                     temperature,
                     with_entropy,
@@ -119,6 +124,19 @@ def register_estimator(name: str):
         return hidden_fn
 
     return deco
+
+
+def _micro_batch_hidden(model, mb, name, decode_mode, passes, share_prompts):
+    """The estimator's states of one micro-batch: with `share_prompts`, each distinct prompt computed once where
+    that applies (rl/estimators/shared_prompt.py), else row by row."""
+    if share_prompts and shared_prompt.can_share(model, mb, decode_mode, name):
+        if name == "standard":
+            fb = torch.zeros_like(mb.input_ids, dtype=torch.bool)
+        else:
+            fb = _feedback(model, mb, decode_mode)
+        recorded = _recorded_carried(model, mb, fb) if name == "replay" else None
+        return shared_prompt.shared_prompt_hidden(model, mb, decode_mode, name, passes, fb, recorded)
+    return _HIDDEN[name](model, mb, decode_mode, passes)
 
 
 def _check(model, name, decode_mode, passes):
