@@ -170,3 +170,74 @@ def test_prompt_groups():
     assert inverse[0] == inverse[1] != inverse[2]  # the same 3 prompt tokens; responses differ
     assert inverse[3] not in (inverse[0], inverse[2])  # a prefix of a prompt is another prompt
     assert len(rep) == 3 and torch.equal(inverse[rep], torch.arange(3))
+
+
+def test_plan_keeps_a_prompts_rows_together():
+    from rl.train.update_plan import plan_update
+
+    samples = group_samples()
+    lengths = [s.prompt_len + s.response_len for s in samples]
+    keys = [tuple(s.prompt_ids) for s in samples]
+    for world in (1, 2):
+        plan = plan_update(lengths, 1, world, 8, None, prompt_keys=keys)
+        seen = []
+        for r in range(world):
+            for rows in plan.rank_micro_batches(0, r):
+                seen += rows
+                # every prompt of a micro-batch has all its rows there (8 rows hold two groups of 4)
+                assert all(
+                    sum(keys[i] == keys[j] for i in range(len(samples))) == sum(keys[i] == keys[j] for i in rows)
+                    for j in rows
+                )
+        assert sorted(seen) == list(range(len(samples)))
+    # the padded-token budget holds although a later prompt's rows may be longer than a micro-batch's first row
+    plan = plan_update(lengths, 1, 1, None, 60, prompt_keys=keys)
+    assert all(len(rows) == 1 or len(rows) * max(lengths[i] for i in rows) <= 60 for rows in plan.micro[0][0])
+
+
+def test_learner_update_equal_with_shared_prompts():
+    """The whole policy update (plan, old log-probs, loss, backward) with `learner.share_prompts` on and off."""
+    from rl.config import load_config
+    from rl.train.policy_update import PolicyUpdater
+
+    base = tiny_model(torch.float64).train()
+    samples = group_samples(4)
+    adv = torch.randn(len(samples), generator=torch.Generator().manual_seed(6)).tolist()
+    steps = {}
+    for share in (True, False):
+        cfg = load_config(
+            None,
+            [
+                "rollout.decode_mode=soft",
+                "likelihood.estimator=kpass",
+                "likelihood.passes=3",
+                "algo.ppo_epochs=2",  # old log-probs too
+                "learner.micro_batch_size=8",
+                f"learner.share_prompts={str(share).lower()}",
+            ],
+        )
+        model = copy.deepcopy(base)
+        backend = GradRecorder(model)
+        metrics = PolicyUpdater(model, cfg, 0).update(samples, adv, backend)
+        assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # the weights do not move here
+        steps[share] = backend.steps
+    assert len(steps[True]) == len(steps[False]) == 2
+    for got, want in zip(steps[True], steps[False]):
+        assert_same_grads(got, want)
+
+
+class GradRecorder:
+    """A backend that keeps each step's summed gradients and leaves the weights alone."""
+
+    world_size = 1
+
+    def __init__(self, model):
+        self.model, self.steps = model, []
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        self.steps.append({k: p.grad.clone() for k, p in self.model.named_parameters() if p.grad is not None})
+        self.model.zero_grad(set_to_none=True)
+        return 1.0

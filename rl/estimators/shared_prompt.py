@@ -83,7 +83,7 @@ def can_share(model, batch: LearnerBatch, decode_mode: str, estimator: str) -> b
     return len(rep) < len(batch)
 
 
-def split_prompts(batch: LearnerBatch, feedback: torch.Tensor, device) -> PromptShare:
+def prompt_share_of(batch: LearnerBatch, feedback: torch.Tensor, device) -> PromptShare:
     """The distinct prompts and each row's response segment; `feedback` [B, L] is the estimators' feedback mask."""
     ids = batch.input_ids.to(device)
     plens = batch.prompt_lens.to(device)
@@ -192,7 +192,7 @@ def shared_prompt_hidden(
     `feedback` [B, L]: the estimator's feedback mask (sampled response positions; none in `standard` mode).
     `recorded` [B, L, d]: replay's recorded states at the positions they feed (replay only)."""
     dev = next(model.parameters()).device
-    s = split_prompts(batch, feedback, dev)
+    s = prompt_share_of(batch, feedback, dev)
     h_prompt, cache = _stack(
         model, _embed(model, s.prompt_ids), s.prompt_mask, positions_from_mask(s.prompt_mask), use_cache=True
     )
