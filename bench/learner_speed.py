@@ -24,7 +24,9 @@ Variants (each timed on the whole batch: one optimizer step, as the loop's learn
   * `--two-ranks` — the two-rank layout: 2 processes, one LearnerRank each (world size 2, gloo), each on half the
     threads, timed on the same batch after the in-process variants.
 Timing: one warm-up round, then `--reps` rounds over the variants in turn (round-robin: a noisy neighbour hurts
-every variant alike); medians reported. tokens/s = the batch's real (unpadded) prompt + response tokens / the
+every variant alike); medians reported, of wall seconds and of this process's CPU seconds (`cpu_s`: on a loaded
+machine with `--threads 1` the CPU seconds are the work done, while the wall seconds also hold the waits for a
+core). tokens/s = the batch's real (unpadded) prompt + response tokens / the
 median seconds of one update (the count the peer comparison divides each framework's learner phase by). Each
 fbrl variant also reports `mismatch/abs_logp_diff` of its warm-up update (the first rows): mean |learner - engine|
 log-prob at the weights that drew the batch (an fp32 engine), which is what a bf16 learner costs in agreement.
@@ -276,15 +278,21 @@ def main(argv=None) -> int:
     for name, extra in specs:
         runners[name] = RankStep(variant_config(args, extra), samples, adv, threads)
     times = {name: [] for name in runners}
+    cpu = {name: [] for name in runners}  # this process's CPU seconds: less moved by other jobs than wall seconds
     for rep in range(args.reps + 1):
         for name, run in runners.items():
             torch.set_num_threads(threads)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             run(warm_up=not rep)
-            took = time.perf_counter() - t
-            print(f"learner_speed: round {rep}{' (warm-up)' if not rep else ''} {name}: {took:.3f} s", flush=True)
+            took, cpu_took = time.perf_counter() - t, time.process_time() - c
+            print(
+                f"learner_speed: round {rep}{' (warm-up)' if not rep else ''} {name}: {took:.3f} s "
+                f"(CPU {cpu_took:.3f} s)",
+                flush=True,
+            )
             if rep:  # round 0 is the warm-up
                 times[name].append(took)
+                cpu[name].append(cpu_took)
     results = []
     plain = statistics.median(times["plain"]) if "plain" in times else float("nan")
     for name, run in runners.items():
@@ -306,7 +314,7 @@ def main(argv=None) -> int:
                 "bf16": run.rank.cfg.learner.bf16,
                 "estimator": run.rank.cfg.likelihood.estimator,
             }
-        res = summarize(name, times[name], tokens, extra)
+        res = summarize(name, times[name], tokens, {**extra, "cpu_s": statistics.median(cpu[name])})
         res["vs_plain"] = plain / res["step_s"]
         results.append(res)
         run.close()
@@ -319,7 +327,7 @@ def main(argv=None) -> int:
         results.append(res)
     for r in results:
         more = " ".join(
-            f"{k} {r[k]:.3g}" for k in ("fwd_bwd_s", "optimizer_s", "abs_logp_diff") if r.get(k) is not None
+            f"{k} {r[k]:.3g}" for k in ("cpu_s", "fwd_bwd_s", "optimizer_s", "abs_logp_diff") if r.get(k) is not None
         )
         print(
             f"learner_speed: {r['variant']:>10}: {r['step_s']:.3f} s/update = {r['tokens_per_s']:.0f} tokens/s, "

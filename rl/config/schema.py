@@ -225,6 +225,9 @@ class LearnerConfig:
     # and this many response tokens (the [tokens, vocab] fp32 log-softmax; null: no bound). The same micro-batches
     # compute old, reference and policy log-probs, so these set a step's peak memory, not the rollout batch.
     max_response_tokens_per_micro_batch: Annotated[int | None, ge(1)] = 2048
+    # each distinct prompt of a micro-batch computed once, the group's responses attending to its keys / values
+    # (soft and standard decoding; rl/estimators/shared_prompt.py); the plan keeps a prompt's rows together
+    share_prompts: bool = True
     bf16: bool = False
     torch_adam: bool = True  # DeepSpeed's CPU FusedAdam JIT-compiles for minutes
     # LoRA adapters on the backbone, fusion weights in full (rl/config/lora.py); null: every weight trains

@@ -3,7 +3,7 @@
 Every estimator has the signature
 
     fn(model, batch: LearnerBatch, decode_mode, passes=3, temperature=1.0, with_entropy=False,
-       micro_batch_size=None, top_k=0, top_p=1.0, entropy_grad=False)
+       micro_batch_size=None, top_k=0, top_p=1.0, entropy_grad=False, share_prompts=False)
         -> LikelihoodOutput(logprobs [B, R], entropy [B, R] | None)
 
 and returns the response tokens' log-probs under the log-prob contract (rl/samples/logprob_contract.py: log_softmax
@@ -19,6 +19,9 @@ consumed, its input is F(row j, e(y_j)).
 | `kpass`    | K-1 parallel passes under no_grad, one pass fed their detached states   | last pass only               |
 | `replay`   | one pass fed the engine's recorded states (detached)                     | that pass only               |
 | `standard` | an ordinary forward (standard models / standard decoding)                | that pass                    |
+
+`share_prompts=True` computes each distinct prompt of a micro-batch once and runs the rows' response positions
+against its keys and values (rl/estimators/shared_prompt.py: soft and standard decoding; equal up to rounding).
 
 Prompt modes: `soft` keeps the prompt ordinary; `fused` feeds the prompt positions the states of the engine's
 earlier prefill passes (`model.prompt_carried`, always detached except in `exact`, where the true gradient flows
@@ -104,12 +107,13 @@ def register_estimator(name: str, *, needs_states: bool = False):
             top_k: int = 0,
             top_p: float = 1.0,
             entropy_grad: bool = False,
+            share_prompts: bool = False,
         ) -> LikelihoodOutput:
             _check(model, name, decode_mode, passes)
             outs = [
                 token_logprobs(
                     model,
-                    hidden_fn(model, mb, decode_mode, passes),
+                    _micro_batch_hidden(model, mb, name, decode_mode, passes, share_prompts),
                     mb,
                     temperature,
                     with_entropy,
@@ -130,6 +134,21 @@ def register_estimator(name: str, *, needs_states: bool = False):
         return hidden_fn
 
     return deco
+
+
+def _micro_batch_hidden(model, mb, name, decode_mode, passes, share_prompts):
+    """The estimator's states of one micro-batch: with `share_prompts`, each distinct prompt computed once where
+    that applies (rl/estimators/shared_prompt.py), else row by row."""
+    from rl.estimators import shared_prompt  # (here: the driver reads this registry without the model classes)
+
+    if share_prompts and shared_prompt.can_share(model, mb, decode_mode, name):
+        if name == "standard":
+            fb = torch.zeros_like(mb.input_ids, dtype=torch.bool)
+        else:
+            fb = _feedback(model, mb, decode_mode)
+        recorded = _recorded_carried(model, mb, fb) if name == "replay" else None
+        return shared_prompt.shared_prompt_hidden(model, mb, decode_mode, name, passes, fb, recorded)
+    return _HIDDEN[name](model, mb, decode_mode, passes)
 
 
 def _check(model, name, decode_mode, passes):

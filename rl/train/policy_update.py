@@ -126,6 +126,7 @@ class PolicyUpdater:
             with_entropy=with_entropy,
             top_k=max(r.top_k, 0),
             top_p=r.top_p,
+            share_prompts=self.cfg.learner.share_prompts,
         )
         return (estimator or self.estimator)(model, batch, r.decode_mode, **{**kw, **overrides})
 
