@@ -1,8 +1,9 @@
 """rl.model — the full-bandwidth transformer (FBT) on Hugging Face backbones (Llama, Qwen2, Qwen3 and Mistral).
 
 `fusion` (the fusion `F(h_{t-1}, e_t)` and its tensor helpers, plain torch), `fbt` (the FBT configs and models:
-multi-pass forward, recurrent step, prefill), `convert` (an FBT from a plain checkpoint and back). Importing
-`rl.model` registers `fbt_llama` / `fbt_qwen2` / `fbt_qwen3` / `fbt_mistral` with transformers' Auto classes.
+multi-pass forward, recurrent step, prefill), `convert` (an FBT from a plain checkpoint and back), `attention`
+(grouped-query attention that reads shared K/V heads without copying them). Importing `rl.model` registers
+`fbt_llama` / `fbt_qwen2` / `fbt_qwen3` / `fbt_mistral` with transformers' Auto classes.
 """
 
 from rl.model.conversion import (
