@@ -67,8 +67,11 @@ class _Pool:
         self.pos_abs: list[float] = []  # per response index j: sum of |Δ log p| and token count
         self.pos_n: list[float] = []
 
-    def add(self, lp_est, lp_ex, logp_est, logp_ex, mask, kv_est, kv_ex, kv_mask):
-        d = (lp_est - lp_ex).abs() * mask
+    def add(self, lp_est, logp_est, kv_est, ex: _Exact):
+        """One micro-batch of an estimator: `lp_est` [B, R] at the sampled tokens, `logp_est` [B, R, V], `kv_est`
+        per layer, against the exact recurrence's `ex`."""
+        mask, kv_ex, kv_mask = ex.mask, ex.kv, ex.kv_mask
+        d = (lp_est - ex.lp).abs() * mask
         self.abs += float(d.sum())
         for j, (a, c) in enumerate(zip(d.sum(0).tolist(), mask.sum(0).tolist())):
             if j == len(self.pos_abs):
@@ -77,9 +80,9 @@ class _Pool:
             self.pos_abs[j] += a
             self.pos_n[j] += c
         self.max_abs = max(self.max_abs, float(d.max()))
-        kl = (logp_ex.exp() * (logp_ex - logp_est)).sum(-1)
+        kl = (ex.p * (ex.logp - logp_est)).sum(-1)
         self.kl += float((kl * mask).sum())
-        self.agree += float(((logp_est.argmax(-1) == logp_ex.argmax(-1)).float() * mask).sum())
+        self.agree += float(((logp_est.argmax(-1) == ex.top1).float() * mask).sum())
         self.n += float(mask.sum())
         m = kv_mask[:, None, :, None].to(kv_ex[0][0].dtype)  # [B, 1, L, 1] over [B, heads, L, head_dim]
         for i, ((k, v), (k0, v0)) in enumerate(zip(kv_est, kv_ex)):
@@ -122,6 +125,11 @@ class _Exact:
     mask: torch.Tensor  # [B, R] response mask
     kv_mask: torch.Tensor  # [B, L] response positions
     tok: torch.Tensor  # [B, R, 1] sampled tokens
+    p: torch.Tensor | None = None  # logp.exp(), once for every estimator's KL
+    top1: torch.Tensor | None = None  # [B, R] exact's argmax tokens
+
+    def __post_init__(self):
+        self.p, self.top1 = self.logp.exp(), self.logp.argmax(-1)
 
 
 class _Totals:
@@ -155,9 +163,10 @@ def _exact_part(model, mb, h_all, kv_all, rows: slice, temperature, totals: _Tot
     return ex
 
 
-def _score(model, pool: _Pool, ex: _Exact, mb, decode_mode, name, passes, prev, temperature, masks):
-    """Run estimator `name`'s final pass once, score it against `ex` into `pool`. Returns (h, seconds of the pass,
-    seconds of its log-dists): that run is the one timed (the comparison's pass also keeps the K/V cache)."""
+def _score(model, pools: list[_Pool], ex: _Exact, mb, decode_mode, name, passes, prev, temperature, masks):
+    """Run estimator `name`'s final pass once, score it against `ex` into each of `pools` (estimators that compute
+    the very same pass). Returns (h, seconds of the pass, seconds of its log-dists): that run is the one timed
+    (the comparison's pass also keeps the K/V cache)."""
     t0 = time.perf_counter()
     carried, fmask = last_pass_inputs(model, mb, decode_mode, name, passes, prev_hidden=prev, masks=masks)
     h, kv = run_pass(model, mb, carried, fmask, with_kv=True)
@@ -165,7 +174,8 @@ def _score(model, pool: _Pool, ex: _Exact, mb, decode_mode, name, passes, prev, 
     logp = response_log_dists(model, h, mb, temperature)
     t2 = time.perf_counter()
     lp = torch.gather(logp, -1, ex.tok)[..., 0] * ex.mask
-    pool.add(lp, ex.lp, logp, ex.logp, ex.mask, kv, ex.kv, ex.kv_mask)
+    for pool in pools:
+        pool.add(lp, logp, kv, ex)
     return h, t1 - t0, t2 - t1
 
 
@@ -176,17 +186,21 @@ def _score_micro_batch(model, pools, ex: _Exact, mb, decode_mode, max_passes, te
     masks = fusion_masks(model, mb, decode_mode)  # every estimator computes these (fused: the prompt's prefill)
     t_masks = time.perf_counter() - t0
     chain, prev = t_masks, None
+    # soft prompts: kpass with one pass feeds nothing back, the very pass of standard (scored once for both)
+    alike = {1: "standard"} if decode_mode == "soft" else {}
     for k in range(1, max_passes + 1):
-        prev, t_pass, t_dist = _score(model, pools[k], ex, mb, decode_mode, "kpass", k, prev, temperature, masks)
+        same = [pools[k]] + ([pools[alike[k]]] if k in alike else [])
+        prev, t_pass, t_dist = _score(model, same, ex, mb, decode_mode, "kpass", k, prev, temperature, masks)
         chain += t_pass
-        pools[k].seconds += chain + t_dist
-    variants = [("replay", mb), ("standard", mb)]
+        for pool in same:
+            pool.seconds += chain + t_dist
+    variants = [("replay", mb)] + [("standard", mb)] * (decode_mode != "soft")
     for f in formats:  # the states after a round trip through a storage format (they do not change the masks)
         stored = state_formats.encode(mb.states, state_formats.CONFIG_NAMES[f])
         variants.append((f"replay_{f}", dataclasses.replace(mb, states=state_formats.decode(stored))))
     for key, b in variants:
         name = "standard" if key == "standard" else "replay"
-        _, t_pass, t_dist = _score(model, pools[key], ex, b, decode_mode, name, 1, None, temperature, masks)
+        _, t_pass, t_dist = _score(model, [pools[key]], ex, b, decode_mode, name, 1, None, temperature, masks)
         pools[key].seconds += t_masks + t_pass + t_dist
 
 
