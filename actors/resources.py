@@ -1,5 +1,6 @@
 """What each worker may use, the lowest floor of actors/: whether a job wants GPUs, the CPUs a local Ray needs, which
-cluster it joins, and the torch threads of each actor (`role_threads`). Imports nothing of fbrl."""
+cluster it joins, the torch threads of each actor (`role_threads`), and whether the CPU computes bf16 natively
+(`precision_line`). Imports nothing of fbrl."""
 
 from __future__ import annotations
 
@@ -37,3 +38,35 @@ def role_threads(
     if one_machine and max_staleness == 0:
         return max(1, cores // role_count)
     return max(1, int(reserved_cpus))
+
+
+# /proc/cpuinfo flags of native bf16 arithmetic: AVX-512 bf16 dot products, AMX bf16 tiles
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def native_bf16_flag(cpuinfo: str | None = None) -> str | None:
+    """The first flag of NATIVE_BF16_FLAGS this CPU lists in /proc/cpuinfo (or in `cpuinfo`'s text); None where
+    it lists none or the file is unreadable (not Linux)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return None
+    flags = {w for line in cpuinfo.splitlines() if line.startswith("flags") for w in line.split(":", 1)[-1].split()}
+    return next((f for f in NATIVE_BF16_FLAGS if f in flags), None)
+
+
+def precision_line(cfg, cpu_capability: str, bf16_flag: str | None) -> str:
+    """One line for the start of a job: the engine's and the learner's dtype (`model.dtype`, `learner.bf16`; both
+    fp32 by default) and whether this CPU computes bf16 natively. `cpu_capability`: torch's vector ISA here."""
+    engine, learner = cfg.model.dtype, "bf16" if cfg.learner.bf16 else "float32"
+    line = f"fbrl train: precision: engine {engine}, learner {learner}"
+    if uses_gpu(cfg):
+        return line + " (GPU job)"
+    wants_bf16 = engine == "bfloat16" or cfg.learner.bf16
+    if bf16_flag:
+        hint = "" if wants_bf16 else ": model.dtype bfloat16 / learner.bf16 true would use it"
+        return line + f" (CPU {cpu_capability}, native bf16: {bf16_flag}{hint})"
+    note = "bf16 runs converted to fp32, slower" if wants_bf16 else "fp32 is its fastest"
+    return line + f" (CPU {cpu_capability}, no native bf16: {note})"

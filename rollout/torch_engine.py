@@ -14,6 +14,9 @@ Design choices (bench/decode.py measures them; docs/BENCHMARKS.md has the figure
   a per-row write position (not supported by the HF caches); packing needs varlen attention kernels that plain
   torch SDPA does not have. The decode mask is built once per call in the 4D form the attention implementation
   takes as-is and sliced per step, so the backbone does not rebuild it every token.
+- **Shared K/V heads read in place.** On grouped-query models (SmolLM2, Qwen, Llama 3) with padded prompts,
+  transformers' `sdpa` copies every layer's whole K/V cache once per query head at every step; the engine
+  switches such a model to `sdpa_shared_kv` (rl/model/attention.py), which reads the shared heads as they are.
 - **Prefill in length groups.** Padding costs prefill compute, so prompts are prefilled in groups of similar
   length (`prefill_groups`: a small DP trading padding against extra forward calls) and the groups' caches are
   merged into the left-padded layout (a prompt's K/V do not depend on the masked padding left of it).
@@ -48,6 +51,7 @@ from transformers import DynamicCache
 
 import rl.samples.states as state_formats
 from rl.model import rms_normalize, rms_value
+from rl.model.attention import SHARED_KV_SDPA, use_shared_kv_attention
 from rl.samples.batch import Sample
 from rl.samples.continuation import Continuation, check_continuations
 from rl.samples.request import SamplingParams
@@ -68,6 +72,8 @@ class TorchEngine(RolloutEngine):
     prefill_split_tokens: what one extra prefill call is worth in padding tokens (`prefill_groups`); None =
         estimated from the model size on CPU, never split on an accelerator (where padding is cheap and calls
         are not); 0 = one group per distinct prompt length.
+    shared_kv_attention: switch an `sdpa` model with grouped-query heads to attention that reads the shared K/V
+        heads without copying the cache per query head (rl/model/attention.py; the same numbers on CPU).
     """
 
     def __init__(
@@ -78,8 +84,11 @@ class TorchEngine(RolloutEngine):
         tokenizer=None,
         fusion_tables: bool = True,
         prefill_split_tokens: float | None = None,
+        shared_kv_attention: bool = True,
     ):
         self.model = model
+        if shared_kv_attention:
+            use_shared_kv_attention(model)
         self.version = int(version)
         if eos_token_ids is None:
             eos_token_ids = self._config_eos(model)
@@ -262,7 +271,7 @@ class TorchEngine(RolloutEngine):
         if bool(mask2d.all()):
             return None
         impl = getattr(self.model.config, "_attn_implementation", None)
-        if impl == "sdpa":
+        if impl in ("sdpa", SHARED_KV_SDPA):
             return mask2d.bool()[:, None, None, :]
         if impl == "eager":
             dtype = next(self.model.parameters()).dtype

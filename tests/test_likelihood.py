@@ -292,6 +292,35 @@ def test_compare_estimators(model, rollouts):
     assert any(line.split()[0] == "standard" for line in table.splitlines()[2:])
 
 
+def test_compare_report_equals_each_estimator_run_alone(model, rollouts):
+    """The comparison runs each estimator once (kpass K as a chain of passes, exact once over all rows with its
+    own cache, the rest per micro-batch): its figures equal the public estimators run one by one on the whole
+    batch, and exact's cache equals the K/V of a parallel pass over the recurrence's inputs (how the comparison
+    used to build it). Tolerance: fp32 computed in other batch shapes and orders: rounding, ~1e-7 per log-prob."""
+    from rl.estimators.comparison import compare_estimators
+    from rl.estimators.likelihood import exact_states_and_kv
+
+    mode, batch = rollouts
+    rep = compare_estimators(model, batch, mode, max_passes=3, micro_batch_size=2)  # 5 rows: 2 + 2 + 1
+    mask = batch.response_mask
+    exact = run(model, batch, mode, "exact").logprobs
+    runs = [("kpass", k, rep["passes"][k - 1]) for k in (1, 2, 3)]
+    runs += [("replay", 1, rep["replay"]), ("standard", 1, rep["standard"])]
+    for name, passes, record in runs:
+        diff = (run(model, batch, mode, name, passes=passes).logprobs - exact).abs() * mask
+        assert abs(record["mean_abs_logp_diff"] - float(diff.sum() / mask.sum())) <= TOL, (name, passes)
+        assert abs(record["max_abs_logp_diff"] - float(diff.max())) <= TOL, (name, passes)
+    engine = (batch.engine_logprobs - exact).abs() * mask
+    assert abs(rep["engine"]["mean_abs_logp_diff"] - float(engine.sum() / mask.sum())) <= TOL
+    with torch.no_grad():
+        h, kv = exact_states_and_kv(model, batch, mode)
+        _, kv_pass = run_pass(model, batch, *last_pass_inputs(model, batch, mode, "exact", prev_hidden=h), True)
+    real = batch.attention_mask.bool()[:, None, :, None]
+    for (k, v), (k0, v0) in zip(kv, kv_pass):
+        for a, b in ((k, k0), (v, v0)):
+            assert float(((a - b) * real).norm() / (b * real).norm()) <= TOL
+
+
 TINY_CKPT = TINY_ARITH
 
 

@@ -217,15 +217,19 @@ def print_config(args) -> int:
 
 
 def announce(cfg, config_path, run_dir) -> None:
-    """The console set up for the job, then its first lines: where results land, and a decode mode the checkpoint
-    was not trained for."""
+    """The console set up for the job, then its first lines: where results land, the engine's and learner's
+    precision (and whether this CPU computes bf16 natively), and a decode mode the checkpoint was not trained for."""
+    import torch
+
     from actors import console
+    from actors.resources import native_bf16_flag, precision_line
     from rl.decode_modes import mode_warning
 
     console.plain_text_streams()
     console.quiet_third_party(cfg.logging.verbose)
     _environment(cfg)
     print(f"fbrl train: {config_path} -> {run_dir.path.absolute()}", flush=True)  # first: where results land
+    print(precision_line(cfg, torch.backends.cpu.get_cpu_capability(), native_bf16_flag()), flush=True)
     for wanted, key in (
         (cfg.rollout.decode_mode, "rollout.decode_mode"),
         (cfg.train.eval_decode_modes, "train.eval_decode_modes"),

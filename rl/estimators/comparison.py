@@ -9,15 +9,19 @@ tokens:
 - `top1_agreement`: fraction of response positions whose argmax token agrees with the exact one;
 - `k_rel_l2` / `v_rel_l2`: per layer, ||K_est - K_exact|| / ||K_exact|| over the cache entries of the response
   tokens (the prompt's entries are identical for every estimator, so they would only dilute the figure); the
-  exact cache is the one a parallel pass over the recurrence's own inputs builds;
-- `time_per_token_ms`: wall time of the estimator (forward, no grad) per response token;
+  exact cache is the recurrence's own;
+- `time_per_token_ms`: wall time of the estimator (forward, no grad, and the full-vocabulary log-softmax at the
+  response positions) per response token, from the one run that is scored: kpass K's time is its K passes
+  (pass k of the chain runs once and feeds pass k + 1, as inside kpass K); exact's is the recurrence, run once
+  over all rows;
 - `abs_logp_diff_by_position`: mean |Δ log p| at each response index j (where along a chain the error sits).
 
 `replay` replays the states as recorded; `replay_formats` replays them after a round trip through each storage
 format of rl/samples/states.py (bf16, fp8 with a per-row scale): the estimator error that storing states in that
 format costs (`rollout.record_states_dtype`).
 
-Everything is computed per micro-batch of rows and pooled, so memory stays bounded by the micro-batch.
+The parallel passes and log-dists are computed per micro-batch of rows and pooled, so memory stays bounded by the
+micro-batch (plus the recurrence's states and cache of the whole batch).
 """
 
 from __future__ import annotations
@@ -29,10 +33,10 @@ import torch
 
 import rl.samples.states as state_formats
 from rl.estimators.likelihood import (
-    get_estimator,
+    exact_states_and_kv,
+    fusion_masks,
     last_pass_inputs,
     micro_batches,
-    response_hidden,
     response_log_dists,
     run_pass,
 )
@@ -63,8 +67,11 @@ class _Pool:
         self.pos_abs: list[float] = []  # per response index j: sum of |Δ log p| and token count
         self.pos_n: list[float] = []
 
-    def add(self, lp_est, lp_ex, logp_est, logp_ex, mask, kv_est, kv_ex, kv_mask):
-        d = (lp_est - lp_ex).abs() * mask
+    def add(self, lp_est, logp_est, kv_est, ex: _Exact):
+        """One micro-batch of an estimator: `lp_est` [B, R] at the sampled tokens, `logp_est` [B, R, V], `kv_est`
+        per layer, against the exact recurrence's `ex`."""
+        mask, kv_ex, kv_mask = ex.mask, ex.kv, ex.kv_mask
+        d = (lp_est - ex.lp).abs() * mask
         self.abs += float(d.sum())
         for j, (a, c) in enumerate(zip(d.sum(0).tolist(), mask.sum(0).tolist())):
             if j == len(self.pos_abs):
@@ -73,9 +80,9 @@ class _Pool:
             self.pos_abs[j] += a
             self.pos_n[j] += c
         self.max_abs = max(self.max_abs, float(d.max()))
-        kl = (logp_ex.exp() * (logp_ex - logp_est)).sum(-1)
+        kl = (ex.p * (ex.logp - logp_est)).sum(-1)
         self.kl += float((kl * mask).sum())
-        self.agree += float(((logp_est.argmax(-1) == logp_ex.argmax(-1)).float() * mask).sum())
+        self.agree += float(((logp_est.argmax(-1) == ex.top1).float() * mask).sum())
         self.n += float(mask.sum())
         m = kv_mask[:, None, :, None].to(kv_ex[0][0].dtype)  # [B, 1, L, 1] over [B, heads, L, head_dim]
         for i, ((k, v), (k0, v0)) in enumerate(zip(kv_est, kv_ex)):
@@ -101,17 +108,100 @@ class _Pool:
         }
 
 
-def _timed(fn):
-    t0 = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t0
-
-
 def _kv_mask(batch: LearnerBatch) -> torch.Tensor:
     """[B, L] bool: cache positions of the response tokens (P_b .. P_b + R_b - 1)."""
     L = batch.input_ids.shape[1]
     pos = torch.arange(L)[None, :]
     return (pos >= batch.prompt_lens[:, None]) & (pos < (batch.prompt_lens + batch.response_lens)[:, None])
+
+
+@dataclasses.dataclass
+class _Exact:
+    """The exact recurrence on one micro-batch: what every estimator is scored against."""
+
+    logp: torch.Tensor  # [B, R, V] log-dists at the response positions
+    lp: torch.Tensor  # [B, R] at the sampled tokens, 0 on padding
+    kv: list  # per layer (keys, values) [B, kv_heads, L, head_dim], the recurrence's own cache
+    mask: torch.Tensor  # [B, R] response mask
+    kv_mask: torch.Tensor  # [B, L] response positions
+    tok: torch.Tensor  # [B, R, 1] sampled tokens
+    p: torch.Tensor | None = None  # logp.exp(), once for every estimator's KL
+    top1: torch.Tensor | None = None  # [B, R] exact's argmax tokens
+
+    def __post_init__(self):
+        self.p, self.top1 = self.logp.exp(), self.logp.argmax(-1)
+
+
+class _Totals:
+    """Batch-wide sums besides the estimators' pools: exact's time, the engine's error, the reference K/V norms."""
+
+    def __init__(self, n_layers: int):
+        self.exact_seconds = self.engine_abs = self.engine_max = 0.0
+        self.ref_k, self.ref_v = [0.0] * n_layers, [0.0] * n_layers
+
+    def add(self, mb: LearnerBatch, ex: _Exact) -> None:
+        d_eng = (mb.engine_logprobs.to(ex.lp.device) - ex.lp).abs() * ex.mask
+        self.engine_abs += float(d_eng.sum())
+        self.engine_max = max(self.engine_max, float(d_eng.max()))
+        m = ex.kv_mask[:, None, :, None].to(ex.kv[0][0].dtype)
+        for i, (k0, v0) in enumerate(ex.kv):
+            self.ref_k[i] += float(((k0 * m) ** 2).sum())
+            self.ref_v[i] += float(((v0 * m) ** 2).sum())
+
+
+def _exact_part(model, mb, h_all, kv_all, rows: slice, temperature, totals: _Totals) -> _Exact:
+    """Micro-batch `rows` of the whole batch's recurrence (states `h_all`, cache `kv_all`), its log-dists timed
+    into exact's time."""
+    dev, L = h_all.device, mb.input_ids.shape[1]
+    t0 = time.perf_counter()
+    logp = response_log_dists(model, h_all[rows, :L], mb, temperature)
+    totals.exact_seconds += time.perf_counter() - t0
+    mask, tok = mb.response_mask.to(dev), mb.response_ids.to(dev)[..., None]
+    kv = [(k[rows, :, :L], v[rows, :, :L]) for k, v in kv_all]
+    ex = _Exact(logp, torch.gather(logp, -1, tok)[..., 0] * mask, kv, mask, _kv_mask(mb).to(dev), tok)
+    totals.add(mb, ex)
+    return ex
+
+
+def _score(model, pools: list[_Pool], ex: _Exact, mb, decode_mode, name, passes, prev, temperature, masks):
+    """Run estimator `name`'s final pass once, score it against `ex` into each of `pools` (estimators that compute
+    the very same pass). Returns (h, seconds of the pass, seconds of its log-dists): that run is the one timed
+    (the comparison's pass also keeps the K/V cache)."""
+    t0 = time.perf_counter()
+    carried, fmask = last_pass_inputs(model, mb, decode_mode, name, passes, prev_hidden=prev, masks=masks)
+    h, kv = run_pass(model, mb, carried, fmask, with_kv=True)
+    t1 = time.perf_counter()
+    logp = response_log_dists(model, h, mb, temperature)
+    t2 = time.perf_counter()
+    lp = torch.gather(logp, -1, ex.tok)[..., 0] * ex.mask
+    for pool in pools:
+        pool.add(lp, logp, kv, ex)
+    return h, t1 - t0, t2 - t1
+
+
+def _score_micro_batch(model, pools, ex: _Exact, mb, decode_mode, max_passes, temperature, formats) -> None:
+    """Every estimator on one micro-batch, each run once. kpass K's time is its K passes: pass k runs once and
+    feeds K = k + 1 (as it would inside kpass K), so K's time is the chain's passes 1..K plus its log-dists."""
+    t0 = time.perf_counter()
+    masks = fusion_masks(model, mb, decode_mode)  # every estimator computes these (fused: the prompt's prefill)
+    t_masks = time.perf_counter() - t0
+    chain, prev = t_masks, None
+    # soft prompts: kpass with one pass feeds nothing back, the very pass of standard (scored once for both)
+    alike = {1: "standard"} if decode_mode == "soft" else {}
+    for k in range(1, max_passes + 1):
+        same = [pools[k]] + ([pools[alike[k]]] if k in alike else [])
+        prev, t_pass, t_dist = _score(model, same, ex, mb, decode_mode, "kpass", k, prev, temperature, masks)
+        chain += t_pass
+        for pool in same:
+            pool.seconds += chain + t_dist
+    variants = [("replay", mb)] + [("standard", mb)] * (decode_mode != "soft")
+    for f in formats:  # the states after a round trip through a storage format (they do not change the masks)
+        stored = state_formats.encode(mb.states, state_formats.CONFIG_NAMES[f])
+        variants.append((f"replay_{f}", dataclasses.replace(mb, states=state_formats.decode(stored))))
+    for key, b in variants:
+        name = "standard" if key == "standard" else "replay"
+        _, t_pass, t_dist = _score(model, [pools[key]], ex, b, decode_mode, name, 1, None, temperature, masks)
+        pools[key].seconds += t_masks + t_pass + t_dist
 
 
 @torch.no_grad()
@@ -127,7 +217,10 @@ def compare_estimators(
     """Every estimator against `exact` on one batch (needs `batch.states` for replay). Returns the report dict:
     `passes` (one record per K = 1..max_passes, each with `k`), `replay`, `replay_formats` (replay after storing
     the states in each of `state_formats_compared`, config names), `standard`, `exact` (its time per token) and
-    `engine` (the engine's own log-probs against exact)."""
+    `engine` (the engine's own log-probs against exact).
+
+    The recurrence runs once over all rows (its steps are sequential: one batch amortizes them); the parallel
+    passes and the full-vocabulary log-dists run per micro-batch of rows, which bounds memory."""
     if max_passes < 1:
         raise ValueError(f"max_passes must be >= 1, got {max_passes}")
     unknown = [f for f in state_formats_compared if f not in state_formats.CONFIG_NAMES]
@@ -135,63 +228,31 @@ def compare_estimators(
         raise ValueError(f"state formats {unknown}: expected some of {sorted(state_formats.CONFIG_NAMES)}")
     model.eval()
     n_layers = model.config.num_hidden_layers
-    pools = {k: _Pool(n_layers) for k in range(1, max_passes + 1)}
-    pools["replay"] = _Pool(n_layers)
-    pools["standard"] = _Pool(n_layers)
+    pools = {k: _Pool(n_layers) for k in (*range(1, max_passes + 1), "replay", "standard")}
     pools.update({f"replay_{f}": _Pool(n_layers) for f in state_formats_compared})
-    exact_seconds, engine_abs, engine_max = 0.0, 0.0, 0.0
-    ref_k, ref_v = [0.0] * n_layers, [0.0] * n_layers
-    dev = next(model.parameters()).device
-    for mb in micro_batches(batch, micro_batch_size):
-        mask = mb.response_mask.to(dev)
-        kv_mask = _kv_mask(mb).to(dev)
-        tok = mb.response_ids.to(dev)[..., None]
-        t0 = time.perf_counter()
-        h_ex = response_hidden(model, mb, decode_mode, "exact")
-        logp_ex = response_log_dists(model, h_ex, mb, temperature)
-        exact_seconds += time.perf_counter() - t0
-        lp_ex = torch.gather(logp_ex, -1, tok)[..., 0] * mask
-        d_eng = (mb.engine_logprobs.to(dev) - lp_ex).abs() * mask
-        engine_abs += float(d_eng.sum())
-        engine_max = max(engine_max, float(d_eng.max()))
-        _, kv_ex = run_pass(
-            model, mb, *last_pass_inputs(model, mb, decode_mode, "exact", prev_hidden=h_ex), with_kv=True
-        )
-        m = kv_mask[:, None, :, None].to(kv_ex[0][0].dtype)
-        for i, (k0, v0) in enumerate(kv_ex):
-            ref_k[i] += float(((k0 * m) ** 2).sum())
-            ref_v[i] += float(((v0 * m) ** 2).sum())
-
-        def score(key, name, passes, prev, b=mb):
-            carried, fmask = last_pass_inputs(model, b, decode_mode, name, passes, prev_hidden=prev)
-            h, kv = run_pass(model, b, carried, fmask, with_kv=True)
-            logp = response_log_dists(model, h, b, temperature)
-            pools[key].add(torch.gather(logp, -1, tok)[..., 0] * mask, lp_ex, logp, logp_ex, mask, kv, kv_ex, kv_mask)
-            # timing through the public estimator, as the learner calls it
-            pools[key].seconds += _timed(lambda: get_estimator(name)(model, b, decode_mode, passes, temperature))[1]
-            return h
-
-        prev = None
-        for k in range(1, max_passes + 1):
-            prev = score(k, "kpass", k, prev)  # kpass K's final states feed kpass K+1's final pass
-        score("replay", "replay", 1, None)
-        score("standard", "standard", 1, None)
-        for f in state_formats_compared:
-            stored = state_formats.encode(mb.states, state_formats.CONFIG_NAMES[f])
-            score(f"replay_{f}", "replay", 1, None, dataclasses.replace(mb, states=state_formats.decode(stored)))
-    n_tok = float(batch.response_mask.sum())
+    totals = _Totals(n_layers)
+    whole = next(micro_batches(batch, None))  # trailing all-padding columns trimmed
+    t0 = time.perf_counter()
+    h_all, kv_all = exact_states_and_kv(model, whole, decode_mode)
+    totals.exact_seconds += time.perf_counter() - t0
+    size = micro_batch_size if micro_batch_size and micro_batch_size < len(batch) else len(batch)
+    for start, mb in zip(range(0, len(batch), size), micro_batches(batch, micro_batch_size)):
+        ex = _exact_part(model, mb, h_all, kv_all, slice(start, start + len(mb)), temperature, totals)
+        _score_micro_batch(model, pools, ex, mb, decode_mode, max_passes, temperature, state_formats_compared)
+    n_tok = max(float(batch.response_mask.sum()), 1.0)
+    record = lambda key: pools[key].record(totals.ref_k, totals.ref_v)
     return {
         "decode_mode": decode_mode,
         "temperature": temperature,
         "n_samples": len(batch),
-        "n_tokens": int(n_tok),
+        "n_tokens": int(batch.response_mask.sum()),
         "n_layers": n_layers,
-        "exact": {"time_per_token_ms": 1000.0 * exact_seconds / max(n_tok, 1.0)},
-        "engine": {"mean_abs_logp_diff": engine_abs / max(n_tok, 1.0), "max_abs_logp_diff": engine_max},
-        "passes": [{"k": k, **pools[k].record(ref_k, ref_v)} for k in range(1, max_passes + 1)],
-        "replay": pools["replay"].record(ref_k, ref_v),
-        "standard": pools["standard"].record(ref_k, ref_v),
-        "replay_formats": {f: pools[f"replay_{f}"].record(ref_k, ref_v) for f in state_formats_compared},
+        "exact": {"time_per_token_ms": 1000.0 * totals.exact_seconds / n_tok},
+        "engine": {"mean_abs_logp_diff": totals.engine_abs / n_tok, "max_abs_logp_diff": totals.engine_max},
+        "passes": [{"k": k, **record(k)} for k in range(1, max_passes + 1)],
+        "replay": record("replay"),
+        "standard": record("standard"),
+        "replay_formats": {f: record(f"replay_{f}") for f in state_formats_compared},
     }
 
 

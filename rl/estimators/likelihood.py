@@ -29,8 +29,8 @@ through them too); `standard` switches feedback off everywhere.
 
 Besides the estimators this module exposes the pieces `rl/estimators/comparison.py` reuses: `last_pass_inputs`
 (the detached carried states and fusion mask each estimator's final pass consumes), `run_pass` (one pass over
-such inputs, optionally returning the per-layer K/V cache) and `response_log_dists` (full-vocabulary log-probs at
-the response positions).
+such inputs, optionally returning the per-layer K/V cache), `exact_states_and_kv` (the recurrence's states and its
+own K/V cache) and `response_log_dists` (full-vocabulary log-probs at the response positions).
 
 `rl.model` is imported where it is used: the driver reads this registry (which estimators need recorded states,
 `needs_recorded_states`) without loading the model classes.
@@ -55,6 +55,8 @@ __all__ = [
     "register_estimator",
     "needs_recorded_states",
     "response_hidden",
+    "exact_states_and_kv",
+    "fusion_masks",
     "last_pass_inputs",
     "run_pass",
     "response_log_dists",
@@ -207,6 +209,13 @@ def _masks(model, batch: LearnerBatch, decode_mode: str):
     return fb, pc, pm
 
 
+def fusion_masks(model, batch: LearnerBatch, decode_mode: str):
+    """What every estimator's passes fuse where: (feedback [B, L], fused-prompt carried [B, L, d] | None, its mask
+    [B, L] | None); for `last_pass_inputs(..., masks=)`, which then does not recompute them (fused prompts run
+    prefill passes for them)."""
+    return _masks(model, batch, decode_mode)
+
+
 def _feedback(model, batch: LearnerBatch, decode_mode: str) -> torch.Tensor:
     """[B, L] bool: the positions of sampled response tokens, whose input fuses the previous state (none in
     `standard` mode). Observation tokens of a multi-turn sample (response_mask 0) are consumed plainly, as the
@@ -246,12 +255,28 @@ def _recorded_carried(model, batch: LearnerBatch, fb: torch.Tensor) -> torch.Ten
 def _exact_hidden(model, batch, decode_mode, passes):
     """Ground truth: the token-by-token recurrence with a KV cache, teacher-forced on the rollout tokens.
     Differentiable through the whole recurrence when grad is enabled (sequential in R)."""
+    return _recurrence(model, batch, decode_mode)
+
+
+def _recurrence(model, batch, decode_mode, return_cache=False):
     dev = _device(model)
     fb = _feedback(model, batch, decode_mode)
     # recurrent_forward builds the fused prompt's states itself (with grad when enabled: the true gradient).
     return model.recurrent_forward(
-        batch.input_ids.to(dev), batch.prompt_lens.to(dev), mode=decode_mode, feedback_mask=fb
+        batch.input_ids.to(dev),
+        batch.prompt_lens.to(dev),
+        mode=decode_mode,
+        feedback_mask=fb,
+        return_cache=return_cache,
     )
+
+
+def exact_states_and_kv(model, batch: LearnerBatch, decode_mode: str):
+    """The `exact` estimator's states h [B, L, d] and the recurrence's own K/V: a list over layers of (keys,
+    values) [B, kv_heads, L, head_dim], post-RoPE, as cached (for the comparison tool)."""
+    _check(model, "exact", decode_mode, 1)
+    h, cache = _recurrence(model, batch, decode_mode, return_cache=True)
+    return h, [(layer.keys, layer.values) for layer in cache.layers]
 
 
 @register_estimator("kpass")
@@ -318,6 +343,7 @@ def last_pass_inputs(
     estimator: str,
     passes: int = 3,
     prev_hidden: torch.Tensor | None = None,
+    masks=None,
 ):
     """(carried [B, L, d], mask [B, L] bool): what the estimator's final pass fuses, all detached.
 
@@ -325,10 +351,11 @@ def last_pass_inputs(
     recurrence's own inputs, whose K/V are the exact cache up to numerics). `prev_hidden`, when given, are the
     states whose right shift feeds that pass, already computed (exact: the recurrence's output; kpass: the
     final states of kpass with K-1 passes) — the comparison walks K = 1..M with one pass per K this way.
+    `masks`: `fusion_masks(model, batch, decode_mode)`, when already computed for these rows.
     """
     from rl.model import shift_right
 
-    fb, pc, pm = _masks(model, batch, decode_mode)
+    fb, pc, pm = masks if masks is not None else _masks(model, batch, decode_mode)
     dev = _device(model)
     ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
     dtype = model.get_input_embeddings().weight.dtype

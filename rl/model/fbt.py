@@ -361,13 +361,21 @@ class FBTMixin:
 
     # ---- the exact recurrence, teacher-forced ----------------------------------------------------------
     def recurrent_forward(
-        self, input_ids, prompt_lens=None, mode: str = "soft", fixed_carried=None, fixed_mask=None, feedback_mask=None
+        self,
+        input_ids,
+        prompt_lens=None,
+        mode: str = "soft",
+        fixed_carried=None,
+        fixed_mask=None,
+        feedback_mask=None,
+        return_cache: bool = False,
     ):
         """Ground truth: token by token with a KV cache over right-padded rows, teacher-forced on input_ids.
 
         mode soft: no feedback before prompt_lens[b]; fused: prompt positions fuse the fused-prompt states
         (`prompt_carried`); standard: no feedback. Rows are right-padded, so padding never reaches a real
-        position through causal attention. Returns h [B, L, d] (differentiable if grad is enabled).
+        position through causal attention. Returns h [B, L, d] (differentiable if grad is enabled), and with
+        `return_cache` also the recurrence's KV cache over all L positions: (h, cache).
         """
         B, L = input_ids.shape
         if prompt_lens is None:
@@ -402,7 +410,8 @@ class FBTMixin:
             pos = torch.full((B, 1), t, dtype=torch.long, device=input_ids.device)
             h, cache = self.run_stack(x, position_ids=pos, past_key_values=cache, use_cache=True)
             outs.append(h)
-        return torch.cat(outs, dim=1)
+        h = torch.cat(outs, dim=1)
+        return (h, cache) if return_cache else h
 
 
 class FBTLlamaForCausalLM(FBTMixin, LlamaForCausalLM):
