@@ -77,9 +77,7 @@ def _vllm_engine(cfg, index: int, weight_sync: str):
         drop_vllm_noise()
     r, v = cfg.rollout, cfg.rollout.vllm
     model_config = load_fbt_config(cfg.model.path)
-    extra = {}
-    if v.enable_prefix_caching:  # passed through so the engine refuses it with its reason
-        extra["enable_prefix_caching"] = True
+    extra = {"enable_prefix_caching": v.enable_prefix_caching}
     if not v.enforce_eager:
         extra["enforce_eager"] = False
     if weight_sync in ("nccl", "ipc"):

@@ -59,6 +59,30 @@ logger = logging.getLogger(__name__)
 FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
 
 
+def cache_salts(prompts, decode_mode: str, continuations, call_salt: str) -> list[str | None]:
+    """Per prompt, the prefix-cache salt its samples share (`call_salt`: this call's, so no entry outlives the
+    weights it was computed with), or None where each sample needs one of its own (it must never hit):
+
+    - a fused prompt: its passes need the whole prompt in one step, and its K/V are the last pass's, not a plain
+      prompt's;
+    - a continuation that feeds states: its K/V at fed positions depend on them;
+    - a prompt that extends another prompt of the call: it could hit blocks holding that prompt's generated
+      tokens, whose K/V were computed with feedback (soft, fused).
+    """
+    salts: list[str | None] = [None if decode_mode == "fused" else call_salt] * len(prompts)
+    if continuations is not None:
+        for i, c in enumerate(continuations):
+            if c is not None and bool(c.fed.any()):
+                salts[i] = None
+    if decode_mode != "standard":
+        distinct = set(map(tuple, prompts))
+        lengths = sorted({len(p) for p in distinct})
+        for i, p in enumerate(prompts):
+            if any(tuple(p[:k]) in distinct for k in lengths if k < len(p)):
+                salts[i] = None
+    return salts
+
+
 class VLLMEngine(RolloutEngine):
     """A vLLM `LLM` serving one FBT checkpoint, versioned.
 
@@ -216,6 +240,7 @@ class VLLMEngine(RolloutEngine):
         from vllm.inputs import TokensPrompt
 
         call = next(self._calls)
+        salts = cache_salts(prompts, params.decode_mode, continuations, f"{self._uid}:{call}")
         keys, reqs, sps, where = [], [], [], []
         for i, p in enumerate(prompts):
             for s in range(params.n):
@@ -223,7 +248,8 @@ class VLLMEngine(RolloutEngine):
                 seed = None if params.seed is None else params.seed + len(keys)
                 keys.append(key)
                 where.append((i, s))
-                reqs.append(TokensPrompt(prompt_token_ids=list(p)))
+                salt = salts[i] if salts[i] is not None else key  # a salt of its own: never a hit
+                reqs.append(TokensPrompt(prompt_token_ids=list(p), cache_salt=salt))
                 sps.append(self._request_params(params, key, seed))
         path = None
         if params.record_states and not self.inline_states:

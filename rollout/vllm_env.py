@@ -16,12 +16,13 @@ import torch
 WORKER_EXTENSION = "rollout.vllm_worker_ext.FBTWorkerExtension"
 
 # Options latent-feedback decoding cannot run with: name -> (forced value, why).
-# Prefix caching: for a hybrid model vLLM 0.32 turns it into mamba cache mode "align", which needs chunked prefill
-# and cuts every prompt into block-aligned chunks (the state slot of block p must hold the state after (p + 1)
-# blocks, copied by a per-model copy function): the plugin would have to write per-block states, a fused prompt
-# could no longer run its passes in one step, and a one-token chunk would reach the decode path as a prompt token.
+# Prefix caching stays available (on by default, `engine_options`): a plain prompt token's K/V hold no recurrent
+# state, and the state slot only needs h at the last computed position, which the uncached rest of the prompt
+# writes. The plugin keeps the slot in mamba cache mode "none" out of prefix caching (vLLM's default for hybrid
+# models, mode "align", would chunk prompts at block boundaries and checkpoint a state per block) and decides
+# plain vs fused per token by its position; the engine gives every request a cache salt that keeps apart what
+# must not be shared (`VLLMEngine._cache_salts`: fused prompts, fed continuations, other calls' weights).
 FORCED_OPTIONS = {
-    "enable_prefix_caching": (False, "a cached prefix carries no recurrent state"),
     "enable_chunked_prefill": (False, "a fused prompt's passes must see the whole prompt in one step"),
     "speculative_config": (None, "draft tokens would be fed without their latent state"),
     "async_scheduling": (False, "the recorded states and slots assume one step at a time"),
@@ -34,7 +35,7 @@ FORCED_OPTIONS = {
     "worker_extension_cls": (WORKER_EXTENSION, "weights and recorded states travel through it"),
     "skip_tokenizer_init": (True, "the engine is token-in, token-out"),
     "pipeline_parallel_size": (1, "layer 0 needs the top layer's state"),
-    "mamba_cache_mode": ("none", "the state slot must hold only the latest h_prev"),
+    "mamba_cache_mode": ("none", "the state slot must hold only the latest h_prev, never a cached one"),
 }
 
 
@@ -173,6 +174,7 @@ def engine_options(
     hf_overrides["fbt_decode_mode"] = decode_mode
     opts = {name: forced for name, (forced, _) in FORCED_OPTIONS.items()}
     opts.update(
+        enable_prefix_caching=True,  # a group's samples and prompts with a shared prefix prefill it once
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=mnbt,

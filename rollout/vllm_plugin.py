@@ -33,6 +33,8 @@ engine computes exactly what the torch engine and the learner compute.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -55,6 +57,40 @@ def register() -> None:
             # A lazy "module:Class" string: the class is imported in the worker when the model is built.
             ModelRegistry.register_model(arch, f"rollout.vllm_plugin:{arch}")
         MODELS_CONFIG_MAP.setdefault(arch, FBTConfigHook)
+    keep_state_cache_mode_none()
+
+
+def keep_state_cache_mode_none() -> None:
+    """With prefix caching on, vLLM turns every hybrid model's state cache into mamba mode "align" (chunked,
+    block-aligned prefill and a state checkpoint per block). An FBT's state slot needs none of that: prompt tokens
+    are plain, so their cached K/V hold no recurrent state, and the slot only needs h at the last computed position,
+    which the uncached rest of the prompt (vLLM recomputes at least one token) writes fresh. For FBT architectures
+    the hybrid hook therefore runs as if prefix caching were off (mode "none", one slot per request), and the slot's
+    cache group opts out of prefix caching (`LatentStateLayer.get_kv_cache_spec`)."""
+    from vllm.model_executor.models import config as model_configs
+
+    hook = model_configs.HybridAttentionMambaModelConfig
+    if getattr(hook, "fbt_wrapped", False):
+        return
+    original = hook.verify_and_update_config
+
+    def verify_and_update_config(cls, vllm_config) -> None:
+        cache = vllm_config.cache_config
+        if vllm_config.model_config.architecture not in FBT_ARCHITECTURES or not cache.enable_prefix_caching:
+            return original(vllm_config)
+        cache.enable_prefix_caching = False
+        try:
+            original(vllm_config)
+        finally:
+            cache.enable_prefix_caching = True
+
+    hook.verify_and_update_config = classmethod(verify_and_update_config)
+    hook.fbt_wrapped = True
+
+    from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+    KVCacheSpecRegistry._ensure_registered()  # the built-in specs first: a non-empty registry is taken as complete
+    KVCacheSpecRegistry.register(ScratchStateSpec, StateSlotManager, uniform_type_base_spec=MambaSpec)
 
 
 def declare_state_layer(hf_config) -> None:
@@ -96,6 +132,44 @@ from vllm.model_executor.models.mistral import MistralForCausalLM  # noqa: E402
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM  # noqa: E402
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum  # noqa: E402
+from vllm.v1.core.single_type_kv_cache_manager import MambaManager  # noqa: E402
+from vllm.v1.kv_cache_interface import MambaSpec  # noqa: E402
+
+
+class ScratchStateSpec(MambaSpec):
+    """The state slot's cache spec: one scratch slot per request that takes no part in prefix caching (a cache hit
+    never restores it; the prefill of the uncached rest of the prompt writes it). Its block size is the attention
+    block size, so the scheduler's granularity (the lcm of the groups' block sizes) stays that of the attention
+    blocks, and hits land on any attention block; `StateSlotManager` still gives a request exactly one block. The
+    block table row spans the whole sequence, since the runner computes a (never read) slot mapping for it."""
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return False
+
+    def max_num_blocks_per_req(self, vllm_config, max_len: int) -> int:
+        return -(-max_len // self.block_size)
+
+
+class StateSlotManager(MambaManager):
+    """Exactly one block (the state slot) per request, held from its first step to its end, whatever the block
+    size."""
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return 0  # the slot is never released mid-request
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, *args, **kwargs) -> int:
+        return 0 if self.req_to_blocks.get(request_id) else 1
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, num_tokens_main_model: int):
+        blocks = self.req_to_blocks[request_id]
+        if blocks:
+            return []
+        new = self.block_pool.get_new_blocks(1)
+        blocks.extend(new)
+        if self._record_new_block_ids:
+            self.new_block_ids.extend(b.block_id for b in new)
+        return new
 
 
 class LatentStateLayer(MambaBase, nn.Module):
@@ -116,6 +190,14 @@ class LatentStateLayer(MambaBase, nn.Module):
 
     def get_state_shape(self):
         return ((self.hidden_size,),)
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig):
+        spec = super().get_kv_cache_spec(vllm_config)
+        if spec.mamba_cache_mode != "none":
+            raise ValueError(f"FBT state slot: mamba_cache_mode must be 'none', got {spec.mamba_cache_mode!r}")
+        fields = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+        fields["block_size"] = vllm_config.cache_config.block_size
+        return ScratchStateSpec(**fields)
 
     def get_state_dtype(self):
         return (self.state_dtype,)
@@ -170,6 +252,7 @@ class FBTVLLMMixin:
         self.fbt_replay = ReplayTable()  # continuations' states, put by the worker extension
         self._fbt_runner = None  # the model runner, attached by the worker extension (per-request info)
         self._fbt_req_cache: dict[str, RequestInfo] = {}
+        self._fbt_slot_owner: dict[str, object] = {}  # request id -> the block list its slot was last written under
 
     # ---- hybrid-model interface: one (d,) state per request ------------------------------------------
     @classmethod
@@ -188,6 +271,7 @@ class FBTVLLMMixin:
     def fbt_attach_runner(self, runner) -> None:
         self._fbt_runner = runner
         self._fbt_req_cache.clear()
+        self._fbt_slot_owner.clear()
 
     def _batch(self, num_reqs: int) -> StepBatch | None:
         """This forward's requests from the V1 model runner's host-side tables (None without the worker extension,
@@ -198,7 +282,7 @@ class FBTVLLMMixin:
         req_ids = runner.input_batch.req_ids[:num_reqs]
         if len(req_ids) < num_reqs:
             return None
-        infos = []
+        infos, live = [], []
         for rid in req_ids:
             info = self._fbt_req_cache.get(rid)
             if info is None:
@@ -210,13 +294,19 @@ class FBTVLLMMixin:
                 info = RequestInfo(extra.get("key"), mode, bool(extra.get("record", False)), state.num_prompt_tokens)
                 self._fbt_req_cache[rid] = info
             infos.append(info)
+            # The slot holds this request's h_prev only if a forward since its blocks were (re)assigned wrote it:
+            # a request vLLM preempted and resumed gets a new block list, and a new slot.
+            blocks = runner.requests[rid].block_ids
+            live.append(self._fbt_slot_owner.get(rid) is blocks)
+            self._fbt_slot_owner[rid] = blocks  # this forward writes it
         if len(self._fbt_req_cache) > 4 * max(num_reqs, 64):  # drop finished requests now and then
-            live = set(runner.requests)
-            self._fbt_req_cache = {r: i for r, i in self._fbt_req_cache.items() if r in live}
+            alive = set(runner.requests)
+            self._fbt_req_cache = {r: i for r, i in self._fbt_req_cache.items() if r in alive}
+            self._fbt_slot_owner = {r: b for r, b in self._fbt_slot_owner.items() if r in alive}
         # Filled by the runner before every forward (_prepare_inputs); host arrays, no device read.
         bounds = runner.query_start_loc.np[: num_reqs + 1].tolist()
         computed = runner.input_batch.num_computed_tokens_cpu[:num_reqs].tolist()
-        return StepBatch(infos, bounds, computed)
+        return StepBatch(infos, bounds, computed, live)
 
     # ---- fusion from token tables ------------------------------------------------------------------------
     # Every fusion mode is a d×d matmul of the state plus a term that depends on the token alone (gate_product:
@@ -278,9 +368,10 @@ class FBTVLLMMixin:
         # Decode tokens: fused with their request's h_prev (constant over prefill passes). Reset tokens and
         # position 0 keep the plain input.
         x = e
+        fed_idx, fed_states = [], []
         if nd:
             idx_d = md.state_indices_tensor_d[:nd, 0].long()
-            fb_d = [m != "standard" for m in modes[:ndec]]
+            fb_d = self._fed_by_slot(batch, modes, ndec, fed_idx, fed_states)
             if any(fb_d):
                 ids_d = input_ids[:nd]
                 mask_d = ~self.fbt_is_reset[ids_d] & (positions[:nd] > 0)
@@ -298,7 +389,7 @@ class FBTVLLMMixin:
             bounds = (
                 batch.bounds if batch is not None else list(range(nd)) + (md.query_start_loc_p + nd).tolist()
             )  # without the extension: a device read
-            fused_ranges, fed_idx, fed_states = [], [], []
+            fused_ranges = []
             for r in range(ndec, ndec + npf):
                 a, b = bounds[r], bounds[r + 1]
                 info = batch.infos[r] if batch is not None else None
@@ -310,15 +401,20 @@ class FBTVLLMMixin:
                         fed_idx.append(pos - start + a)
                         fed_states.append(st)
                 if modes[r] == "fused" and prompt_end > 1:
+                    if 0 < start < info.prompt_len:
+                        raise RuntimeError(
+                            f"request {info.key}: fused prompt prefilled from position {start} (a prefix-cache "
+                            f"hit): its passes need the whole prompt; fused requests need a cache salt of their own"
+                        )
                     fused_ranges.append(np.arange(a + 1, a + prompt_end))
-            if fed_idx:
-                x = self._fuse_replayed(x, e, input_ids, torch.cat(fed_idx), torch.cat(fed_states))
             if fused_ranges and self.fbt_passes > 1:
                 passes = self.fbt_passes
                 pf_idx = to_device(np.concatenate(fused_ranges), torch.long, e.device)
                 pf_ids = input_ids[pf_idx]
                 pf_mask = ~self.fbt_is_reset[pf_ids][:, None]  # pf_idx holds no first prompt position
 
+        if fed_idx:
+            x = self._fuse_replayed(x, e, input_ids, torch.cat(fed_idx), torch.cat(fed_states))
         hidden = self.model(None, positions, None, x)
         for _ in range(passes - 1):
             # Pass k: prompt position t >= 1 fuses pass k-1's state at t-1 (same request: t is not its first).
@@ -334,6 +430,25 @@ class FBTVLLMMixin:
         if batch is not None:
             self._record(batch, ndec, hidden, last)
         return hidden
+
+    def _fed_by_slot(self, batch: StepBatch | None, modes, ndec: int, fed_idx: list, fed_states: list) -> list[bool]:
+        """Per decode-scheduled request: whether its token fuses `h_prev` from the slot. vLLM schedules any one-token
+        step as a decode, also the last prompt token left after a prefix-cache hit, or the last token of a
+        preempted request's re-prefill: those are decided by position, as in a prefill (a prompt token is plain
+        unless a continuation feeds it; a generated one fuses its recorded state, appended to `fed_idx` /
+        `fed_states`). A slot is trusted only if this request's earlier forward wrote it (`StepBatch.slot_live`)."""
+        if batch is None:
+            return [m != "standard" for m in modes[:ndec]]
+        out = []
+        for r in range(ndec):
+            info, pos = batch.infos[r], batch.computed[r]
+            by_slot = modes[r] != "standard" and pos >= info.prompt_len and batch.slot_live[r]
+            if not by_slot and info.key is not None and modes[r] != "standard":
+                for positions, states in self._replayed(info, pos, pos + 1):
+                    fed_idx.append(positions - pos + r)
+                    fed_states.append(states)
+            out.append(by_slot)
+        return out
 
     def _replayed(self, info: RequestInfo, start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(positions [k], states [k, d]) to fuse in a prefill of positions [start, end): the continuation's fed

@@ -28,6 +28,7 @@ class StepBatch:
     infos: list[RequestInfo]
     bounds: list[int]  # [num_reqs + 1] token offsets of the requests
     computed: list[int]  # [num_reqs] positions computed before this step (a request's first token's position)
+    slot_live: list[bool]  # [num_reqs] whether the request's state slot holds its h_prev (written by it before)
 
     def last_position(self, i: int) -> int:
         return self.computed[i] + self.bounds[i + 1] - self.bounds[i] - 1

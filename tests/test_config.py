@@ -19,7 +19,7 @@ def write(tmp_path, text, name="x.yaml"):
 def test_defaults_load_and_validate():
     cfg = load_config(None)
     assert isinstance(cfg, Config)
-    assert cfg.likelihood.estimator == "replay" and cfg.rollout.vllm.enable_prefix_caching is False
+    assert cfg.likelihood.estimator == "replay" and cfg.rollout.vllm.enable_prefix_caching is True
     assert cfg.pretrain.pass_schedule == [(0.75, 1), (0.97, 2), (1.0, 3)]
 
 

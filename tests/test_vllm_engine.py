@@ -315,7 +315,7 @@ def test_other_fusion_modes_and_qwen2(tmp_path, backbone, fusion_mode):
 @pytest.mark.parametrize(
     "option, value",
     [
-        ("enable_prefix_caching", True),
+        ("mamba_cache_mode", "align"),
         ("enable_chunked_prefill", True),
         ("async_scheduling", True),
         ("enforce_eager", False),

@@ -14,7 +14,7 @@ The loader is generic: it reads the dataclasses' annotations, so adding a field 
 section. A field's bound is declared on the field (bounds.py); rules that relate fields of one section live in
 its `validate()` (it returns `(field, message)` problems), rules across sections in the loader; the loader turns
 every problem into an error carrying the key's location. Rules that need other packages (e.g. vLLM
-option compatibility, `enable_prefix_caching` must stay false) are checked where those packages are used.
+option compatibility, e.g. chunked prefill must stay off) are checked where those packages are used.
 The defaults are the embedded CPU default (tiny checkpoint, arithmetic task).
 
 pretrain.py holds the two sections only `fbrl pretrain` reads (`pretrain`, `model.init`; schema.py's `Config`

@@ -106,7 +106,7 @@ class VllmOptions:
     max_num_seqs: Annotated[int, ge(1)] = 64
     max_model_len: Annotated[int | None, ge(2)] = None  # null: prompt + max_tokens bound
     enforce_eager: bool = True
-    enable_prefix_caching: bool = False  # must stay false (recurrent state); the engine rejects true
+    enable_prefix_caching: bool = True  # shared prompt prefixes prefilled once (exact: rollout/vllm_env.py)
     tensor_parallel_size: Annotated[int, ge(1)] = 1
 
 
