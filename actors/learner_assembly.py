@@ -28,8 +28,8 @@ from rl.model.files import (
 from rl.model.lora_policy import maybe_wrap, reference_scope
 from rl.report.latent_metrics import latent_metrics
 from rl.samples.batch import collate
-from rl.train.policy_update import PolicyUpdater
 from rl.train.checkpoints import saved_files
+from rl.train.policy_update import PolicyUpdater
 from rl.train.workers import tensor_checksums
 
 MODEL_SUBDIR = "model"  # a checkpoint's loadable model (save_pretrained + tokenizer)
