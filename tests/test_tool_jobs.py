@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from test_e2e import fbrl_train
 from test_faults_async import local_args
 
 from actors import api
@@ -34,8 +35,8 @@ def test_a_step_environment_on_the_real_stack(tmp_path):
     """GuessEnv answers every turn the model ends with its stop token until the answer appears: episodes of two
     turns, the second resumed from the first turn's recorded states."""
     argv = local_args(tmp_path, "train.steps=2", f"env={{name: {ENVS}:GuessEnv, max_turns: 2}}")
-    run = api.train(argv[2], argv[3:])
-    rows = rows_of(run)
+    fbrl_train(*argv[2:])  # a process of its own: its own local Ray, whatever other tests left in this one
+    rows = rows_of(tmp_path / "run")
     assert [r["step"] for r in rows] == [1, 2]
     assert max(r["reward/env/turns_mean"] for r in rows) > 1.0, rows  # some episodes took a second turn
     assert all(0 < r["reward/env/observation_token_frac"] < 1 for r in rows)
