@@ -107,6 +107,7 @@ def shape(line: str) -> str:
     line (time outside the four phases, reward failures, a skipped update) and run-length wording."""
     line = re.sub(r"(?<!\S)(/|runs/|configs/)\S*", "PATH", line)
     line = re.sub(r"node [0-9a-f]{16,}", "node ID", line)  # Ray's node ids (placement lines)
+    line = re.sub(r"^(fbrl train: precision: .*?) \(CPU .*\)$", r"\1 (CPU ...)", line)  # the CPU's own words
     line = re.sub(r"\d+(\.\d+)?(e[-+]\d+)?", "N", line)
     line = re.sub(r" eval/ckpt N| \| reward failures: .*?(?= \||$)| \| skipped: no usable signal", "", line)
     return re.sub(r" +", " ", line.replace("N min N s", "N s"))

@@ -286,6 +286,8 @@ def test_a_batch_budget_bounds_a_batch_of_hangs(pool):
     took = time.monotonic() - t0
     assert all(r.status == "timeout" for r in results)
     unstarted = [r for r in results if "not started within the batch budget of 3 s" in r.error]
-    assert 3 <= len(unstarted) <= 6, [r.error for r in results]  # 6 started: 3 at once, 3 after the first kills
+    # 3 start at once; 3 more once the first are killed, unless restarting the killed workers outlasts the
+    # budget on a loaded machine: 3 to 9 never start (12 would mean none ran, 0 that the budget was ignored)
+    assert 3 <= len(unstarted) <= 9, [r.error for r in results]
     assert took < 3.0 + TIMEOUT_S + KILL_SLACK_S
     assert [r.value for r in pool.map(echo, [(1,), (2,)], budget_s=3.0)] == [1, 2]
