@@ -51,3 +51,8 @@ def test_episodes_on_vllm(tmp_path):
     run = api.train(argv[2], argv[3:], no_ray=True)
     rows = rows_of(run)
     assert rows[-1]["reward/env/turns_mean"] > 1.0 and rows[-1]["reward/env/failures_error"] == 0.0, rows[-1]
+    # the job's engine ended with the job: left to the garbage collector, its shutdown would later tear down the
+    # process-wide groups of whatever vLLM engine is alive then
+    from vllm.distributed import parallel_state
+
+    assert not parallel_state.model_parallel_is_initialized()

@@ -29,6 +29,7 @@ class Session:
         self.steps = {}  # step -> its metrics (a step run again: the last)
         self.stopped = None
         self.trackers = self.bar = self.plots = self.rewards = self.worker_logs = None
+        self.in_process = ()  # (rollout, learner) of a --no-ray job, closed at teardown
         self.log = lambda line: print(line, flush=True)
 
     def __enter__(self):
@@ -54,6 +55,8 @@ class Session:
             cfg, use_ray=not self.no_ray, faults=self.faults, startup=startup, python_fns=python_fns
         )
         self.rewards = workers[2]
+        if self.no_ray:  # in-process engines and ranks end with the job, not whenever they are garbage-collected
+            self.in_process = workers[:2]
         now = time.perf_counter()
         print(ready_line(now - t_workers, t_ray, startup, now - self.t_start), flush=True)
         self.worker_logs = worker_logs_dir(self.no_ray)
@@ -98,6 +101,9 @@ class Session:
         if self.rewards is not None:  # a reward's close() (its client, its pool) runs, within a deadline
             close_rewards(self.rewards, REWARDS_CLOSE_S, give_up=lambda: self.stop.late is not None)
         wandb_dir = self.trackers.close() if self.trackers is not None else None
+        for part in self.in_process:  # a vLLM engine collected later would tear down a live engine's groups
+            if callable(getattr(part, "close", None)):
+                part.close()
         shutdown_ray(self.no_ray)
         written = self.plots.wait() if self.plots is not None else self.run_dir.plot()
         self.stop.uninstall()
