@@ -10,7 +10,7 @@ vocab 128,256, tied head) as an FBT (gate_product fusion), bf16, on cuda:0.
 
 - decode: `TorchEngine` soft / standard / fused, 256 prompts of 64..256 tokens, 128 new tokens each (greedy, no
   stop token), one warm-up then 3 interleaved timed runs per mode; wall time, tokens/s, soft / standard and
-  fused / standard (best and median), beside the predicted latent-feedback overhead (bench/decode.py's FLOP
+  fused / standard (best and median), beside the predicted latent-feedback overhead (bench/decode_models.py's FLOP
   model: two d×d fusion matmuls per token over the model's FLOPs per decode token; the paper's "< 1 % FLOPs")
   and the goal soft / standard <= 1 + 1.2 × predicted. `soft_fusion_gpu_share`: GPU time between CUDA events
   around the engine's fusion (`_next_input`), summed over a soft run, over the standard run's time — the
@@ -151,7 +151,7 @@ def build_model(spec: dict, device: torch.device) -> torch.nn.Module:
 
 # ---- decode -------------------------------------------------------------------------------------------------
 def bench_decode(model, spec: dict, clock: Clock, budget: Budget, emit) -> dict:
-    from bench.decode import flops_per_decode_token, fusion_flops_per_token  # one FLOP model for every bench
+    from bench.decode_models import flops_per_decode_token, fusion_flops_per_token  # one FLOP model for every bench
 
     d = spec["decode"]
     cfg, vocab = model.config, model.config.vocab_size
