@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from bench.decode import _prompts, _random_fbt
+from bench.decode_models import random_fbt, random_prompts
 from rl.model.attention import SHARED_KV_SDPA
 from rl.samples.request import SamplingParams
 from rollout.torch_engine import TorchEngine
@@ -30,7 +30,7 @@ IMPLEMENTATIONS = ("sdpa", SHARED_KV_SDPA)
 
 
 def smollm2_shaped(layers: int):
-    return _random_fbt(
+    return random_fbt(
         hidden_size=576,
         num_hidden_layers=layers,
         num_attention_heads=9,
@@ -60,7 +60,7 @@ def timed_stack(model, spent: dict):
 def run(args) -> dict:
     model = smollm2_shaped(args.layers)
     lo, hi = map(int, args.prompt_lens.split(","))
-    prompts = _prompts(model.config.vocab_size, args.batch, lo, hi)
+    prompts = random_prompts(model.config.vocab_size, args.batch, lo, hi)
     engine = TorchEngine(model, eos_token_ids=(), shared_kv_attention=False)
     params = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, decode_mode="soft")
     spent = {"decode": [0.0, 0.0], "prefill": [0.0, 0.0]}

@@ -1,9 +1,9 @@
 """The backbones an FBT is built on, by name: what a checkpoint's config.json is checked against before anything
 heavy is imported (the checks before a job starts run in the driver, which never loads the model classes).
 
-`rl.model.fbt.FBT_CLASSES` holds the classes for these names (tests/test_backbones.py keeps the two equal). Also
-here, for the same reason: `TOKENIZER_FILES`, the files a checkpoint's tokenizer may be saved as (a saved model
-gets them beside it; the run directory's exported policy copies them).
+`rl.model.fbt_backbones.FBT_CLASSES` holds the classes for these names (tests/test_backbones.py keeps the two
+equal). Also here, for the same reason: `TOKENIZER_FILES`, the files a checkpoint's tokenizer may be saved as (a
+saved model gets them beside it; the run directory's exported policy copies them).
 """
 
 from __future__ import annotations

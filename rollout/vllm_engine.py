@@ -53,34 +53,9 @@ from rollout.vllm_env import (
     sweep_scratch,
     use_eager_token_ranks,
 )
+from rollout.vllm_requests import cache_salts, output_sample, request_params
 
 logger = logging.getLogger(__name__)
-
-FINISH = {"stop": "stop", "length": "length", "abort": "aborted"}
-
-
-def cache_salts(prompts, decode_mode: str, continuations, call_salt: str) -> list[str | None]:
-    """Per prompt, the prefix-cache salt its samples share (`call_salt`: this call's, so no entry outlives the
-    weights it was computed with), or None where each sample needs one of its own (it must never hit):
-
-    - a fused prompt: its passes need the whole prompt in one step, and its K/V are the last pass's, not a plain
-      prompt's;
-    - a continuation that feeds states: its K/V at fed positions depend on them;
-    - a prompt that extends another prompt of the call: it could hit blocks holding that prompt's generated
-      tokens, whose K/V were computed with feedback (soft, fused).
-    """
-    salts: list[str | None] = [None if decode_mode == "fused" else call_salt] * len(prompts)
-    if continuations is not None:
-        for i, c in enumerate(continuations):
-            if c is not None and bool(c.fed.any()):
-                salts[i] = None
-    if decode_mode != "standard":
-        distinct = set(map(tuple, prompts))
-        lengths = sorted({len(p) for p in distinct})
-        for i, p in enumerate(prompts):
-            if any(tuple(p[:k]) in distinct for k in lengths if k < len(p)):
-                salts[i] = None
-    return salts
 
 
 class VLLMEngine(RolloutEngine):
@@ -250,7 +225,7 @@ class VLLMEngine(RolloutEngine):
                 where.append((i, s))
                 salt = salts[i] if salts[i] is not None else key  # a salt of its own: never a hit
                 reqs.append(TokensPrompt(prompt_token_ids=list(p), cache_salt=salt))
-                sps.append(self._request_params(params, key, seed))
+                sps.append(request_params(params, key, seed, self.eos_token_ids, self.resume_preempted))
         path = None
         if params.record_states and not self.inline_states:
             path = os.path.join(scratch_dir(), f"fbrl_states_{os.getpid()}_{self._uid}_{call}.safetensors")
@@ -271,7 +246,9 @@ class VLLMEngine(RolloutEngine):
         preempted = set(popped["preempted"])
         self.resumed_samples += len(popped["resumed"])
         return [
-            self._sample(out, key, gi, si, params, prompts[gi], states, popped["index"], key in preempted)
+            output_sample(
+                out, key, gi, si, params, prompts[gi], states, popped["index"], key in preempted, self.version
+            )
             for out, key, (gi, si) in zip(outs, keys, where)
         ]
 
@@ -282,28 +259,6 @@ class VLLMEngine(RolloutEngine):
                 "(finish_weight_update(weight_version=v) or set_weight_version(v))"
             )
         self.check_version(min_version)
-
-    def _request_params(self, params: SamplingParams, key: str, seed: int | None):
-        """vLLM's sampling parameters of one sample (n=1: each sample has its own key, slot and seed)."""
-        from vllm import SamplingParams as VSamplingParams
-
-        # vLLM's own EOS handling is off (ignore_eos): the stop set is exactly ours, as in TorchEngine.
-        stop = sorted(set(params.stop_token_ids) | set(self.eos_token_ids))
-        # States are recorded also when the caller wants none, if a preempted request is to resume exactly.
-        record = params.record_states or (self.resume_preempted and params.decode_mode != "standard")
-        return VSamplingParams(
-            n=1,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            max_tokens=params.max_tokens,
-            stop_token_ids=stop,
-            ignore_eos=True,
-            seed=seed,
-            logprobs=0,
-            detokenize=False,
-            extra_args={"fbt": {"key": key, "mode": params.decode_mode, "record": record}},
-        )
 
     def _put_replay(self, continuations, keys, where, call: int) -> None:
         """Hand the continuations' fed positions and states to the model, per sample key: the tensors themselves
@@ -332,33 +287,6 @@ class VLLMEngine(RolloutEngine):
             self._rpc("fbt_put_replay", None, path, index)
         finally:
             os.remove(path)
-
-    def _sample(self, out, key, group_id, sample_index, params, prompt, states, index, preempted) -> Sample:
-        comp = out.outputs[0]
-        ids = list(comp.token_ids)
-        logprobs = [float(lp[t].logprob) for lp, t in zip(comp.logprobs, ids)]
-        sample_states = None
-        if params.record_states and not preempted:
-            if key not in index or index[key][1] < len(ids):
-                got = index[key][1] if key in index else 0
-                raise RuntimeError(
-                    f"sample {key}: {got} recorded state rows for {len(ids)} response tokens "
-                    f"(the request was neither complete nor flagged preempted)"
-                )
-            off, _ = index[key]
-            sample_states = states[off : off + len(ids)].clone()
-        return Sample(
-            prompt_ids=list(prompt),
-            response_ids=ids,
-            logprobs=logprobs,
-            finish_reason=FINISH.get(comp.finish_reason or "length", "aborted"),
-            policy_version=self.version,
-            states=sample_states,
-            group_id=group_id,
-            sample_index=sample_index,
-            decode_mode=params.decode_mode,
-            preempted=preempted,
-        )
 
     def load_weights(self, weights, version: int) -> None:
         """Install weights as policy `version` (must be newer than the engine's).

@@ -21,7 +21,7 @@ WORKER_EXTENSION = "rollout.vllm_worker_ext.FBTWorkerExtension"
 # writes. The plugin keeps the slot in mamba cache mode "none" out of prefix caching (vLLM's default for hybrid
 # models, mode "align", would chunk prompts at block boundaries and checkpoint a state per block) and decides
 # plain vs fused per token by its position; the engine gives every request a cache salt that keeps apart what
-# must not be shared (`VLLMEngine._cache_salts`: fused prompts, fed continuations, other calls' weights).
+# must not be shared (rollout/vllm_requests.py `cache_salts`: fused prompts, fed continuations, other calls' weights).
 FORCED_OPTIONS = {
     "enable_chunked_prefill": (False, "a fused prompt's passes must see the whole prompt in one step"),
     "speculative_config": (None, "draft tokens would be fed without their latent state"),

@@ -35,7 +35,7 @@ INTERFACES = {
     "train": ({"actors/api.py", "rl/loop.py", "rl/pretrain/trainer.py"}, "entry point"),
     # vLLM finds a model class by the architecture name in config.json: the plugin's classes carry the HF names
     **{
-        f"FBT{b}ForCausalLM": ({"rl/model/fbt.py", "rollout/vllm_plugin.py"}, "architecture name")
+        f"FBT{b}ForCausalLM": ({"rl/model/fbt_backbones.py", "rollout/vllm_plugin.py"}, "architecture name")
         for b in ("Llama", "Mistral", "Qwen2", "Qwen3")
     },
 }

@@ -23,7 +23,8 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 import rl.model  # noqa: E402,F401  (registers fbt_llama with the Auto classes)
 from rl.samples.continuation import Continuation  # noqa: E402
 from rl.samples.request import SamplingParams  # noqa: E402
-from rollout.vllm_engine import VLLMEngine, cache_salts  # noqa: E402
+from rollout.vllm_engine import VLLMEngine  # noqa: E402
+from rollout.vllm_requests import cache_salts  # noqa: E402
 
 TOL = 1e-4
 MAX_LEN = 128

@@ -29,7 +29,8 @@ Prints one line per step (reward, accuracy, length, truncation, seconds and wher
 phase's tokens/s) and writes OUT/result.json (per-step times, rewards, token counts and each row's prompt /
 completion length, prompt digests, eval before/after, the step-1 gradient check) for run_compare.sh /
 summarize.py / bench_torch.py. At step 1 it also runs fbrl's learner on TRL's own samples and compares gradients
-(--no-check-gradient skips it; its time is kept out of the step times).
+(--no-check-gradient skips it; its time is kept out of the step times). The config's mapping onto GRPOConfig is
+trl_settings.py; the held-out eval and the gradient check are fbrl_checks.py.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+from bench.peer_trl.trl_settings import map_settings
 
 
 def parse_args():
@@ -73,85 +76,6 @@ def digest(prompts) -> str:
     return hashlib.sha256("\x00".join(prompts).encode()).hexdigest()[:16]
 
 
-def map_settings(cfg) -> dict:
-    """fbrl config -> GRPOConfig keyword arguments; raises for what TRL's GRPOTrainer cannot express."""
-    a, r, lc, t = cfg.algo, cfg.rollout, cfg.learner, cfg.train
-    problems = []
-    loss_type = {"token_mean": "dapo", "seq_mean_token_mean": "grpo", "seq_mean_token_sum_norm": "dr_grpo"}[a.loss_agg]
-    scale = {"grpo": "group", "dr_grpo": "none"}.get(a.adv_estimator)
-    if scale is None:
-        problems.append(f"algo.adv_estimator={a.adv_estimator} (GRPOTrainer has group-std or no scaling only)")
-    if (
-        a.dynamic_sampling
-        or a.overlong_buffer
-        or a.clip_ratio_c is not None
-        or a.tis_cap is not None
-        or a.entropy_coef
-        or a.mini_batches != 1
-    ):
-        problems.append(
-            "dynamic_sampling / overlong_buffer / clip_ratio_c / tis / entropy_coef / mini_batches != 1 "
-            "are not mapped here"
-        )
-    if cfg.rollout.decode_mode != "standard" or cfg.likelihood.estimator != "standard":
-        problems.append(
-            "TRL decodes and scores without latent feedback: use rollout.decode_mode=standard and "
-            "likelihood.estimator=standard"
-        )
-    if r.top_k == 0 or lc.bf16:
-        problems.append("rollout.top_k=0 / learner.bf16 not mapped")
-    rows = t.prompts_per_step * r.n_samples_per_prompt
-    mbs = lc.micro_batch_size
-    if rows % mbs:
-        problems.append(f"prompts_per_step x G = {rows} is not a multiple of learner.micro_batch_size={mbs}")
-    if problems:
-        raise SystemExit("run_trl.py: cannot map: " + "; ".join(problems))
-    return dict(
-        # batch: one generation of B prompts x G samples per optimizer step, cut into micro-batches of mbs rows
-        num_generations=r.n_samples_per_prompt,
-        per_device_train_batch_size=mbs,
-        gradient_accumulation_steps=rows // mbs,  # steps_per_generation defaults to this: 1 update / batch
-        max_completion_length=r.max_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=0 if r.top_k < 0 else r.top_k,
-        # algorithm
-        loss_type=loss_type,
-        scale_rewards=scale,
-        beta=a.kl_coef,
-        num_iterations=a.ppo_epochs,
-        epsilon=a.eps_low,
-        epsilon_high=a.eps_high,
-        mask_truncated_completions=False,
-        # optimizer (fbrl: DeepSpeed AdamW eps 1e-8, clip, WarmupLR only when warmup_steps > 0, else constant)
-        learning_rate=lc.lr,
-        optim="adamw_torch",
-        adam_beta1=lc.adam_betas[0],
-        adam_beta2=lc.adam_betas[1],
-        adam_epsilon=1e-8,
-        weight_decay=lc.weight_decay,
-        max_grad_norm=lc.grad_clip,
-        lr_scheduler_type="constant_with_warmup" if lc.warmup_steps else "constant",
-        warmup_steps=lc.warmup_steps,
-        # run
-        max_steps=t.steps,
-        seed=t.seed,
-        data_seed=t.seed,
-        shuffle_dataset=False,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        use_vllm=False,
-        use_cpu=True,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        log_completions=False,
-    )
-
-
 def main() -> int:
     args = parse_args()
     t_start = time.perf_counter()
@@ -163,15 +87,15 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     import datasets
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    # fbrl's own code (config, data, reward, the checks using them): importing it must not pull in vLLM / Ray /
+    # DeepSpeed
+    from bench.peer_trl.fbrl_checks import check_gradient, eval_agreement, greedy_eval
     from rewards.loader import build_reward_set
-
-    # fbrl's own code (config, data, reward): importing it must not pull in vLLM / Ray / DeepSpeed
     from rl.config import load_config
-    from rl.data import arith
     from rl.data.loaders import PromptSampler, load_task_split, reward_columns
     from rl.data.prompts import PromptFitter, prompt_token_limit
 
@@ -279,62 +203,13 @@ def main() -> int:
         )
         return scores
 
-    # ---- held-out greedy eval (rl/loop.py `evaluate`: every eval row, greedy, max_tokens, stop at EOS)
-    @torch.no_grad()
-    def greedy_eval(m) -> dict:
-        t0 = time.perf_counter()
-        was_training = m.training
-        m.eval()
-        gen = GenerationConfig(
-            do_sample=False,
-            max_new_tokens=cfg.rollout.max_tokens,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            bos_token_id=tok.bos_token_id,
-        )
-        bs = args.eval_batch_size or len(eval_rows)
-        texts, reasons, lengths = [], [], []
-        for i in range(0, len(eval_rows), bs):
-            ids = [fitter.encode(r) for r in eval_rows[i : i + bs]]
-            P = max(map(len, ids))
-            inp = torch.tensor([[tok.pad_token_id] * (P - len(x)) + x for x in ids])
-            am = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in ids])
-            out = m.generate(input_ids=inp, attention_mask=am, generation_config=gen)[:, P:].tolist()
-            for row in out:
-                cut = next((j + 1 for j, t in enumerate(row) if t in eos_ids), None)
-                resp = row[:cut] if cut else row[: cfg.rollout.max_tokens]
-                reasons.append("stop" if cut else "length")
-                lengths.append(len(resp))
-                texts.append(tok.decode(resp, skip_special_tokens=True))
-        golds = [r["answer"] for r in eval_rows]
-        scores = scorer(
-            [r["prompt"] for r in eval_rows], texts, golds, finish_reasons=reasons, **reward_columns(eval_rows)
-        )
-        correct = [s >= 1.0 for s in scores]
-        agree = None
-        if cfg.data.task == "arith":
-            # fbrl's strict math reward and the task's own rule (rl/data/arith.py `score`) must agree row by row
-            own = [arith.score(t, g) >= 1.0 and rs != "length" for t, g, rs in zip(texts, golds, reasons)]
-            agree = sum(a == b for a, b in zip(correct, own))
-        m.train(was_training)
-        return {
-            "accuracy": sum(correct) / len(correct),
-            "n": len(correct),
-            "mean_len": sum(lengths) / len(lengths),
-            "truncated": reasons.count("length") / len(reasons),
-            "scorer_agreement": agree,
-            "time_s": time.perf_counter() - t0,
-        }
+    def held_out(m) -> dict:
+        return greedy_eval(m, eval_rows, fitter, tok, scorer, cfg, args.eval_batch_size)
 
-    def agreement(ev) -> str:
-        if ev["scorer_agreement"] is None:  # word problems: the math reward is the task's check (no second rule)
-            return "the math reward is the task's check"
-        return f"fbrl math vs arith.score agree on {ev['scorer_agreement']}/{ev['n']}"
-
-    ev0 = greedy_eval(model)
+    ev0 = held_out(model)
     print(
         f"trl step {0:>{len(str(N))}}/{N} | eval standard {ev0['accuracy']:.3f} (held-out greedy, {ev0['n']} "
-        f"problems; mean len {ev0['mean_len']:.1f}, trunc {ev0['truncated']:.2f}; {agreement(ev0)}; "
+        f"problems; mean len {ev0['mean_len']:.1f}, trunc {ev0['truncated']:.2f}; {eval_agreement(ev0)}; "
         f"{ev0['time_s']:.1f}s)",
         flush=True,
     )
@@ -386,68 +261,6 @@ def main() -> int:
     trainer._clip_grad_norm = capturing_clip
     gradient_check = {}
 
-    def check_gradient():
-        """fbrl's learner (rl.train.policy_update.PolicyUpdater, standard estimator, its advantages and loss aggregation) on TRL's
-        step-1 samples, from the same starting weights: its gradient should be TRL's (cosine ~1, norm ratio ~1)."""
-        if "g" not in trl_grad:
-            print("trl gradient check: skipped (no gradient clipping, so no pre-clip gradient was captured)")
-            return
-        from rl import algos
-        from rl.samples.batch import Sample
-        from rl.train.policy_update import PolicyUpdater
-
-        class Capture:  # rl.train.policy_update.Backend that keeps the accumulated gradient instead of stepping
-            world_size = 1
-
-            def __init__(self, m):
-                self.m, self.g = m, None
-
-            def backward(self, loss):
-                loss.backward()
-
-            def step(self):
-                self.g = (
-                    torch.cat(
-                        [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in self.m.parameters()]
-                    )
-                    .detach()
-                    .clone()
-                )
-                self.m.zero_grad(set_to_none=True)
-                return float(self.g.norm())
-
-        fresh = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-        fb = first_batch
-        ids = [tok.encode(p, add_special_tokens=not chat) for p in fb["prompts"]]  # fbrl's encode_prompt
-        samples = [
-            Sample(p, c, [0.0] * len(c), rs, 0, group_id=i // G, sample_index=i % G, decode_mode="standard")
-            for i, (p, c, rs) in enumerate(zip(ids, fb["completion_ids"], fb["reasons"]))
-        ]
-        adv = algos.compute_advantages(
-            torch.tensor(fb["scores"]),
-            torch.tensor([s.group_id for s in samples]),
-            cfg.algo.adv_estimator,
-            cfg.algo.adv_eps,
-        )
-        backend = Capture(fresh)
-        PolicyUpdater(fresh, cfg, pad_id=tok.pad_token_id).update(samples, adv.tolist(), backend)
-        g_trl, g_fbrl = trl_grad["g"].double(), backend.g.double()
-        cos = float(torch.dot(g_trl, g_fbrl) / (g_trl.norm() * g_fbrl.norm()))
-        gradient_check.update(
-            cosine=cos,
-            norm_trl=float(g_trl.norm()),
-            norm_fbrl=float(g_fbrl.norm()),
-            max_abs_diff=float((g_trl - g_fbrl).abs().max()),
-            rows=len(samples),
-        )
-        print(
-            f"trl gradient check (step 1, TRL's {len(samples)} samples): fbrl learner vs TRL GRPOTrainer "
-            f"gradient cosine {cos:.6f}, norm {gradient_check['norm_fbrl']:.5f} vs {gradient_check['norm_trl']:.5f}"
-            f" (ratio {gradient_check['norm_fbrl'] / gradient_check['norm_trl']:.5f}), max |diff| "
-            f"{gradient_check['max_abs_diff']:.2e}",
-            flush=True,
-        )
-
     steps = []
 
     class StepTimer(TrainerCallback):
@@ -488,7 +301,7 @@ def main() -> int:
                 flush=True,
             )
             if k == 1 and not args.no_check_gradient:
-                check_gradient()
+                gradient_check.update(check_gradient(trl_grad, args.model, first_batch, tok, chat, cfg))
                 self.last = time.perf_counter()  # the check is not part of any step's time
                 gradient_check["time_s"] = self.last - now  # nor of TRL's process (summarize.py takes it out)
 
@@ -497,11 +310,11 @@ def main() -> int:
     t_train = time.perf_counter()
     trainer.train()
     train_wall = time.perf_counter() - t_train
-    ev1 = greedy_eval(trainer.model)
+    ev1 = held_out(trainer.model)
     times = [s["time_step_s"] for s in steps]
     print(
         f"trl step {N}/{N} | eval standard {ev1['accuracy']:.3f} (held-out greedy, {ev1['n']} problems; mean len "
-        f"{ev1['mean_len']:.1f}, trunc {ev1['truncated']:.2f}; {agreement(ev1)}; {ev1['time_s']:.1f}s)",
+        f"{ev1['mean_len']:.1f}, trunc {ev1['truncated']:.2f}; {eval_agreement(ev1)}; {ev1['time_s']:.1f}s)",
         flush=True,
     )
     med = statistics.median(times) if times else float("nan")

@@ -32,14 +32,8 @@ import time
 import torch
 
 import rl.samples.states as state_formats
-from rl.estimators.likelihood import (
-    exact_states_and_kv,
-    fusion_masks,
-    last_pass_inputs,
-    micro_batches,
-    response_log_dists,
-    run_pass,
-)
+from rl.estimators.batch_inputs import fusion_masks, micro_batches
+from rl.estimators.likelihood import exact_states_and_kv, last_pass_inputs, response_log_dists, run_pass
 from rl.samples.batch import LearnerBatch, Sample, collate
 
 # storage formats whose replay error is reported besides the states as recorded (rl/samples/states.py; config names)

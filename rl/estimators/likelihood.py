@@ -30,7 +30,9 @@ through them too); `standard` switches feedback off everywhere.
 Besides the estimators this module exposes the pieces `rl/estimators/comparison.py` reuses: `last_pass_inputs`
 (the detached carried states and fusion mask each estimator's final pass consumes), `run_pass` (one pass over
 such inputs, optionally returning the per-layer K/V cache), `exact_states_and_kv` (the recurrence's states and its
-own K/V cache) and `response_log_dists` (full-vocabulary log-probs at the response positions).
+own K/V cache) and `response_log_dists` (full-vocabulary log-probs at the response positions). What the estimators
+read from a batch (micro-batches, feedback positions, fused-prompt and recorded states) is
+rl/estimators/batch_inputs.py.
 
 `rl.model` is imported where it is used: the driver reads this registry (which estimators need recorded states,
 `needs_recorded_states`) without loading the model classes.
@@ -45,6 +47,7 @@ import torch
 
 from rl.algos.registry import lookup, make_register
 from rl.decode_modes import DECODE_MODES
+from rl.estimators.batch_inputs import fusion_masks, micro_batches, model_device, recorded_carried, response_feedback
 from rl.samples.batch import LearnerBatch
 from rl.samples.logprob_contract import behaviour_log_softmax, entropy_of
 
@@ -56,12 +59,10 @@ __all__ = [
     "needs_recorded_states",
     "response_hidden",
     "exact_states_and_kv",
-    "fusion_masks",
     "last_pass_inputs",
     "run_pass",
     "response_log_dists",
     "token_logprobs",
-    "micro_batches",
 ]
 
 
@@ -147,8 +148,8 @@ def _micro_batch_hidden(model, mb, name, decode_mode, passes, share_prompts):
         if name == "standard":
             fb = torch.zeros_like(mb.input_ids, dtype=torch.bool)
         else:
-            fb = _feedback(model, mb, decode_mode)
-        recorded = _recorded_carried(model, mb, fb) if name == "replay" else None
+            fb = response_feedback(model, mb, decode_mode)
+        recorded = recorded_carried(model, mb, fb) if name == "replay" else None
         return shared_prompt.shared_prompt_hidden(model, mb, decode_mode, name, passes, fb, recorded)
     return _HIDDEN[name](model, mb, decode_mode, passes)
 
@@ -164,92 +165,6 @@ def _check(model, name, decode_mode, passes):
         )
 
 
-# ---- batching ---------------------------------------------------------------------------------------------
-def micro_batches(batch: LearnerBatch, micro_batch_size: int | None):
-    """Split rows into micro-batches (trailing all-padding columns trimmed; R kept so results concatenate).
-
-    Without grad this bounds peak memory; with grad the graphs of all micro-batches live until backward, so a
-    learner that must bound memory calls the estimator per micro-batch and backpropagates each one.
-    """
-    B = len(batch)
-    size = B if not micro_batch_size or micro_batch_size >= B else micro_batch_size
-    for start in range(0, B, size):
-        mb = batch if size == B else batch.select(range(start, min(start + size, B)))
-        L = int((mb.prompt_lens + mb.response_lens).max())
-        if L < mb.input_ids.shape[1]:
-            mb = LearnerBatch(
-                mb.input_ids[:, :L],
-                mb.attention_mask[:, :L],
-                mb.prompt_lens,
-                mb.response_lens,
-                mb.response_mask,
-                mb.engine_logprobs,
-                mb.states,
-                mb.extras,
-            )
-        yield mb
-
-
-def _device(model):
-    return next(model.parameters()).device
-
-
-def _masks(model, batch: LearnerBatch, decode_mode: str):
-    """(feedback [B, L] bool of response positions, prompt carried [B, L, d] | None, prompt mask [B, L] | None).
-
-    Feedback starts at the first response position (soft and fused alike); fused prompts additionally get
-    the engine's prefill states, computed here under no_grad (they are constants to the learner).
-    """
-    fb = _feedback(model, batch, decode_mode)
-    if decode_mode != "fused":
-        return fb, None, None
-    dev = _device(model)
-    with torch.no_grad():
-        pc, pm = model.prompt_carried(batch.input_ids.to(dev), batch.prompt_lens.to(dev), batch.attention_mask.to(dev))
-    return fb, pc, pm
-
-
-def fusion_masks(model, batch: LearnerBatch, decode_mode: str):
-    """What every estimator's passes fuse where: (feedback [B, L], fused-prompt carried [B, L, d] | None, its mask
-    [B, L] | None); for `last_pass_inputs(..., masks=)`, which then does not recompute them (fused prompts run
-    prefill passes for them)."""
-    return _masks(model, batch, decode_mode)
-
-
-def _feedback(model, batch: LearnerBatch, decode_mode: str) -> torch.Tensor:
-    """[B, L] bool: the positions of sampled response tokens, whose input fuses the previous state (none in
-    `standard` mode). Observation tokens of a multi-turn sample (response_mask 0) are consumed plainly, as the
-    engine consumed them."""
-    dev = _device(model)
-    ids = batch.input_ids.to(dev)
-    if decode_mode == "standard":
-        return torch.zeros_like(ids, dtype=torch.bool)
-    fb = model.feedback_mask(ids, batch.attention_mask.to(dev), no_feedback_before=batch.prompt_lens.to(dev))
-    sampled = torch.zeros_like(fb)
-    rows, js = batch.response_mask.bool().nonzero(as_tuple=True)
-    pos = batch.prompt_lens[rows] + js
-    keep = pos < fb.shape[1]
-    sampled[rows[keep].to(dev), pos[keep].to(dev)] = True
-    return fb & sampled
-
-
-def _recorded_carried(model, batch: LearnerBatch, fb: torch.Tensor) -> torch.Tensor:
-    """Recorded state row j placed at position P_b + j ([B, L, d], zeros elsewhere)."""
-    if batch.states is None:
-        raise ValueError(
-            "replay needs recorded states (batch.states is None): generate with "
-            "record_states=True and collate(..., with_states=True)"
-        )
-    B, L = fb.shape
-    emb = model.get_input_embeddings().weight
-    carried = torch.zeros(B, L, batch.states.shape[-1], dtype=emb.dtype, device=emb.device)
-    rows, js = batch.response_mask.bool().nonzero(as_tuple=True)
-    pos = batch.prompt_lens[rows] + js
-    keep = pos < L
-    carried[rows[keep], pos[keep]] = batch.states[rows[keep], js[keep]].to(emb.dtype).to(emb.device)
-    return carried
-
-
 # ---- the four estimators (hidden states) ------------------------------------------------------------------
 @register_estimator("exact")
 def _exact_hidden(model, batch, decode_mode, passes):
@@ -259,8 +174,8 @@ def _exact_hidden(model, batch, decode_mode, passes):
 
 
 def _recurrence(model, batch, decode_mode, return_cache=False):
-    dev = _device(model)
-    fb = _feedback(model, batch, decode_mode)
+    dev = model_device(model)
+    fb = response_feedback(model, batch, decode_mode)
     # recurrent_forward builds the fused prompt's states itself (with grad when enabled: the true gradient).
     return model.recurrent_forward(
         batch.input_ids.to(dev),
@@ -283,8 +198,8 @@ def exact_states_and_kv(model, batch: LearnerBatch, decode_mode: str):
 def _kpass_hidden(model, batch, decode_mode, passes):
     """K-1 parallel passes under no_grad, then one differentiable pass fed the detached pass-(K-1) states.
     The first K response log-probs are exact (soft and fused); K >= R makes all of them exact."""
-    dev = _device(model)
-    fb, pc, pm = _masks(model, batch, decode_mode)
+    dev = model_device(model)
+    fb, pc, pm = fusion_masks(model, batch, decode_mode)
     if decode_mode == "standard":
         passes = 1  # no feedback anywhere: every pass would be the same ordinary forward
     out = model.multipass_forward(
@@ -304,7 +219,7 @@ def _replay_hidden(model, batch, decode_mode, passes):
     """One differentiable pass fed the engine's recorded states (detached): exact up to numerics for the
     weights that generated the rollout (one update per rollout batch)."""
     carried, mask = last_pass_inputs(model, batch, decode_mode, "replay")
-    dev = _device(model)
+    dev = model_device(model)
     return model.multipass_forward(
         batch.input_ids.to(dev),
         1,
@@ -320,7 +235,7 @@ def _standard_hidden(model, batch, decode_mode, passes):
     """An ordinary forward: standard (non-FBT) models, or FBT models decoded without feedback."""
     from rl.model import positions_from_mask
 
-    dev = _device(model)
+    dev = model_device(model)
     ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
     if hasattr(model, "run_stack"):
         return model.run_stack(model.embed(ids), am, positions_from_mask(am))[0]
@@ -355,13 +270,13 @@ def last_pass_inputs(
     """
     from rl.model import shift_right
 
-    fb, pc, pm = masks if masks is not None else _masks(model, batch, decode_mode)
-    dev = _device(model)
+    fb, pc, pm = masks if masks is not None else fusion_masks(model, batch, decode_mode)
+    dev = model_device(model)
     ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
     dtype = model.get_input_embeddings().weight.dtype
     zeros = torch.zeros(*ids.shape, model.config.hidden_size, device=dev, dtype=dtype)
     if estimator == "replay":
-        carried = _recorded_carried(model, batch, fb)
+        carried = recorded_carried(model, batch, fb)
     elif estimator == "exact":
         carried = shift_right(
             prev_hidden if prev_hidden is not None else _exact_hidden(model, batch, decode_mode, passes)
@@ -392,7 +307,7 @@ def run_pass(model, batch: LearnerBatch, carried: torch.Tensor, mask: torch.Tens
     `with_kv`). Keys are post-RoPE, as cached."""
     from rl.model import positions_from_mask
 
-    dev = _device(model)
+    dev = model_device(model)
     ids, am = batch.input_ids.to(dev), batch.attention_mask.to(dev)
     e = model.embed(ids)
     x = torch.where(mask[..., None], model.fuse(carried, e), e) if bool(mask.any()) else e

@@ -8,15 +8,14 @@ from rl.model.conversion import (
     fbt_config_from,
     identity_init_fusion,
 )
-from rl.model.fbt import (
+from rl.model.fbt import FBTMixin, MultiPassOutput
+from rl.model.fbt_backbones import (
     FBT_ARCHITECTURES,
     FBT_CLASSES,
     FBTLlamaConfig,
     FBTLlamaForCausalLM,
-    FBTMixin,
     FBTQwen2Config,
     FBTQwen2ForCausalLM,
-    MultiPassOutput,
 )
 from rl.model.fusion import (
     FUSION_MODES,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl.model.fbt import FBT_CLASSES, FBTMixin
+from rl.model.fbt import FBTMixin
+from rl.model.fbt_backbones import FBT_CLASSES
 
 
 def as_standard_lm(model):

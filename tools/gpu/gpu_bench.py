@@ -10,7 +10,7 @@ vocab 128,256, tied head) as an FBT (gate_product fusion), bf16, on cuda:0.
 
 - decode: `TorchEngine` soft / standard / fused, 256 prompts of 64..256 tokens, 128 new tokens each (greedy, no
   stop token), one warm-up then 3 interleaved timed runs per mode; wall time, tokens/s, soft / standard and
-  fused / standard (best and median), beside the predicted latent-feedback overhead (bench/decode.py's FLOP
+  fused / standard (best and median), beside the predicted latent-feedback overhead (bench/decode_models.py's FLOP
   model: two d×d fusion matmuls per token over the model's FLOPs per decode token; the paper's "< 1 % FLOPs")
   and the goal soft / standard <= 1 + 1.2 × predicted. `soft_fusion_gpu_share`: GPU time between CUDA events
   around the engine's fusion (`_next_input`), summed over a soft run, over the standard run's time — the
@@ -23,6 +23,9 @@ vocab 128,256, tied head) as an FBT (gate_product fusion), bf16, on cuda:0.
 - exact: the `exact` estimator (the teacher-forced recurrence, differentiable through every step) at response
   lengths R = 256 and 1,024 (2 rows, 64-token prompt), fwd+bwd once each; time, time per response token and peak
   memory, beside replay on the same batch. Sequential in R, memory ~R² (every step keeps its K/V for backward).
+
+The learner and exact sections are tools/gpu/gpu_bench_learner.py; how each figure is measured (device-synchronized
+clock, time budget, peak memory), tools/gpu/gpu_measure.py.
 
 --dry-run: the same code on a tiny model on the CPU in seconds (what CI runs: tests/test_gpu_check.py).
 Torch-only: vllm, ray, deepspeed, math_verify, wandb, datasets and gguf are blocked on import (a torch-only machine has
@@ -50,13 +53,11 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from rl.estimators.likelihood import get_estimator  # noqa: E402
 from rl.model import FBTLlamaConfig, FBTLlamaForCausalLM  # noqa: E402
-from rl.samples.batch import LearnerBatch  # noqa: E402
 from rl.samples.request import SamplingParams  # noqa: E402
 from rollout.torch_engine import TorchEngine  # noqa: E402
-
-GOALS = {"replay/standard": 1.1, "kpass3/standard": 2.0}  # bench/likelihood.py's CPU goals
+from tools.gpu.gpu_bench_learner import bench_exact, bench_learner  # noqa: E402
+from tools.gpu.gpu_measure import Budget, Clock, gib  # noqa: E402
 
 FULL = {
     "model": dict(
@@ -91,49 +92,7 @@ DRY = {  # fp32: bf16 matmuls are emulated (slow) on CPUs without bf16 units, su
 SECTIONS = ("decode", "learner", "exact")
 
 
-# ---- helpers ------------------------------------------------------------------------------------------------
-class Clock:
-    """Wall seconds of device work: synchronizes the accelerator around what it times."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def time(self, fn):
-        self.sync()
-        t = time.perf_counter()
-        out = fn()
-        self.sync()
-        return time.perf_counter() - t, out
-
-
-class Budget:
-    def __init__(self, seconds: float):
-        self.deadline = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
-
-
-def peak_memory(device: torch.device, fn):
-    """(result, peak bytes allocated above what was allocated before) of fn(); None off CUDA."""
-    if device.type != "cuda":
-        return fn(), None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    out = fn()
-    torch.cuda.synchronize()
-    return out, torch.cuda.max_memory_allocated(device) - base
-
-
-def gib(n):
-    return None if n is None else round(n / 2**30, 3)
-
-
+# ---- model ------------------------------------------------------------------------------------------------
 def build_model(spec: dict, device: torch.device) -> torch.nn.Module:
     cfg = FBTLlamaConfig(
         tie_word_embeddings=True,
@@ -151,7 +110,7 @@ def build_model(spec: dict, device: torch.device) -> torch.nn.Module:
 
 # ---- decode -------------------------------------------------------------------------------------------------
 def bench_decode(model, spec: dict, clock: Clock, budget: Budget, emit) -> dict:
-    from bench.decode import flops_per_decode_token, fusion_flops_per_token  # one FLOP model for every bench
+    from bench.decode_models import flops_per_decode_token, fusion_flops_per_token  # one FLOP model for every bench
 
     d = spec["decode"]
     cfg, vocab = model.config, model.config.vocab_size
@@ -219,116 +178,6 @@ def bench_decode(model, spec: dict, clock: Clock, budget: Budget, emit) -> dict:
     out["goal_soft_over_standard_met"] = out["soft_over_standard"] <= out["goal_soft_over_standard_max"]
     if fusion_s:
         out["soft_fusion_gpu_share"] = round(statistics.median(fusion_s) / med["standard"], 5)
-    return out
-
-
-# ---- learner ------------------------------------------------------------------------------------------------
-def build_batch(
-    model, rows: int, prompt: int, response: int, group: int, device: torch.device, seed: int = 0
-) -> LearnerBatch:
-    """Right-padded rows (BOS + prompt + response, random tokens; `group` consecutive rows share their prompt, as
-    a GRPO group does), on the host like a collated rollout batch; the recorded states (replay) are the states of
-    a no-grad forward, in host memory as they arrive from the engines."""
-    g = torch.Generator().manual_seed(seed)
-    V, L = model.config.vocab_size, prompt + response
-    ids = torch.randint(3, V, (rows, L), generator=g)
-    ids[:, :prompt] = ids[::group, :prompt].repeat_interleave(group, dim=0)[:rows]
-    ids[:, 0] = model.config.bos_token_id
-    am = torch.ones(rows, L, dtype=torch.long)
-    batch = LearnerBatch(
-        ids,
-        am,
-        torch.full((rows,), prompt),
-        torch.full((rows,), response),
-        torch.ones(rows, response),
-        torch.zeros(rows, response),
-    )
-    with torch.no_grad():
-        h, _ = model.run_stack(model.embed(ids.to(device)), am.to(device))
-    batch.states = h[:, prompt - 1 : L - 1].to("cpu", torch.float32)  # row j = state at P + j - 1
-    batch.extras["advantages"] = torch.randn(rows, generator=g)
-    return batch
-
-
-def fwd_bwd(model, batch: LearnerBatch, name: str, passes: int, mode: str = "soft") -> None:
-    """One learner micro-batch: the estimator's log-probs, a GRPO-like surrogate, its backward."""
-    model.zero_grad(set_to_none=True)
-    lp = get_estimator(name)(model, batch, mode, passes=passes).logprobs
-    adv = batch.extras["advantages"].to(lp.device)
-    loss = -(lp * adv[:, None]).sum() / batch.response_mask.sum().to(lp.device)
-    loss.backward()
-
-
-def bench_learner(model, spec: dict, clock: Clock, budget: Budget, emit, device) -> dict:
-    s = spec["learner"]
-    model.train()
-    batch = build_batch(model, s["rows"], s["prompt"], s["response"], s["group"], device)
-    runs = {"standard": ("standard", 1), "replay": ("replay", 1), "kpass3": ("kpass", 3)}
-    times = {k: [] for k in runs}
-    peaks = {}
-    for r in range(s["reps"] + 1):  # round 0 warms up and measures peak memory
-        if r and budget.left() < 0:
-            break
-        for key, (name, passes) in runs.items():
-            if r == 0:
-                _, peaks[key] = peak_memory(device, lambda: fwd_bwd(model, batch, name, passes))
-                continue
-            t, _ = clock.time(lambda: fwd_bwd(model, batch, name, passes))
-            times[key].append(t)
-            emit(f"learner {key} rep {r}: {1000 * t:.1f} ms")
-    model.zero_grad(set_to_none=True)
-    if not times["standard"]:
-        return {
-            "skipped": "budget spent before the first timed run",
-            "peak_gib_above_weights": {k: gib(v) for k, v in peaks.items()},
-        }
-    med = {k: statistics.median(v) for k, v in times.items()}
-    best = {k: min(v) for k, v in times.items()}
-    ratios = {f"{k}/standard": round(med[k] / med["standard"], 4) for k in runs if k != "standard"}
-    return {
-        "micro_batch": f"{s['rows']} rows x ({s['prompt']} prompt + {s['response']} response), "
-        f"{s['group']} rows per prompt",
-        "tokens": s["rows"] * (s["prompt"] + s["response"]),
-        "timed_reps": len(times["standard"]),
-        "median_ms": {k: round(1000 * v, 2) for k, v in med.items()},
-        "best_ms": {k: round(1000 * v, 2) for k, v in best.items()},
-        "ratios_of_medians": ratios,
-        "ratios_of_best": {f"{k}/standard": round(best[k] / best["standard"], 4) for k in runs if k != "standard"},
-        "cpu_goals": GOALS,
-        "meets_cpu_goals": {k: ratios[k] <= g for k, g in GOALS.items()},
-        "peak_gib_above_weights": {k: gib(v) for k, v in peaks.items()},
-    }
-
-
-# ---- exact --------------------------------------------------------------------------------------------------
-def bench_exact(model, spec: dict, clock: Clock, budget: Budget, emit, device) -> dict:
-    s = spec["exact"]
-    model.train()
-    out = {"rows": s["rows"], "prompt": s["prompt"]}
-    warm = build_batch(model, s["rows"], s["prompt"], 8, 1, device, seed=2)
-    fwd_bwd(model, warm, "exact", 1)  # kernels for the recurrence's step shapes
-    for R in s["responses"]:
-        if budget.left() < 0:
-            out[f"R{R}"] = {"skipped": "budget"}
-            continue
-        batch = build_batch(model, s["rows"], s["prompt"], R, 1, device, seed=R)
-        try:
-            (t, _), peak = peak_memory(device, lambda: clock.time(lambda: fwd_bwd(model, batch, "exact", 1)))
-            t_replay, _ = clock.time(lambda: fwd_bwd(model, batch, "replay", 1))
-        except torch.OutOfMemoryError as e:
-            model.zero_grad(set_to_none=True)
-            out[f"R{R}"] = {"error": f"out of memory: {str(e).splitlines()[0]}"}
-            emit(f"exact R={R}: out of memory")
-            continue
-        out[f"R{R}"] = {
-            "fwd_bwd_s": round(t, 3),
-            "ms_per_response_token": round(1000 * t / R, 3),
-            "peak_gib_above_weights": gib(peak),
-            "replay_fwd_bwd_s": round(t_replay, 4),
-            "exact_over_replay": round(t / t_replay, 1),
-        }
-        emit(f"exact R={R}: {t:.2f} s (replay {t_replay:.3f} s), peak {gib(peak)} GiB")
-    model.zero_grad(set_to_none=True)
     return out
 
 

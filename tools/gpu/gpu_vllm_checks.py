@@ -216,7 +216,7 @@ def throughput(dry_run: bool) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from bench.decode import flops_per_decode_token, fusion_flops_per_token
+    from bench.decode_models import flops_per_decode_token, fusion_flops_per_token
     from rl.model import convert_to_fbt
     from rl.samples.request import SamplingParams
     from rollout.vllm_engine import VLLMEngine
