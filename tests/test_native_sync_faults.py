@@ -55,7 +55,11 @@ def _fleet(transport):
 
 
 @pytest.mark.parametrize("backend", ["nccl", "ipc", "native_ray"])
-def test_a_lost_engine_stops_the_job_once_the_transfer_group_exists(backend):
+def test_a_lost_engine_stops_the_job_once_the_transfer_group_exists(backend, monkeypatch):
+    import actors.rollout_fleet as rollout_mod
+
+    killed = []
+    monkeypatch.setattr(rollout_mod, "kill", killed.append)  # ray.kill on a fake would start a local Ray
     transport = make_transport(load_config(None), backend)
     assert isinstance(transport, NativeSync) and transport.replaceable  # before the first sync: replaceable
     learner, fleet = FakeLearner(), FakeFleet()
@@ -66,6 +70,7 @@ def test_a_lost_engine_stops_the_job_once_the_transfer_group_exists(backend):
     with pytest.raises(RunStopped, match=rf"rollout actor 1 died during generate .*weight_sync={backend}.*--resume"):
         real._replace(1, "generate", ActorDiedError())
     assert made == [] and real.supervisor.restarts["rollout"] == 0  # not replaced, not counted as a restart
+    assert killed == ["engine-1"]  # the lost engine is ended all the same: it must not outlive the stop
 
 
 def test_a_push_checks_the_engines_before_rank_0_sends():
