@@ -291,7 +291,7 @@ def save_step(run: RunDir, cfg: Config, learner, step: int, state: dict) -> bool
     on_schedule = every > 0 and step % every == 0
     checkpointed = every > 0 and (on_schedule or step == cfg.train.steps)
     if checkpointed:
-        run.save_checkpoint(step, learner, state, cfg.train.keep_checkpoints)
+        run.save_checkpoint(step, learner, state, cfg.train.keep_checkpoints, cfg.train.keep_best)
     if step == cfg.train.steps or on_schedule:
         # exported here: only the file transport writes the weights file at every sync
         path = learner.export_weights(weights_file(run))
