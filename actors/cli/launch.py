@@ -119,6 +119,8 @@ def prepare_job(cfg, run_dir, *, resume: bool, overwrite: bool = False, in_proce
 
     cfg = resolve_hub_ids(cfg)
     if resume:
+        # a learner that cannot load the checkpoint (another world size or ZeRO stage; --no-ray runs one rank)
+        run_dir.check_resume_layout(cfg, 1 if in_process else cfg.learner.num_workers)
         run_dir.check_resume_config(cfg)  # refuse a changed experiment, naming the field
         hidden = _redacted_keys(cfg.to_dict(), REDACTED)
         if hidden:

@@ -37,6 +37,7 @@ from rl.errors import InputError
 from rl.train.checkpoints import Checkpoints, not_shared
 from rl.train.faults import RunStopped
 from rl.train.policy_dir import build_policy_dir
+from rl.train.resume_layout import layout_problem
 
 if TYPE_CHECKING:
     from rl.train.workers import LearnerWorkers
@@ -180,6 +181,14 @@ class RunDir(Checkpoints):
     def check_resume_config(self, cfg: Config) -> None:
         """Refuse to resume when a field that changes the experiment differs; the error names the field."""
         check_resume(load_config(self.path / "config.yaml"), cfg)
+
+    def check_resume_layout(self, cfg: Config, ranks: int) -> None:
+        """Refuse to resume with a learner of `ranks` ranks at `cfg.learner.zero_stage` that cannot load the latest
+        checkpoint (rl/train/resume_layout.py): one line naming both sizes and the way on."""
+        latest = self.latest_checkpoint()
+        problem = latest and layout_problem(load_config(self.path / "config.yaml"), cfg, latest, ranks, self.path)
+        if problem:
+            raise RunDirError(problem)
 
     # ---- metrics ---------------------------------------------------------------------------------------
     def log_metrics(self, row: dict) -> None:
