@@ -126,3 +126,19 @@ def test_the_config_knows_the_reports_metric_names():
     assert cfg.train.keep_best == KeepBestConfig("reward_mean", 3, "min")
     assert load_config(None).train.keep_best is None  # off by default
     assert json.loads(json.dumps(cfg.to_dict()))["train"]["keep_best"]["n"] == 3
+
+
+def test_the_job_keeps_the_best_and_the_newest(tmp_path, capsys):
+    """In-process workers (torch engine): 4 steps checkpointed each, keep_checkpoints 1 and the best by reward_mean:
+    the newest and the best step of metrics.jsonl stay, best.json names the best."""
+    from fault_harness import metrics_of
+    from test_faults_async import local_args
+
+    from actors.cli import main
+
+    overrides = ["train.steps=4", "train.checkpoint_every=1", "train.keep_checkpoints=1"]
+    assert main(local_args(tmp_path, *overrides, "train.keep_best={metric: reward_mean, n: 1}")) == 0
+    rows = metrics_of(tmp_path / "run")
+    best = max(rows, key=lambda r: (r["reward_mean"], -r["step"]))["step"]
+    assert kept(tmp_path) == sorted({best, 4})
+    assert [c["step"] for c in read_best(tmp_path / "run" / "checkpoints")["checkpoints"]] == [best]
