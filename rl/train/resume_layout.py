@@ -5,8 +5,9 @@ only at the world size and stage that saved them (otherwise it raises inside the
 have started). So `--resume` compares first, before anything starts, and a mismatch is one line naming both sizes
 and the way on: resume at the saved size, or start a new run from the checkpoint's consolidated weights
 (`learner/model/`, a save_pretrained directory), whose Adam moments and data order start afresh.
-A checkpoint without partitions (ZeRO-0, the torch learner) holds its whole state, but a change of
-`learner.num_workers` is still refused for it: loading it at another size is not tested.
+A checkpoint without partitions (ZeRO-0, the torch learner) holds its whole state in files every rank reads, so
+it resumes at any world size (tests/test_resume_layout.py: 2 ranks to 1 on the real stack gives the weights the
+2-rank run reaches); its ZeRO stage must still match.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ def layout_problem(saved, cfg, checkpoint: Path, ranks: int, run_path: Path) -> 
     stage, saved_stage = cfg.learner.zero_stage, saved.learner.zero_stage
     if partitions is not None:  # what the ranks wrote, whatever the config said (--no-ray runs one rank)
         saved_ranks, fits = partitions, ranks == partitions
-    else:
-        saved_ranks, fits = saved.learner.num_workers, cfg.learner.num_workers == saved.learner.num_workers
+    else:  # the whole state, in files every rank reads whole: any world size loads it
+        saved_ranks, fits = saved.learner.num_workers, True
     if stage == saved_stage and fits:
         return None
     now = f"{ranks} learner rank{'s' if ranks != 1 else ''} at ZeRO-{stage}"
