@@ -1,6 +1,7 @@
 """Bad input through the real command: how fast `fbrl train` refuses it, and with what message.
 
     python -m bench.bad_input            # prints the markdown table of docs/RELIABILITY.md
+    python -m bench.bad_input --only save_before --only keep_best    # the cases whose name holds a word
 
 Each case runs `fbrl train ...` in a fresh process from a scratch directory and measures the wall time from
 process start to exit (Python start and the torch / transformers imports included: that is what a user waits).
@@ -37,7 +38,24 @@ CASES = [  # (what the user got wrong, overrides; {d} is the scratch directory)
     ("max_tokens beyond the context", ["rollout.max_tokens=300"]),
     ("new run into a used run dir", ["train.run_dir={d}/used"]),
     ("--resume of a missing run dir", ["--resume", "{d}/missing-run"]),
+    ("train.keep_best on a metric no row has", ["train.keep_best={{metric: eval/accuracy, n: 2}}"]),
+    ("train.save_before unreadable", ["train.save_before=soon"]),
+    ("train.save_before already past", ["train.save_before=2020-01-01T00:00:00Z"]),
+    (
+        "--resume of a 2-rank ZeRO-2 run with 1 learner rank",
+        ["--resume", "{d}/two-ranks", "learner.num_workers=1"],
+    ),
 ]
+
+
+class _TwoRanks:
+    """What 2 DeepSpeed ZeRO-2 ranks write into a checkpoint: one optimizer partition each."""
+
+    def save_checkpoint(self, directory):
+        state = Path(directory) / "deepspeed" / "state"
+        state.mkdir(parents=True)
+        for name in ("mp_rank_00_model_states.pt", *(f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1))):
+            (state / name).write_bytes(b"")
 
 
 def make_inputs(d: Path) -> None:
@@ -55,9 +73,20 @@ def make_inputs(d: Path) -> None:
     build_tokenizer(alphabet=ALPHABET + "äöü").save_pretrained(str(d / "bigtok"))
     (d / "used").mkdir()
     (d / "used" / "metrics.jsonl").write_text('{"step": 1}\n')
+    from rl.config import load_config
+    from rl.train.run_dir import RunDir
+
+    run = RunDir(str(d / "two-ranks"))
+    run.write_config(load_config(None, ["learner.num_workers=2", "learner.zero_stage=2"]))
+    run.save_checkpoint(1, _TwoRanks(), {"version": 1})
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", action="append", default=[], help="run the cases whose name holds this word")
+    only = parser.parse_args(argv).only
     env = dict(
         os.environ,
         WANDB_MODE="disabled",
@@ -79,6 +108,8 @@ def main() -> int:
             flush=True,
         )
         for what, overrides in CASES:
+            if only and not any(word in what for word in only):
+                continue
             argv = [o.format(d=d) for o in overrides]
             if "--resume" not in argv and not any(a.startswith("train.run_dir=") for a in argv):
                 argv.append(f"train.run_dir={d}/run")

@@ -16,7 +16,8 @@ and only show up here as `faults/...` counts. A learner that lost a rank comes b
 `train` restores the last checkpoint and runs the lost steps again with the same prompts; the rollout queue of
 the failed pass is closed with it and a new one regenerates the batches from the restored step. A step whose loss
 or gradients were not finite is skipped; `RunGuard` stops the job (`RunStopped`) when that, or a failing reward,
-persists. `stop_requested()` (a signal arrived) ends the job after the current step, which is checkpointed.
+persists. `stop_requested()` (a signal arrived) ends the job after the current step, which is checkpointed; so does
+a `train.save_before` deadline the next step would likely pass (exit code 0: rl/train/deadline.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from rl.data.loaders import PromptSampler
 from rl.estimators.mismatch_parts import measure_parts
 from rl.report.metrics import PhaseClock, sample_row, update_row
 from rl.report.step_lines import report_failures
+from rl.train.deadline import Deadline
 from rl.train.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, nonfinite_update, partly_applied
 from rl.train.job import JobData, JobParts, JobState, heldout, log_step, start_pass, sync_weights
 from rl.train.rollout_queue import (
@@ -57,13 +59,15 @@ def train(
     stop_requested=None,
     background_rollouts: bool | None = None,
     data: JobData | None = None,
+    started_at: float | None = None,
 ) -> list[dict]:
     """Run the job to `cfg.train.steps` (continuing `cfg.train.resume`); returns the metrics of the steps run.
 
     `stop_requested()` returns a reason (e.g. "SIGTERM") once the job should end; it is asked between steps.
     `background_rollouts`: make batches in a producer thread (default: when `train.max_staleness` > 0; tests
     force it at 0 to check that the thread changes nothing). `data`: the task's rows as the checks before the job
-    loaded them (else loaded here)."""
+    loaded them (else loaded here). `started_at`: when the job started (Unix time; default now), the origin of a
+    `train.save_before` duration."""
     faults = faults if faults is not None else FaultLog(log)
     parts = JobParts.load(cfg, tokenizer, rollout, learner, rewards, run, log, progress, faults, data)
     job = JobState(
@@ -71,6 +75,7 @@ def train(
         guard=RunGuard(cfg.faults, faults),
         stop_requested=stop_requested or (lambda: None),
         background_rollouts=background_rollouts,
+        deadline=Deadline.of(cfg.train.save_before, started_at if started_at is not None else time.time()),
     )
     history: list[dict] = []
     while True:
@@ -189,8 +194,10 @@ def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
             log_step(p, job, history, {**metrics, **p.faults.metrics()})
             # the sampler position after this step's prompts (the producer may have drawn later batches)
             state = {"version": version, "sampler": batch.sampler_state}
+            t_save = time.perf_counter()
             checkpointed = save_step(run, cfg, learner, step, state)
             unsaved = None if checkpointed else state
-            stop = stop or job.stop_requested()
+            late = job.past_deadline(step, cfg.train.steps, t_step, t_save, checkpointed, run.path)
+            stop = stop or job.stop_requested() or late
             if stop:
                 stop_after_step(stop, run, learner, step, None if checkpointed else state)

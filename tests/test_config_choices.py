@@ -66,6 +66,7 @@ PLAIN_OPTIONS = {
     "model.init.backbone",
     "likelihood.ref_estimator",  # a subset of the estimators: tested below
     "algo.tis_cap",  # a number, `auto` or null
+    "train.keep_best.mode",  # max or min: which way a metric is better
 }
 
 

@@ -119,6 +119,8 @@ def prepare_job(cfg, run_dir, *, resume: bool, overwrite: bool = False, in_proce
 
     cfg = resolve_hub_ids(cfg)
     if resume:
+        # a learner that cannot load the checkpoint (another world size or ZeRO stage; --no-ray runs one rank)
+        run_dir.check_resume_layout(cfg, 1 if in_process else cfg.learner.num_workers)
         run_dir.check_resume_config(cfg)  # refuse a changed experiment, naming the field
         hidden = _redacted_keys(cfg.to_dict(), REDACTED)
         if hidden:
@@ -177,7 +179,9 @@ def run_prepared(cfg, label, run_dir, tokenizer, data, *, no_ray=False, python_f
     from actors.cli.session import Session
     from rl.loop import train
 
-    with Session(cfg, run_dir, no_ray, t_start if t_start is not None else time.perf_counter()) as session:
+    t_start = t_start if t_start is not None else time.perf_counter()
+    started_at = time.time() - (time.perf_counter() - t_start)  # the origin of a train.save_before duration
+    with Session(cfg, run_dir, no_ray, t_start) as session:
         rollout, learner, rewards = session.start_workers(python_fns)
         train(
             cfg,
@@ -191,6 +195,7 @@ def run_prepared(cfg, label, run_dir, tokenizer, data, *, no_ray=False, python_f
             faults=session.faults,
             stop_requested=session.stop.reason,
             data=data,
+            started_at=started_at,
         )
     return session.exit_code()
 

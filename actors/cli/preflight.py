@@ -252,10 +252,23 @@ def check_kv_cache(cfg, model_config: dict) -> None:
         )
 
 
+def check_deadline(cfg) -> None:
+    """A `train.save_before` time that has already passed (a resumed run's own config may hold one) is refused
+    now, naming the key, instead of stopping the job after its first step."""
+    import time
+
+    from rl.train.deadline import deadline_problem
+
+    problem = deadline_problem(cfg.train.save_before, time.time())
+    if problem:
+        raise BadInput(f"train.save_before: {problem}")
+
+
 def check_job(cfg, base_dir: str | None = None, in_process: bool = False, log=print, python_fns: dict | None = None):
     """All of the above; returns (the tokenizer, `cfg` with `reward.accuracy: auto` resolved to none when the data
     has no answers to check against and no reward needs them, the data as loaded). `in_process`: --no-ray."""
     check_combinations(cfg, in_process)
+    check_deadline(cfg)
     model_config = check_checkpoint(cfg.model.path, allow_stock=not cfg.train.resume)
     tokenizer = check_tokenizer(cfg, model_config)
     check_kv_cache(cfg, model_config)

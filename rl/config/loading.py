@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 import difflib
 import importlib.util
 import itertools
@@ -211,6 +212,8 @@ def _coerce(tp, value, path: str, origins: dict[str, str]):
     if tp is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, (datetime.date, datetime.datetime)):  # YAML 1.1 reads 2026-12-05T20:00:00Z as a time
+            return value.isoformat()
         fail(" (quote it to make it a string)" if value is not None else "")
     raise TypeError(f"{path}: unsupported annotation {tp!r} in the config schema")
 

@@ -21,9 +21,8 @@ RESUME_LOCKED = (
     "train.seed",
     "train.prompts_per_step",
     "train.max_staleness",
-    # a DeepSpeed checkpoint loads only with the same world size and ZeRO stage
-    "learner.num_workers",
-    "learner.zero_stage",
+    # (learner.num_workers and learner.zero_stage: checked against what the checkpoint holds, before anything
+    # starts, by rl/train/resume_layout.py)
     # the checkpoint's weights and optimizer state are the adapters' (and their shapes the rank's)
     "learner.lora",
 )

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from rl.config.bounds import ge, gt, within
+from rl.config.checkpointing import KeepBestConfig, keep_best_problem, save_before_problem
 from rl.config.env import EnvConfig
 from rl.config.lora import LoraConfig
 from rl.config.pretrain import ModelInitConfig, PretrainConfig
@@ -315,6 +316,14 @@ class TrainConfig:
     checkpoint_every: Annotated[int, ge(0, "(0: off)")] = 10
     # the newest N checkpoints are kept, older ones deleted once a new one is complete (null: all are kept)
     keep_checkpoints: Annotated[int | None, ge(1)] = None
+    # ... and the `n` best by a metric are never deleted, e.g. {metric: eval_accuracy, n: 2, mode: max}: a
+    # checkpoint is ranked by its own step's row (an eval metric: checkpoints of steps with an eval); the ones kept
+    # are listed in RUN_DIR/checkpoints/best.json (rl/config/checkpointing.py). null: off
+    keep_best: KeepBestConfig | None = None
+    # A wall-clock deadline (a scheduler's time limit): the job checkpoints and stops, exit 0, when its next step
+    # would likely end past it (from recent step and checkpoint times); `--resume` continues. A duration from the
+    # job's start (3h30m, DD:HH:MM:SS, seconds) or an ISO-8601 time with its zone. null: none
+    save_before: str | int | None = None
     latent_metrics_rows: int = 4  # rows per step for the latent-channel metrics (rl/report/latent_metrics.py); 0: off
     # Asynchronous training (rl/train/rollout_queue.py): the engines generate the next batches while the learner
     # trains; a sample made by policy version v is trained while the learner holds v..v+s and never later.
@@ -330,6 +339,12 @@ class TrainConfig:
     def validate(self):
         if not self.eval_decode_modes:
             yield "eval_decode_modes", "needs at least one decode mode"
+        problem = self.keep_best and keep_best_problem(self.keep_best.metric, self.eval_every, self.eval_decode_modes)
+        if problem:
+            yield "keep_best.metric", problem
+        problem = save_before_problem(self.save_before)
+        if problem:
+            yield "save_before", problem
 
 
 @dataclass

@@ -5,6 +5,8 @@ rank saved, checked before a checkpoint is kept (several nodes need shared stora
 
     checkpoints/step_000010/    learner/ (model save_pretrained + optimizer state), trainer_state.json, rng
     checkpoints/latest          name of the newest complete checkpoint
+                                beside it best.json, with `train.keep_best`: the n best checkpoints by its metric
+                                (rl/train/best_checkpoints.py; never pruned)
 
 A checkpoint is written under a temporary name and renamed into place, then `latest` is replaced: a crash at any
 point leaves the previous checkpoint and pointer intact. A full disk stops the job with a line naming it.
@@ -25,6 +27,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rl.atomic_files import disk_full, fsync_dir, fsync_tree, replace_dir, write_text
+from rl.config.checkpointing import KeepBestConfig
+from rl.train.best_checkpoints import BestCheckpoints
 from rl.train.faults import EXIT_BAD_INPUT, EXIT_STOPPED, RunStopped
 
 
@@ -33,11 +37,15 @@ class Checkpoints:
 
     path: Path
     ckpt_root: Path
+    _best: BestCheckpoints | None = None
 
-    def save_checkpoint(self, step: int, learner, trainer_state: dict, keep: int | None = None) -> Path:
+    def save_checkpoint(
+        self, step: int, learner, trainer_state: dict, keep: int | None = None, best: KeepBestConfig | None = None
+    ) -> Path:
         """Write checkpoint `step` under a temporary name, fsync its files and directories, rename it into place and
-        point `latest` at it; then, with `keep`, delete all but the newest `keep` complete checkpoints (by recorded
-        step; never the one `latest` names). A crash at any point leaves a resumable run."""
+        point `latest` at it; then, with `best`, rank the checkpoints (best.json), and with `keep` delete all but
+        the newest `keep` complete checkpoints (by recorded step; never the one `latest` names, never the best).
+        A crash at any point leaves a resumable run."""
         name = f"step_{step:06d}"
         tmp = self.ckpt_root / f".tmp-{name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -53,9 +61,17 @@ class Checkpoints:
             fsync_dir(self.ckpt_root)
             write_text(self.ckpt_root / "latest", name)
             fsync_dir(self.ckpt_root)
+        kept_best = self.best_checkpoints(best) if best is not None else []
         if keep is not None:
-            self.prune_checkpoints(keep)
+            self.prune_checkpoints(keep, protect=kept_best)
         return final
+
+    def best_checkpoints(self, rule: KeepBestConfig) -> list[Path]:
+        """The `rule.n` best complete checkpoints by `rule.metric`, best first, recorded in best.json."""
+        if self._best is None or self._best.rule != rule:
+            self._best = BestCheckpoints(rule, self.path / "metrics.jsonl")
+        with self.full_disk_stops(self.ckpt_root / "best.json"):
+            return self._best.choose(self.complete_checkpoints(), self.ckpt_root)
 
     @contextlib.contextmanager
     def full_disk_stops(self, path: Path, remove: Path | None = None):
@@ -88,13 +104,15 @@ class Checkpoints:
                 found.append((int(step), path))
         return [path for _, path in sorted(found)]
 
-    def prune_checkpoints(self, keep: int) -> None:
-        """Delete all but the newest `keep` complete checkpoints, never the one `latest` names (renamed aside
-        first, so a kill mid-delete leaves a `.tmp-` directory the next start sweeps, not half a checkpoint)."""
+    def prune_checkpoints(self, keep: int, protect: list[Path] = ()) -> None:
+        """Delete all but the newest `keep` complete checkpoints, never the one `latest` names nor those in
+        `protect` (renamed aside first, so a kill mid-delete leaves a `.tmp-` directory the next start sweeps, not
+        half a checkpoint)."""
         latest = self.latest_checkpoint()
+        spared = {p.resolve() for p in protect} | ({latest.resolve()} if latest is not None else set())
         done = self.complete_checkpoints()
         for path in done[: max(len(done) - keep, 0)]:
-            if latest is not None and path.resolve() == latest.resolve():
+            if path.resolve() in spared:
                 continue
             doomed = self.ckpt_root / f".tmp-pruned-{path.name}-{os.getpid()}"
             os.replace(path, doomed)

@@ -9,6 +9,7 @@ sync and the step-0 eval), `heldout` (the held-out eval as a metrics row), `sync
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ from rl.data.prompts import PromptFitter, prompt_token_limit
 from rl.data.tasks import TASKS
 from rl.report.metrics import eval_metrics
 from rl.report.step_lines import console_line, eval_line
+from rl.train.deadline import Deadline
 from rl.train.faults import FaultLog, RunGuard
 from rl.train.heldout import heldout_accuracy
 from rl.train.rollout_queue import Serialized, multiturn_rollouts
@@ -125,6 +127,17 @@ class JobState:
     step: int = 0  # the last step completed
     version: int = 0  # the newest policy version pushed to the engines (versions only increase)
     background_rollouts: bool | None = None  # the rollout queue's producer thread (None: when max_staleness > 0)
+    deadline: Deadline | None = None  # train.save_before
+
+    def past_deadline(self, step: int, last_step: int, t_step: float, t_save: float, saved: bool, run_path):
+        """After step `step` (begun at `t_step`, its checkpoint and export begun at `t_save`, `saved`: it was
+        checkpointed; `time.perf_counter` times): the stop when one more step would likely end past
+        `train.save_before`, else None."""
+        if self.deadline is None:
+            return None
+        now = time.perf_counter()
+        self.deadline.step_done(now - t_step, now - t_save if saved else None)
+        return self.deadline.stop(step, run_path) if step < last_step else None
 
 
 def start_pass(p: JobParts, job: JobState, sampler: PromptSampler, history: list[dict]) -> tuple[int, int]:

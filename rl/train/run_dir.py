@@ -37,6 +37,7 @@ from rl.errors import InputError
 from rl.train.checkpoints import Checkpoints, not_shared
 from rl.train.faults import RunStopped
 from rl.train.policy_dir import build_policy_dir
+from rl.train.resume_layout import layout_problem
 
 if TYPE_CHECKING:
     from rl.train.workers import LearnerWorkers
@@ -181,6 +182,14 @@ class RunDir(Checkpoints):
         """Refuse to resume when a field that changes the experiment differs; the error names the field."""
         check_resume(load_config(self.path / "config.yaml"), cfg)
 
+    def check_resume_layout(self, cfg: Config, ranks: int) -> None:
+        """Refuse to resume with a learner of `ranks` ranks at `cfg.learner.zero_stage` that cannot load the latest
+        checkpoint (rl/train/resume_layout.py): one line naming both sizes and the way on."""
+        latest = self.latest_checkpoint()
+        problem = latest and layout_problem(load_config(self.path / "config.yaml"), cfg, latest, ranks, self.path)
+        if problem:
+            raise RunDirError(problem)
+
     # ---- metrics ---------------------------------------------------------------------------------------
     def log_metrics(self, row: dict) -> None:
         """Append one row in a single write(2) on an O_APPEND descriptor: a crash or a full disk can cut the last
@@ -291,7 +300,7 @@ def save_step(run: RunDir, cfg: Config, learner, step: int, state: dict) -> bool
     on_schedule = every > 0 and step % every == 0
     checkpointed = every > 0 and (on_schedule or step == cfg.train.steps)
     if checkpointed:
-        run.save_checkpoint(step, learner, state, cfg.train.keep_checkpoints)
+        run.save_checkpoint(step, learner, state, cfg.train.keep_checkpoints, cfg.train.keep_best)
     if step == cfg.train.steps or on_schedule:
         # exported here: only the file transport writes the weights file at every sync
         path = learner.export_weights(weights_file(run))
