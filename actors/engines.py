@@ -1,10 +1,10 @@
 """The rollout engines by name (`rollout.engine`): how each is built from the config, and what it supports.
 
 An entry is a builder `build(cfg, index, weight_sync) -> RolloutEngine` (loaded from `model.path`, at policy
-version 0, ready for the resolved weight-sync transport) registered with `register_engine(name, transports=...)`:
-the weight-sync transports (`actors.weight_sync`) the engine can receive. The config's `rollout.engine` choices
-are these names (tests/test_config_choices.py); the rollout actors build with `build_engine`, the transport checks
-ask `engine_kind(name).transports`.
+version 0, ready for the resolved weight-sync transport) registered with `register_engine(name)`. Every engine
+receives weights as a state dict (`RolloutEngine.load_weights`: the `file` and `ray` transports); a transport that
+needs more says which engines it serves (`actors.weight_sync.TRANSPORTS`). The config's `rollout.engine` choices
+are these names (tests/test_config_choices.py); the rollout actors build with `build_engine`.
 """
 
 from __future__ import annotations
@@ -20,19 +20,18 @@ from rl.algos.registry import lookup
 class EngineKind:
     name: str
     build: Callable  # (cfg, index, weight_sync) -> RolloutEngine
-    transports: tuple[str, ...]  # the weight-sync transports it can receive (`actors.weight_sync.TRANSPORTS` names)
 
 
 ENGINES: dict[str, EngineKind] = {}
 
 
-def register_engine(name: str, *, transports: tuple[str, ...]):
+def register_engine(name: str):
     """Decorator: register `build(cfg, index, weight_sync)` as engine `name`; a taken name is an error."""
 
     def deco(build):
         if name in ENGINES and ENGINES[name].build is not build:
             raise ValueError(f"rollout engine {name!r} is already registered")
-        ENGINES[name] = EngineKind(name, build, tuple(transports))
+        ENGINES[name] = EngineKind(name, build)
         return build
 
     return deco
@@ -48,7 +47,7 @@ def build_engine(cfg, index: int = 0, weight_sync: str = "file"):
     return engine_kind(cfg.rollout.engine).build(cfg, index, weight_sync)
 
 
-@register_engine("torch", transports=("file", "ray"))
+@register_engine("torch")
 def _torch_engine(cfg, index: int, weight_sync: str):
     import torch
 
@@ -62,7 +61,7 @@ def _torch_engine(cfg, index: int, weight_sync: str):
     return TorchEngine(model, version=0)
 
 
-@register_engine("vllm", transports=("file", "ray", "nccl", "ipc", "native_ray"))
+@register_engine("vllm")
 def _vllm_engine(cfg, index: int, weight_sync: str):
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is imported
     from rl.data.prompts import vllm_max_model_len  # one rule, shared with the prompt-length limit

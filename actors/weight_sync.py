@@ -51,6 +51,16 @@ class Transport:
     gpu_only: bool = False  # moves GPU tensors: GPU engines and learners
     colocated_only: bool = False  # the engines sit on the learners' GPUs (ray.colocate)
     native: bool = False  # drives vLLM's native weight transfer (actors/weight_transfer.py)
+    # the `rollout.engine` names it can reach; None: every engine (a state dict, `RolloutEngine.load_weights`)
+    engines: tuple[str, ...] | None = None
+
+    def serves(self, engine: str) -> bool:
+        return self.engines is None or engine in self.engines
+
+
+def engine_transports(engine: str) -> list[str]:
+    """The transports engine `engine` can receive, in `TRANSPORTS` order."""
+    return [name for name, t in TRANSPORTS.items() if t.serves(engine)]
 
 
 def _bucket_bytes(cfg) -> int:
@@ -58,7 +68,7 @@ def _bucket_bytes(cfg) -> int:
 
 
 # Filled in below the classes: {name: Transport}. The config's `rollout.weight_sync` choices are these names and
-# `auto` (tests/test_config_choices.py); an engine lists those it can receive (`actors.engines`).
+# `auto` (tests/test_config_choices.py); an entry names the engines it serves unless it serves them all.
 TRANSPORTS: dict[str, Transport] = {}
 
 
@@ -77,12 +87,13 @@ def transport_problem(cfg, in_process: bool) -> str | None:
         )
     if want == "auto":
         return None
-    engine, transport = engine_kind(r.engine), TRANSPORTS[want]
-    if want not in engine.transports:
+    engine_kind(r.engine)  # an unknown engine: ValueError listing the valid ones
+    transport = TRANSPORTS[want]
+    if not transport.serves(r.engine):
         why = "drives vLLM's native weight transfer" if transport.native else "is not one it can receive"
         return (
             f"rollout.weight_sync={want!r} {why}, but rollout.engine is {r.engine!r}: use rollout.weight_sync "
-            f"{', '.join(engine.transports)} or auto"
+            f"{', '.join(engine_transports(r.engine))} or auto"
         )
     if transport.gpu_only and not gpu:
         return (
@@ -108,7 +119,7 @@ def resolve_transport(cfg, placement) -> tuple[str, str]:
         return "file", "in-process workers" if want == "auto" else "rollout.weight_sync"
     if want == "auto":
         gpu = r.num_gpus_per_engine > 0 and cfg.learner.num_gpus_per_worker > 0
-        if gpu and {"ipc", "nccl"} <= set(engine_kind(r.engine).transports):
+        if gpu and {"ipc", "nccl"} <= set(engine_transports(r.engine)):
             if cfg.ray.colocate:
                 return "ipc", "auto: the engines share the learners' GPUs (ray.colocate)"
             return "nccl", "auto: GPU engines and learners"
@@ -357,8 +368,14 @@ class EngineFleetClient:
 TRANSPORTS.update(
     file=Transport(lambda cfg: FileSync()),
     ray=Transport(lambda cfg: RaySync(_bucket_bytes(cfg))),
-    nccl=Transport(lambda cfg: NativeSync("nccl", _bucket_bytes(cfg)), gpu_only=True, native=True),
-    ipc=Transport(lambda cfg: NativeSync("ipc", _bucket_bytes(cfg)), gpu_only=True, colocated_only=True, native=True),
-    native_ray=Transport(lambda cfg: NativeSync("native_ray", _bucket_bytes(cfg)), native=True),
+    nccl=Transport(lambda cfg: NativeSync("nccl", _bucket_bytes(cfg)), gpu_only=True, native=True, engines=("vllm",)),
+    ipc=Transport(
+        lambda cfg: NativeSync("ipc", _bucket_bytes(cfg)),
+        gpu_only=True,
+        colocated_only=True,
+        native=True,
+        engines=("vllm",),
+    ),
+    native_ray=Transport(lambda cfg: NativeSync("native_ray", _bucket_bytes(cfg)), native=True, engines=("vllm",)),
 )
 NATIVE = tuple(name for name, t in TRANSPORTS.items() if t.native)

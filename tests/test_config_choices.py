@@ -145,9 +145,11 @@ def test_policy_loss_ppo_is_selectable_and_reinforce_refuses_a_dual_clip():
         load_config(None, ["algo.policy_loss=reinforce", "algo.clip_ratio_c=3.0"])
 
 
-def test_every_engine_receives_only_registered_transports():
+def test_every_transport_serves_only_registered_engines():
     from actors.engines import ENGINES
-    from actors.weight_sync import TRANSPORTS
+    from actors.weight_sync import TRANSPORTS, engine_transports
 
-    for name, kind in ENGINES.items():
-        assert kind.transports and set(kind.transports) <= set(TRANSPORTS), name
+    for name, transport in TRANSPORTS.items():
+        assert transport.engines is None or set(transport.engines) <= set(ENGINES), name
+    for name in ENGINES:  # a state dict reaches every engine
+        assert {"file", "ray"} <= set(engine_transports(name)), name
