@@ -46,6 +46,10 @@ class LocalRollout:
     def load_weights(self, weights, version: int) -> list[int]:
         return [h.load_weights(weights, version) for h in self.hosts]
 
+    def check_health(self) -> list[int]:
+        """In-process engines cannot die apart from this process: nothing to check, none replaced."""
+        return []
+
     def weight_checksums(self) -> dict[str, float]:
         return self.hosts[0].weight_checksums()
 

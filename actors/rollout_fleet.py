@@ -24,7 +24,7 @@ import time
 
 from actors.engines import build_engine
 from actors.resources import role_threads
-from actors.supervision import actor_class, describe, gather, kill, lost_object
+from actors.supervision import CallTimeout, actor_class, describe, gather, is_death, kill, lost_object
 from rl.samples.batch import Sample
 from rl.train.faults import hang_injected
 from rl.train.workers import tensor_checksums
@@ -212,6 +212,35 @@ class RolloutFleet:
 
         load = lambda k: self.actors[k].load_weights.remote(weights, version)  # noqa: E731
         return gather(load, len(self.actors), on_death, watch=self._watch("load_weights"))
+
+    def check_health(self) -> list[int]:
+        """Ping every engine between calls (while the fleet is idle) and replace, before the next request, each one
+        that is dead or has not answered within `faults.engine_ping_timeout_s` (the same path as a death during a
+        call: killed first, counted against `faults.max_rollout_restarts`, the last sync reloaded; vLLM's native
+        transfer stops the job instead). Returns the engines replaced. Off without a supervisor or at timeout 0."""
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        timeout = self.supervisor.cfg.engine_ping_timeout_s if self.supervisor is not None else 0
+        if not timeout:
+            return []
+        pings = [a.version.remote() for a in self.actors]
+        deadline = time.monotonic() + timeout
+        found = []  # (engine, why): every ping is read before any replacement, which takes seconds
+        for k, ping in enumerate(pings):
+            try:
+                ray.get(ping, timeout=max(0.0, deadline - time.monotonic()))
+            except GetTimeoutError:
+                found.append(
+                    (k, CallTimeout(f"no answer to a ping within {timeout:.0f} s (faults.engine_ping_timeout_s)"))
+                )
+            except Exception as e:
+                if not is_death(e):
+                    raise
+                found.append((k, e))
+        for k, error in found:
+            self._replace(k, "the health check between steps", error)
+        return [k for k, _ in found]
 
     def _watch(self, during: str, samples: int = 0):
         """The deadline and waiting lines of a call to every engine (none without a supervisor)."""

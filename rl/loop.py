@@ -34,7 +34,7 @@ from rl.report.metrics import PhaseClock, sample_row, update_row
 from rl.report.step_lines import report_failures
 from rl.train.deadline import Deadline
 from rl.train.faults import FaultLog, LearnerRebuilt, RunGuard, RunStopped, nonfinite_update, partly_applied
-from rl.train.job import JobData, JobParts, JobState, heldout, log_step, start_pass, sync_weights
+from rl.train.job import JobData, JobParts, JobState, check_engines, heldout, log_step, start_pass, sync_weights
 from rl.train.rollout_queue import (
     RolloutQueue,
     generate_batch,
@@ -167,6 +167,8 @@ def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
                         batches.before_sync(step)  # the batches owed the old weights have started on them
                         job.version = sync_weights(p, version)
                     batches.publish(step, version)  # batches up to step + 1 + max_staleness may be generated now
+                    if not batches.background:  # the engines idle until the next take (a producer may hold them)
+                        check_engines(p)
                 except RunStopped as e:
                     stop = e
 

@@ -1,5 +1,6 @@
 """An actor that hangs but stays alive: its call passes the deadline (`faults.call_timeout_s`), the actor is killed
 and replaced, and the call issued again with the same seeds; while the step waits, a line says what it waits on.
+Between calls, the fleet's health check finds a dead or stuck engine with a short ping instead.
 Stub rollout actors on a real local Ray stand in for engines: the hang is the point, not the model."""
 
 from __future__ import annotations
@@ -107,3 +108,34 @@ def test_no_deadline_when_it_is_off():
     assert Supervisor(FaultsConfig(call_timeout_s=0)).watch("generate", str, 64).deadline_s is None
     watch = Supervisor(FaultsConfig(call_timeout_s=600, call_timeout_per_sample_s=2)).watch("update", str, 64)
     assert watch.deadline_s == 728
+
+
+@pytest.mark.slow
+def test_the_health_check_replaces_a_killed_and_a_wedged_engine_between_calls(ray_session):
+    """Between calls: engine 1's process is gone, engine 2 is stuck in a call made outside the fleet (alive, not
+    answering). One health check replaces both with the last sync loaded, within the ping deadline, and leaves the
+    healthy engine 0 alone; the next request is served without waiting on any call's deadline."""
+    import ray
+
+    engine = stub_engine_class()
+    lines: list[str] = []
+    fcfg = FaultsConfig(engine_ping_timeout_s=3.0, call_timeout_s=600.0)
+    healthy, killed, wedged = engine.remote(), engine.remote(), engine.remote(hang_on_call=1)
+    fleet, supervisor = fleet_of([healthy, killed, wedged], fcfg, lines)
+    assert fleet.load_weights("weights.safetensors", 2) == [2, 2, 2] and fleet.check_health() == []
+    wedged.generate_packed.remote([[1]], SamplingParams(n=1, seed=0))  # sleeps an hour
+    ray.kill(killed, no_restart=True)
+    t0 = time.monotonic()
+    assert fleet.check_health() == [1, 2]
+    assert time.monotonic() - t0 < 30.0
+    assert fleet.actors[0] is healthy and killed not in fleet.actors and wedged not in fleet.actors
+    assert supervisor.faults.counts == {"rollout_restarts": 2, "rollout_timeouts": 1}
+    assert any("rollout actor 1 died during the health check between steps" in x for x in lines), lines
+    assert any(
+        "rollout actor 2 hung during the health check between steps (no answer to a ping within 3 s" in x for x in lines
+    ), lines
+    t0 = time.monotonic()
+    samples = fleet.generate([[1], [2], [3]], SamplingParams(n=1, seed=7), 0)
+    assert [s.response_ids for s in samples] == [[7], [8], [9]] and time.monotonic() - t0 < 30.0
+    with pytest.raises(ray.exceptions.RayActorError):  # the wedged engine was killed, not left behind
+        ray.get(wedged.version.remote(), timeout=30)

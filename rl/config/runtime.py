@@ -71,6 +71,11 @@ class FaultsConfig:
     # counted against the role's max_*_restarts). The base covers a first call's warm-up; 0: no deadline.
     call_timeout_s: Annotated[float, ge(0, "(0: no deadline)")] = 1800.0
     call_timeout_per_sample_s: Annotated[float, ge(0)] = 2.0
+    # Between steps (s = 0: the engines idle), every rollout engine is pinged; one that is dead or has not answered
+    # after this many seconds is killed and replaced before the next request (counted against
+    # max_rollout_restarts). A healthy idle engine answers in milliseconds; 60 s leaves room for a loaded node (a
+    # GC pause, a busy raylet) while finding a wedged engine 30 times sooner than call_timeout_s. 0: no ping.
+    engine_ping_timeout_s: Annotated[float, ge(0, "(0: off)")] = 60.0
     # while a step waits on actor calls, a line every this many seconds naming what it waits on (0: never)
     waiting_log_s: Annotated[float, ge(0, "(0: never)")] = 300.0
     # steps in a row with no reward signal (every group's rewards equal, so every advantage 0: nothing trains)

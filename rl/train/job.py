@@ -4,7 +4,8 @@
 `JobParts` (the config, the data, the workers, the run directory, how it reports),
 `JobState` (what outlives a pass of the loop when the learner is rebuilt mid-job), and the calls the loop makes
 around each step: `start_pass` (a new run, a resume or a rebuilt learner: where the pass starts, the first weight
-sync and the step-0 eval), `heldout` (the held-out eval as a metrics row), `sync_weights` and `log_step`.
+sync and the step-0 eval), `heldout` (the held-out eval as a metrics row), `sync_weights`, `check_engines` (the
+engines' health check between steps) and `log_step`.
 """
 
 from __future__ import annotations
@@ -183,6 +184,15 @@ def sync_weights(p: JobParts, version: int) -> int:
     if any(v != version for v in versions):
         raise RuntimeError(f"weight sync: engines report versions {versions}, expected {version}")
     return version
+
+
+def check_engines(p: JobParts) -> None:
+    """A dead or wedged engine found while the engines idle between steps is replaced before the next request
+    (`check_health`, `faults.engine_ping_timeout_s`), not at its next call's deadline. Workers without the check
+    (a test's stand-in) skip it."""
+    check = getattr(p.rollout, "check_health", None)
+    if check is not None:
+        check()
 
 
 def log_step(p: JobParts, job: JobState, history: list[dict], metrics: dict) -> None:

@@ -34,6 +34,10 @@ class RolloutWorkers(Protocol):
         """Install exported weights as `version` on every engine: a safetensors file path (what
         `LearnerWorkers.export_weights` wrote) or a transport's handle; returns each engine's version."""
 
+    def check_health(self) -> list[int]:
+        """Between calls (the engines idle): ping every engine and replace each one that is dead or does not answer
+        in time, as a death during a call is handled; returns the engines replaced (in-process workers: none)."""
+
     def weight_checksums(self) -> dict[str, float]:
         """Per-tensor checksums of the first engine's weights (the weight-sync test compares them)."""
 
