@@ -64,7 +64,7 @@ class TwoNodeLearner(FileLearner):
         from rl.train.checkpoints import saved_files
 
         super().save_checkpoint(directory)
-        return [saved_files(directory, 0), {"rank": 1, "host": "node-b", "files": ["ds/rank1_optim.pt"]}]
+        return [saved_files(directory, 0), {"rank": 1, "host": "node-b", "files": {"ds/rank1_optim.pt": 1234}}]
 
     def export_weights(self, path):
         return "/elsewhere/on/node-b/weights.safetensors"
@@ -77,11 +77,36 @@ def test_a_checkpoint_the_driver_cannot_see_whole_is_refused(tmp_path):
 
     run = RunDir(str(tmp_path / "run"))
     run.save_checkpoint(1, FileLearner(1), {"version": 1})
-    with pytest.raises(RunStopped, match=r"rank 1 on node-b: 1 files, e.g. ds/rank1_optim.pt.*train.run_dir=") as e:
+    with pytest.raises(
+        RunStopped, match=r"rank 1 on node-b: 1 files, e.g. ds/rank1_optim.pt \(missing here, 1234 wr.*train.run_dir="
+    ) as e:
         run.save_checkpoint(2, TwoNodeLearner(2), {"version": 2})
     assert e.value.exit_code == EXIT_BAD_INPUT and "storage every node shares" in str(e.value)
     assert run.latest_checkpoint().name == "step_000001"
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["latest", "step_000001"]
+
+
+class LaggingStorageLearner(FileLearner):
+    """Every file is here, but one with fewer bytes than its rank wrote (shared storage that has not caught up)."""
+
+    def save_checkpoint(self, directory):
+        from rl.train.checkpoints import saved_files
+
+        super().save_checkpoint(directory)
+        receipt = saved_files(directory, 0)
+        name = next(iter(receipt["files"]))
+        receipt["files"][name] += 10
+        return [receipt]
+
+
+def test_a_checkpoint_file_of_another_size_is_refused(tmp_path):
+    from rl.train.faults import RunStopped
+
+    run = RunDir(str(tmp_path / "run"))
+    run.save_checkpoint(1, FileLearner(1), {"version": 1})
+    with pytest.raises(RunStopped, match=r"rank 0 on .*: 1 files, e.g. .* \(\d+ here, \d+ written\)"):
+        run.save_checkpoint(2, LaggingStorageLearner(2), {"version": 2})
+    assert run.latest_checkpoint().name == "step_000001"
 
 
 def test_a_policy_export_the_driver_cannot_see_fails_loudly(tmp_path):
@@ -336,3 +361,22 @@ def test_a_killed_engines_scratch_files_are_swept(tmp_path):
         p.write_text("x")
     assert sweep_scratch(str(tmp_path)) == [str(theirs)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, "other.safetensors"])
+
+
+def test_a_relative_run_dir_reaches_the_ranks_as_an_absolute_path(tmp_path, monkeypatch):
+    """The ranks and engines run in other processes, on other nodes, in other working directories: the paths the
+    run directory hands them (checkpoints, the weights file) are absolute."""
+    from rl.train.run_dir import weights_file
+
+    monkeypatch.chdir(tmp_path)
+    seen = []
+
+    class Recording(FileLearner):
+        def save_checkpoint(self, directory):
+            seen.append(directory)
+            return super().save_checkpoint(directory)
+
+    run = RunDir("relative/run")
+    run.save_checkpoint(1, Recording(1), {"version": 1})
+    assert seen and all(Path(d).is_absolute() and Path(d).is_relative_to(tmp_path) for d in seen), seen
+    assert Path(weights_file(run)).is_absolute()

@@ -146,21 +146,26 @@ class Checkpoints:
 
 def saved_files(directory: str | Path, rank: int) -> dict:
     """What a learner rank reports after writing its part of a checkpoint: its host and every file it sees under
-    `directory` (with several nodes, only its own node's unless the storage is shared)."""
+    `directory` with its size in bytes (with several nodes, only its own node's unless the storage is shared)."""
     root = Path(directory)
-    files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    files = {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
     return {"rank": rank, "host": socket.gethostname(), "files": files}
 
 
 def check_saved(directory: Path, receipts: list[dict] | None, run_path: Path) -> None:
-    """Refuse a checkpoint the driver cannot see whole: a file a rank wrote that is not under `directory` here means
-    the ranks wrote to their own nodes' disks, and resuming (or rebuilding the learner) from it would fail later.
+    """Refuse a checkpoint the driver cannot see whole: a file a rank wrote that is not under `directory` here, or is
+    here with another size (another node's copy, or shared storage that has not caught up), means resuming (or
+    rebuilding the learner) from it would fail later or load torn state.
     `receipts`: the ranks' `saved_files` (None: a learner stand-in that reports none)."""
     if receipts is None:
         return
     missing = {}
     for r in receipts:
-        lost = [f for f in r["files"] if not (directory / f).is_file()]
+        lost = [
+            f"{f} ({_seen_size(directory / f)} here, {size} written)"
+            for f, size in r["files"].items()
+            if _seen_size(directory / f) != size
+        ]
         if lost:
             missing[r["rank"]] = (r["host"], lost)
     if missing:
@@ -175,6 +180,11 @@ def check_saved(directory: Path, receipts: list[dict] | None, run_path: Path) ->
             run_path,
             "every learner rank",
         )
+
+
+def _seen_size(path: Path) -> str | int:
+    """A file's size in bytes as this process sees it; "missing" where it sees none."""
+    return path.stat().st_size if path.is_file() else "missing"
 
 
 def not_shared(what: str, run_path: Path, ranks: str) -> RunStopped:

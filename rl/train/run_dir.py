@@ -116,7 +116,9 @@ def durable_run_dir(run_dir: str | None, cwd: str | Path, env=os.environ) -> str
 class RunDir(Checkpoints):
     def __init__(self, path: str | None):
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-        self.path = Path(path or f"runs/{stamp}")
+        # absolute: the checkpoint and weight paths derived from it reach learner ranks and engines on other nodes
+        # (and in other working directories), where a relative path would name another place
+        self.path = Path(path or f"runs/{stamp}").absolute()
         self.ckpt_root = self.path / "checkpoints"
         self.ckpt_root.mkdir(parents=True, exist_ok=True)
         # half-written checkpoints and exports of a crashed driver, and what replace_dir left between its renames
