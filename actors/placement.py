@@ -38,6 +38,7 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from actors.resources import cluster_address, required_cpus, uses_gpu
 
@@ -323,5 +324,42 @@ def build_workers(
         except ray.exceptions.RayError:
             startup.clear()
     log_placement(rollout, learner, rewards, log)
+    check_shared_storage(cfg.train.run_dir, learner.actors, placement.learner_nodes)
     attach_transport(cfg, rollout, learner, transport, why, log=log)
     return rollout, learner, rewards
+
+
+def check_shared_storage(run_dir: str, rank_actors: list, rank_nodes: list[str], timeout_s: float = 60.0) -> None:
+    """The start-up probe of a multi-node job: every learner rank on another node than the driver reads a file the
+    driver just wrote under `train.run_dir`. A rank that cannot (storage the nodes do not share) stops the job
+    now, exit 2 naming `train.run_dir`, instead of at its first checkpoint."""
+    import ray
+
+    from rl.train.checkpoints import not_shared
+
+    here = ray.get_runtime_context().get_node_id()
+    remote = [k for k, node in enumerate(rank_nodes) if node != here]
+    if not remote:
+        return
+    run_path, token = Path(run_dir).absolute(), secrets.token_hex(8)
+    probe = run_path / f".storage-probe-{token}"
+    probe.write_text(token)
+
+    def read(_self, path: str):
+        try:
+            return Path(path).read_text()
+        except OSError:
+            return None
+
+    try:
+        seen = ray.get([rank_actors[k].__ray_call__.remote(read, str(probe)) for k in remote], timeout=timeout_s)
+    finally:
+        probe.unlink(missing_ok=True)
+    blind = [k for k, text in zip(remote, seen) if text != token]
+    if blind:
+        ranks = ", ".join(f"rank {k} on node {rank_nodes[k][:12]}" for k in blind)
+        raise not_shared(
+            f"learner ranks on other nodes cannot read what this driver writes under {run_path} ({ranks})",
+            run_path,
+            "every learner rank",
+        )
