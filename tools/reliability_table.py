@@ -113,6 +113,16 @@ def merged(page: str, new_rows: list[str], ids: list[str], allow_missing: bool =
     return list(HEADER) + [by_test[n] for n in names if n in by_test], [n for n in names if n not in by_test]
 
 
+def source_commit() -> str:
+    """The commit the tests ran at (short hash), marked when the tree had uncommitted changes; "unknown" outside git."""
+    git = lambda *a: subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)  # noqa: E731
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+    return head.stdout.strip() + (" with uncommitted changes" if dirty else "")
+
+
 def run_tests(records: Path, retries: int, ids: list[str] | None = None) -> tuple[list[str], float, list[str]]:
     """Runs each fault test (`ids`, default all, slow ones included) in its own pytest process with
     FBRL_FAULT_TABLE=records, a failed one again up to `retries` times; returns (the test ids, wall seconds, what
@@ -189,7 +199,7 @@ def main() -> int:
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         note = (
             f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m tools.reliability_table`"
-            f": {len(ids)} of {len(ids)} tests passed, each in its own pytest process, in {wall:.0f} s in all "
+            f" at commit {source_commit()}: {len(ids)} of {len(ids)} tests passed, each in its own pytest process, in {wall:.0f} s in all "
             f"(load average at the end {load}, on {os.cpu_count()} cores). "
             + (
                 f"Failed attempts, each passed when run again: {'; '.join(failures)}."
