@@ -61,6 +61,9 @@ class ScriptedRollout:
     def sync_weights(self, learner, version, weights_path):  # the file transport's steps (actors/weight_sync.py)
         return self.load_weights(learner.export_weights(weights_path), version)
 
+    def check_health(self):  # in-process, as actors.local.LocalRollout: nothing to replace
+        return []
+
 
 class ScriptedRewards:
     def __init__(self, script: Script):

@@ -134,6 +134,9 @@ class ScriptedRollout:
     def sync_weights(self, learner, version, weights_path):
         return [version]
 
+    def check_health(self):
+        return []
+
 
 class NoLearner:
     def update(self, samples, advantages):

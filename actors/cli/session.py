@@ -102,8 +102,7 @@ class Session:
             close_rewards(self.rewards, REWARDS_CLOSE_S, give_up=lambda: self.stop.late is not None)
         wandb_dir = self.trackers.close() if self.trackers is not None else None
         for part in self.in_process:  # a vLLM engine collected later would tear down a live engine's groups
-            if callable(getattr(part, "close", None)):
-                part.close()
+            part.close()
         shutdown_ray(self.no_ray)
         written = self.plots.wait() if self.plots is not None else self.run_dir.plot()
         self.stop.uninstall()

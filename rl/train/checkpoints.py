@@ -161,11 +161,8 @@ def check_saved(directory: Path, receipts: list[dict] | None, run_path: Path) ->
         return
     missing = {}
     for r in receipts:
-        lost = [
-            f"{f} ({_seen_size(directory / f)} here, {size} written)"
-            for f, size in r["files"].items()
-            if _seen_size(directory / f) != size
-        ]
+        seen = {f: _seen_size(directory / f) for f in r["files"]}
+        lost = [f"{f} ({seen[f]} here, {size} written)" for f, size in r["files"].items() if seen[f] != size]
         if lost:
             missing[r["rank"]] = (r["host"], lost)
     if missing:

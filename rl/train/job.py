@@ -188,11 +188,8 @@ def sync_weights(p: JobParts, version: int) -> int:
 
 def check_engines(p: JobParts) -> None:
     """A dead or wedged engine found while the engines idle between steps is replaced before the next request
-    (`check_health`, `faults.engine_ping_timeout_s`), not at its next call's deadline. Workers without the check
-    (a test's stand-in) skip it."""
-    check = getattr(p.rollout, "check_health", None)
-    if check is not None:
-        check()
+    (`check_health`, `faults.engine_ping_timeout_s`), not at its next call's deadline."""
+    p.rollout.check_health()
 
 
 def log_step(p: JobParts, job: JobState, history: list[dict], metrics: dict) -> None:
