@@ -21,7 +21,7 @@ run's last checkpoint into the new group.
 
 from __future__ import annotations
 
-from actors.supervision import actor_class, gather, kill
+from actors.supervision import actor_class, gather, kill, wait_started
 from rl.train.faults import LearnerRebuilt
 from rl.train.update_plan import SUMMED_METRICS, rows_read
 
@@ -115,16 +115,21 @@ class LearnerGroup:
         self.generation = 0  # counts rebuilds: a weight transport set up with the old ranks sets up again
         self._setup()
 
-    def _setup(self) -> None:
+    def _setup(self, rebuilt: bool = False) -> None:
         import ray
 
         from actors.resources import cluster_address
 
-        addr, port = ray.get(self.actors[0].address.remote())
+        def get(refs: list) -> list:  # a rebuilt group's ranks must start within the call deadline
+            if not rebuilt:
+                return ray.get(refs)
+            return wait_started(
+                refs, "the rebuilt learner group", self._watch("setup after a rank was lost"), self.actors
+            )
+
+        ((addr, port),) = get([self.actors[0].address.remote()])
         one_machine = cluster_address(self.cfg) is None  # a private local Ray: every actor is on this machine
-        ray.get(
-            [a.setup.remote(self.cfg, r, len(self.actors), addr, port, one_machine) for r, a in enumerate(self.actors)]
-        )
+        get([a.setup.remote(self.cfg, r, len(self.actors), addr, port, one_machine) for r, a in enumerate(self.actors)])
 
     def _all(self, method: str, *args) -> list:
         return gather(
@@ -148,7 +153,7 @@ class LearnerGroup:
         self.supervisor.replacing("learner", f"learner rank {dead}", method, error)
         self.actors = [self.make_rank(r) for r in range(len(self.actors))]
         self.generation += 1
-        self._setup()
+        self._setup(rebuilt=True)
         raise LearnerRebuilt(f"learner rank {dead} died during {method}; the group was rebuilt")
 
     def pids(self) -> list[int]:

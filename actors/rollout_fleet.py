@@ -24,7 +24,16 @@ import time
 
 from actors.engines import build_engine
 from actors.resources import role_threads
-from actors.supervision import CallTimeout, actor_class, describe, gather, is_death, kill, lost_object
+from actors.supervision import (
+    CallTimeout,
+    actor_class,
+    describe,
+    gather,
+    is_death,
+    kill,
+    lost_object,
+    wait_started,
+)
 from rl.samples.batch import Sample
 from rl.train.faults import hang_injected
 from rl.train.workers import tensor_checksums
@@ -253,8 +262,6 @@ class RolloutFleet:
 
     def _replace(self, k: int, during: str, error: BaseException) -> None:
         """A new actor for engine k at the current weights and version; raises when it may not be replaced."""
-        import ray
-
         what = f"rollout actor {k}" + (f" (pid {self._pids[k]})" if self._pids[k] else "")
         if self.make_actor is None or self.supervisor is None or lost_object(error):
             raise error  # (a lost object the call fetched, e.g. weights whose owner died: the engine is alive)
@@ -263,10 +270,10 @@ class RolloutFleet:
             raise self.transport.lost_engine(f"{what} died during {during} ({describe(error)})")
         self.supervisor.replacing("rollout", what, during, error)
         self.actors[k], self._pids[k] = self.make_actor(k), None
-        if self.last_sync is not None:
-            ray.get(self.actors[k].load_weights.remote(*self.last_sync))
-        else:
-            ray.get(self.actors[k].version.remote())  # up (its engine is built in the constructor)
+        new = self.actors[k]
+        first = new.load_weights.remote(*self.last_sync) if self.last_sync is not None else new.version.remote()
+        # (its engine is built in the constructor: the first call returns once it is up)
+        wait_started([first], f"the new rollout actor {k}", self._watch(f"replacing it after {during}"), [new])
 
     def pids(self) -> list[int]:
         """Each engine's actor process id (what a SIGKILL in the fault tests aims at)."""

@@ -188,6 +188,41 @@ def _watch(watch: Watch, refs: dict, started: dict[int, float], said: float, rep
     return now
 
 
+# A new actor's process starts (imports, Ray's worker set-up) before its first call runs: seconds, more on a loaded
+# machine, on top of the call's own deadline.
+START_GRACE_S = 60.0
+
+
+def wait_started(refs: list, what: str, watch: Watch | None, actors: list) -> list:
+    """`ray.get(refs)`: the first calls of new actors (a replacement engine loading the last weights, a rebuilt
+    learner group's setup), with the call deadline and its waiting lines. Actors that never start (no resources
+    left, an engine stuck building itself) are killed past the deadline and the job stops, naming `what`: there is
+    nothing left to replace them with."""
+    import ray
+
+    t0 = said = time.monotonic()
+    while True:
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=1.0)  # 1-s slices: signals stay handled
+        if len(ready) == len(refs):
+            return [ray.get(r) for r in refs]
+        waited = time.monotonic() - t0
+        if watch is None:
+            continue
+        deadline = None if watch.deadline_s is None else watch.deadline_s + START_GRACE_S
+        if deadline is not None and waited >= deadline:
+            for a in actors:
+                kill(a)
+            raise RunStopped(
+                f"{what} did not start: no answer after {waited:.0f} s, past the call's deadline of "
+                f"{watch.deadline_s:.0f} s (faults.call_timeout_s) plus {START_GRACE_S:.0f} s for a new process "
+                f"to start; killed; stopping; `fbrl train --resume RUN_DIR` continues from the last checkpoint"
+            )
+        if watch.say is not None and watch.say_every_s > 0 and time.monotonic() - said >= watch.say_every_s:
+            left = "" if deadline is None else f"; deadline in {deadline - waited:.0f} s"
+            watch.say(f"still waiting on {what} to start ({watch.during}) for {waited:.0f} s{left}")
+            said = time.monotonic()
+
+
 def kill(actor) -> None:
     """End an actor's process now (a dead one: no-op); Ray does not restart it."""
     import ray

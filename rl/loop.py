@@ -108,6 +108,7 @@ def _run_steps(p: JobParts, job: JobState, history: list[dict]) -> None:
         published_step=step,
         version=version,
         background=job.background_rollouts,
+        check=lambda: check_engines(p),  # the producer's, between its calls (the loop's own is after each sync)
     )
     unsaved = None  # the state of the last step completed in this pass, when it was not checkpointed
     with batches:

@@ -223,6 +223,8 @@ def no_processes_left(mark: str, timeout: float = 15, only: tuple[str, ...] | No
 class Job:
     """One training job on the real stack, driven from this process (so faults can be timed to a call)."""
 
+    made: list[Job] = []  # the jobs of the running test, in order (`fault_record` reads the first one's facts)
+
     def __init__(self, run_dir: Path, *overrides: str):
         from actors.placement import build_workers
         from rl.config import load_config
@@ -234,16 +236,34 @@ class Job:
         self.run_dir = run_dir
         self.cfg = load_config(CONFIG, [*SMALL, f"train.run_dir={run_dir}", *overrides])
         self.lines: list[str] = []
+        self.line_times: list[float] = []  # time.monotonic() of each line
+        self.fault_at: float | None = None  # when the injected kill was sent
+        self.stopped_at: float | None = None  # when the loop raised its stop
+        self.exit_code: int | None = None  # what `fbrl train` would exit with: 0 returned, 3 stopped
         self.faults = FaultLog(self.log)
         self.rollout, self.learner, self.rewards = build_workers(self.cfg, True, self.faults)
         self.tokenizer = load_tokenizer(self.cfg.model.path)
         self.seen: list[dict] = []  # every completed step's metrics, in order (steps run again appear twice)
         self.kills: list[tuple[str, int, int]] = []  # (method, step, pid)
         self.after_step: list = []  # callbacks run in the loop's thread once a step is logged: f(metrics)
+        Job.made.append(self)
 
     def log(self, line: str) -> None:
         self.lines.append(line)
+        self.line_times.append(time.monotonic())
         print(line, flush=True)
+
+    def sigkill(self, pid: int) -> None:
+        self.fault_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+
+    def detected_s(self) -> float | None:
+        """Seconds from the injected kill to the job's first word about it (a `fault:` line, or the stop)."""
+        if self.fault_at is None:
+            return None
+        told = [t for t, line in zip(self.line_times, self.lines) if line.startswith("fault:")]
+        told += [self.stopped_at] if self.stopped_at is not None else []
+        return min((t - self.fault_at for t in told if t >= self.fault_at), default=None)
 
     def kill_during(self, owner, method: str, step: int, pid_of, delay_s: float = 0.05) -> None:
         """SIGKILL the process `pid_of()` names `delay_s` after `owner.method` is first called in step `step`
@@ -254,13 +274,14 @@ class Job:
             if not self.kills and len(self.seen) == step - 1:
                 pid = pid_of()
                 self.kills.append((method, step, pid))
-                threading.Timer(delay_s, os.kill, (pid, signal.SIGKILL)).start()
+                threading.Timer(delay_s, self.sigkill, (pid,)).start()
             return original(*args, **kwargs)
 
         setattr(owner, method, wrapped)
 
     def train(self, **overrides):
         from rl.loop import train
+        from rl.train.faults import RunStopped
         from rl.train.run_dir import RunDir
 
         cfg = self.cfg
@@ -268,17 +289,23 @@ class Job:
             from dataclasses import replace
 
             cfg = replace(cfg, train=replace(cfg.train, **overrides))
-        return train(
-            cfg,
-            self.tokenizer,
-            self.rollout,
-            self.learner,
-            self.rewards,
-            RunDir(str(self.run_dir)),
-            log=self.log,
-            progress=self._progress,
-            faults=self.faults,
-        )
+        try:
+            summary = train(
+                cfg,
+                self.tokenizer,
+                self.rollout,
+                self.learner,
+                self.rewards,
+                RunDir(str(self.run_dir)),
+                log=self.log,
+                progress=self._progress,
+                faults=self.faults,
+            )
+        except RunStopped:
+            self.exit_code, self.stopped_at = 3, time.monotonic()
+            raise
+        self.exit_code = 0
+        return summary
 
     def _progress(self, metrics: dict) -> None:
         self.seen.append(metrics)
@@ -293,7 +320,7 @@ class Job:
             if metrics["step"] == step and not self.kills:
                 pid = pid_of()
                 self.kills.append((f"after step {step}", step, pid))
-                os.kill(pid, signal.SIGKILL)
+                self.sigkill(pid)
                 wait_for(lambda: not alive(pid), 30, f"the {what} (pid {pid}) to exit")
 
         self.after_step.append(kill)
@@ -306,11 +333,10 @@ class Job:
 def job(tmp_path):
     import ray
 
-    jobs = []
+    Job.made.clear()
 
     def make(*overrides, name="run"):
-        jobs.append(Job(tmp_path / name, *overrides))
-        return jobs[-1]
+        return Job(tmp_path / name, *overrides)
 
     try:
         yield make
@@ -319,20 +345,46 @@ def job(tmp_path):
 
 
 # ---- what each test measured, for docs/RELIABILITY.md's table (tools/reliability_table.py) ------------------------
+def run_facts(run_dir: Path) -> dict:
+    """What a row states about the faulted run from its own directory: `train.max_staleness`, the weight transport
+    (`auto` is the file on one machine), and whether metrics.jsonl holds every step once."""
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    transport = cfg["rollout"]["weight_sync"]
+    steps = [r["step"] for r in metrics_of(run_dir)]
+    twice = sorted(s for s in set(steps) if steps.count(s) > 1)
+    missing = sorted(set(range(1, max(steps, default=0) + 1)) - set(steps))
+    once = f"yes (steps 1-{max(steps)})" if steps and not (twice or missing) else "no"
+    once += f"; twice: {twice}" if twice else ""
+    once += f"; missing: {missing}" if missing else ""
+    return {
+        "staleness": cfg["train"]["max_staleness"],
+        "transport": "file (auto, one machine)" if transport == "auto" else transport,
+        "rows_once": once,
+    }
+
+
 @pytest.fixture
 def fault_record(request):
-    """`record(fault=..., outcome=..., steps_lost=..., data_lost=...)`, called at the end of a test (after its
-    assertions: only a passed test records). With FBRL_FAULT_TABLE=PATH, appends one JSON line to PATH with the
-    test's name, CI or slow, and its wall seconds (setup to teardown: Ray's shutdown and both runs included)."""
+    """`record(fault=..., outcome=..., steps_lost=..., data_lost=..., [run_dir=, exit_code=, detected_s=,
+    matrix=])`, called at the end of a test (after its assertions: only a passed test records). A test driving a
+    `Job` gets `run_dir`, `exit_code` and `detected_s` from its first job unless it gives them; `matrix` names the
+    cell kind of the transport x staleness table (tools/reliability_table.py). With FBRL_FAULT_TABLE=PATH, appends
+    one JSON line to PATH with the test's name, CI or slow, and its wall seconds (setup to teardown: Ray's shutdown
+    and both runs included)."""
     t0, fields = time.monotonic(), {}
+    Job.made.clear()
     yield fields.update
     path = os.environ.get("FBRL_FAULT_TABLE")
     if path and fields:
+        first = Job.made[0] if Job.made else None
+        run_dir = fields.pop("run_dir", None) or (first and first.run_dir)
+        if first is not None:
+            fields.setdefault("exit_code", first.exit_code)
+            detected = first.detected_s()
+            fields.setdefault("detected_s", round(detected, 1) if detected is not None else None)
         kind = "slow" if request.node.get_closest_marker("slow") else "CI"
+        record = {"test": request.node.name, "kind": kind, "wall_s": round(time.monotonic() - t0, 1)}
         with open(path, "a") as f:
-            f.write(
-                json.dumps(
-                    {"test": request.node.name, "kind": kind, "wall_s": round(time.monotonic() - t0, 1), **fields}
-                )
-                + "\n"
-            )
+            f.write(json.dumps({**record, **run_facts(Path(run_dir)), **fields}) + "\n")

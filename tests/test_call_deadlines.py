@@ -22,8 +22,10 @@ def stub_engine_class():
     `generate_packed` sleep far past any deadline (alive, not dead: what a stuck engine looks like)."""
 
     class StubEngine:
-        def __init__(self, hang_on_call: int | None = None):
+        def __init__(self, hang_on_call: int | None = None, hang_in_init: bool = False):
             self.hang_on_call, self.calls = hang_on_call, 0
+            if hang_in_init:  # an engine that never finishes building itself
+                time.sleep(3600)
 
         def generate_packed(self, prompts, params, min_version=None):
             self.calls += 1
@@ -56,7 +58,7 @@ def ray_session():
     ray.shutdown()
 
 
-def fleet_of(engines: list, fcfg: FaultsConfig, lines: list[str]):
+def fleet_of(engines: list, fcfg: FaultsConfig, lines: list[str], **replacement):
     """A supervised fleet over `engines`, once their processes are up (as `build_workers` waits for them): a
     deadline counts from a call's submission, and an actor's start on a loaded machine takes seconds."""
     import ray
@@ -64,7 +66,8 @@ def fleet_of(engines: list, fcfg: FaultsConfig, lines: list[str]):
     ray.get([e.version.remote() for e in engines])
     engine = stub_engine_class()
     supervisor = Supervisor(fcfg, FaultLog(lines.append))
-    return RolloutFleet(engines, make_actor=lambda k: engine.remote(), supervisor=supervisor), supervisor
+    made = lambda k: engine.remote(**replacement)  # noqa: E731
+    return RolloutFleet(engines, make_actor=made, supervisor=supervisor), supervisor
 
 
 def test_a_hung_engine_is_replaced_after_the_deadline_with_the_same_seeds(ray_session):
@@ -104,6 +107,30 @@ def test_a_hang_past_the_restart_bound_stops_the_job(ray_session):
         ray.get(hung.version.remote(), timeout=30)
 
 
+def test_a_replacement_that_never_starts_stops_the_job_at_the_deadline(ray_session, monkeypatch):
+    """Engine 0 hangs in `generate`; its replacement never finishes starting. The wait for it has the call's
+    deadline (plus a grace for a process to start, 2 s here) and its waiting lines too: the job stops naming the
+    new actor, which is killed first."""
+    import ray
+
+    import actors.supervision
+
+    monkeypatch.setattr(actors.supervision, "START_GRACE_S", 2.0)
+    engine = stub_engine_class()
+    lines: list[str] = []
+    fcfg = FaultsConfig(call_timeout_s=3.0, call_timeout_per_sample_s=0.0, waiting_log_s=1.0)
+    fleet, supervisor = fleet_of([engine.remote(hang_on_call=1)], fcfg, lines, hang_in_init=True)
+    t0 = time.monotonic()
+    with pytest.raises(RunStopped, match=r"the new rollout actor 0 did not start: no answer after [56] s") as stop:
+        fleet.generate([[1]], SamplingParams(n=1, seed=0), 0)
+    assert 8.0 <= time.monotonic() - t0 < 30.0  # the hung call's deadline (3 s), then the start's (3 + 2 s)
+    assert "faults.call_timeout_s" in str(stop.value) and "--resume" in str(stop.value)
+    assert supervisor.faults.counts == {"rollout_restarts": 1, "rollout_timeouts": 1}
+    assert any(x.startswith("still waiting on the new rollout actor 0 to start") for x in lines), lines
+    with pytest.raises(ray.exceptions.RayActorError):  # killed before the stop
+        ray.get(fleet.actors[0].version.remote(), timeout=30)
+
+
 def test_no_deadline_when_it_is_off():
     assert Supervisor(FaultsConfig(call_timeout_s=0)).watch("generate", str, 64).deadline_s is None
     watch = Supervisor(FaultsConfig(call_timeout_s=600, call_timeout_per_sample_s=2)).watch("update", str, 64)
@@ -127,7 +154,7 @@ def test_the_health_check_replaces_a_killed_and_a_wedged_engine_between_calls(ra
     ray.kill(killed, no_restart=True)
     t0 = time.monotonic()
     assert fleet.check_health() == [1, 2]
-    assert time.monotonic() - t0 < 30.0
+    assert time.monotonic() - t0 < 60.0  # two new processes started (37 s at load 4 on 2 cores); a deadline is 600 s
     assert fleet.actors[0] is healthy and killed not in fleet.actors and wedged not in fleet.actors
     assert supervisor.faults.counts == {"rollout_restarts": 2, "rollout_timeouts": 1}
     assert any("rollout actor 1 died during the health check between steps" in x for x in lines), lines

@@ -1,7 +1,7 @@
 """The health check between steps: `RolloutFleet.check_health` pings every engine while the fleet is idle and
 replaces a dead one (its ping raises `ActorDiedError`) or a wedged one (no answer within
 `faults.engine_ping_timeout_s`) through the fleet's own replacement path, before the next request reaches it;
-the loop calls it after each step's weight sync when no producer thread holds the engines. Stand-ins replace the
+the loop calls it after each step's weight sync, and a producer thread before each batch after its first. Stand-ins replace the
 actors and `ray.get` / `kill` are patched: no Ray cluster is started."""
 
 from __future__ import annotations
@@ -52,15 +52,23 @@ def fake_get(ref, timeout=None):
     return 0
 
 
+def fake_wait(refs, num_returns=1, timeout=None):
+    """`ray.wait` over stand-in calls: a wedged engine's call is never ready."""
+    ready = [r for r in refs if r[0].state != "wedged"]
+    return ready, [r for r in refs if r[0].state == "wedged"]
+
+
 @pytest.fixture
 def patched(monkeypatch):
-    """Stand-ins for `ray.get` and `kill` (both would start a local Ray on a stand-in); returns the kill list."""
+    """Stand-ins for `ray.get`, `ray.wait` and `kill` (each would start a local Ray on a stand-in); returns the
+    kill list."""
     import ray
 
     import actors.rollout_fleet as rollout_mod
 
     killed: list[str] = []
     monkeypatch.setattr(ray, "get", fake_get)
+    monkeypatch.setattr(ray, "wait", fake_wait)
     monkeypatch.setattr(rollout_mod, "kill", lambda actor: killed.append(actor.name))
     return killed
 
@@ -151,8 +159,8 @@ class CheckedRollout(ScriptedRollout):
 
 @pytest.mark.parametrize("background", [False, True])
 def test_the_loop_checks_the_engines_after_each_sync_when_they_idle(tmp_path, background):
-    """Synchronous batches: after every step's sync, before the next request. A producer thread may hold the
-    engines at that point (the check would wait for its generation), so with one there is no check."""
+    """Synchronous batches: after every step's sync, before the next request. With a producer thread the engines
+    may be busy at that point, so the producer checks them itself, right before each batch after its first."""
     from rl.data.tokenizer import build_tokenizer
     from rl.loop import train
     from rl.train.run_dir import RunDir
@@ -179,6 +187,7 @@ def test_the_loop_checks_the_engines_after_each_sync_when_they_idle(tmp_path, ba
         background_rollouts=background,
     )
     if background:
-        assert "check" not in rollout.events
+        checks = [i for i, e in enumerate(rollout.events) if e == "check"]
+        assert len(checks) == 1 and rollout.events[checks[0] + 1] == "generate", rollout.events
     else:
         assert rollout.events == ["sync", "generate", "sync", "check", "generate", "sync", "check"]

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import signal
+import time
 import uuid
 
 import pytest
@@ -94,6 +95,7 @@ def test_rollout_actor_killed_mid_generate(job, tmp_path, fault_record):
         f"(`faults/prompts_dropped` = {last['faults/prompts_dropped']:.0f})",
         steps_lost=steps_lost(steps),
         data_lost=data_lost(metrics_of(j.run_dir), expected_digests(j.cfg, 4)),
+        matrix="rollout actor dies",
     )
 
 
@@ -142,6 +144,7 @@ def test_learner_rank_killed_mid_update(job, staleness, fault_record):
         f"checkpoints 2, 4, 5 intact; engine weights {same_weights(j.rollout, j.learner)} the learner's",
         steps_lost=steps_lost(seen, in_flight=step),
         data_lost=data_lost(rows, want),
+        matrix="learner rank dies",
     )
 
 
@@ -179,6 +182,7 @@ def test_lora_learner_rank_killed_is_rebuilt_with_its_adapters(job, fault_record
         f"{same_weights(j.rollout, j.learner)} the learner's merged weights",
         steps_lost=steps_lost(seen, in_flight=4),
         data_lost=data_lost(rows, expected_digests(j.cfg, 5)),
+        matrix="learner rank dies",
     )
 
 
@@ -248,6 +252,7 @@ def test_learner_bound_stops_clearly_and_resume_continues(job, fault_record):
         f"{', '.join(str(m['step']) for m in again.seen)}; checkpoints 2, 4 intact",
         steps_lost=steps_lost([m["step"] for m in j.seen + again.seen], in_flight=step),
         data_lost=data_lost(metrics_of(j.run_dir), want),
+        exit_code="3, then 0 on `--resume`",
     )
 
 
@@ -282,6 +287,7 @@ def test_nonfinite_loss_is_skipped_then_stops(job, monkeypatch, fault_record):
         f"stopped after step {rows[-1]['step']} ({quoted(str(stop.value))}), that step "
         f"checkpointed; engine weights finite and {same_weights(j.rollout, j.learner)} the learner's",
         steps_lost=steps_lost([r["step"] for r in rows]) + " (a skipped step is not run again)",
+        detected_s="at each update (the loss and gradients are checked before the optimizer step)",
         data_lost=f"{len(bad)} batches not trained on (steps {', '.join(str(r['step']) for r in bad)}: skipped by "
         f"design, counted); otherwise " + data_lost(rows, expected_digests(j.cfg, rows[-1]["step"])),
     )
@@ -300,10 +306,12 @@ def test_driver_killed_then_resumed_with_identical_data_order(tmp_path, fault_re
     p = start_train(args, tmp_path, mark, "first")
     wait_for(lambda: p.poll() is not None or steps_logged(run_dir) >= 3, 900, "step 3")
     p.kill()
+    killed_at = time.monotonic()
     p.wait()
     # our actors go within seconds (they exit with their raylet, which Ray ends with the driver); Ray's own
     # dashboard and runtime-env agents first try to report the raylet's death to the dead GCS, which can take longer
     ours_gone = no_processes_left(mark, 15, only=OUR_ACTORS)
+    ours_gone_s = time.monotonic() - killed_at
     all_gone = ours_gone + no_processes_left(mark, 120)
     print(f"all of the job's processes gone {all_gone:.0f} s after the driver's SIGKILL")
     latest = int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step_"))
@@ -329,6 +337,9 @@ def test_driver_killed_then_resumed_with_identical_data_order(tmp_path, fault_re
             in_flight=killed_after + 1 if killed_after < 5 else None,
         ),
         data_lost=data_lost(rows, expected_digests(cfg, 5)),
+        run_dir=run_dir,
+        exit_code="-9 (the kill), then 0 on `--resume`",
+        detected_s=f"{ours_gone_s:.1f} s: the job's actors gone (they watch their raylet)",
     )
 
 
@@ -351,7 +362,9 @@ def test_sigterm_checkpoints_the_last_step_and_leaves_nothing(tmp_path, fault_re
     wait_for(lambda: p.poll() is not None or steps_logged(run_dir) >= 2, 900, "step 2")
     signalled_at = steps_logged(run_dir)
     p.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
     code = p.wait(120)
+    exited_s = time.monotonic() - signalled
     assert code == 128 + signal.SIGTERM, output(tmp_path, "first")[-3000:]
     gone = no_processes_left(mark, timeout=5)
     out = output(tmp_path, "first")
@@ -376,6 +389,9 @@ def test_sigterm_checkpoints_the_last_step_and_leaves_nothing(tmp_path, fault_re
         f"the `WANDB_API_KEY` written nowhere; `--resume` continued at step {last + 1}",
         steps_lost=steps_lost([r["step"] for r in rows]),
         data_lost=data_lost(rows, expected_digests(load_config(CONFIG, SMALL), last + 2)),
+        run_dir=run_dir,
+        exit_code=f"{code}, then 0 on `--resume`",
+        detected_s=f"at once; the driver exited {exited_s:.1f} s after the signal (the step finished first)",
     )
 
 
@@ -426,6 +442,9 @@ def test_killed_while_writing_a_checkpoint_previous_one_loads(tmp_path, fault_re
             in_flight=step + 1 if logged_at_kill == step else None,
         ),
         data_lost=data_lost(rows, expected_digests(load_config(CONFIG, SMALL), step + 1)),
+        run_dir=run_dir,
+        exit_code="-9 (the kill), then 0 on `--resume`",
+        detected_s="at `--resume` (the half-written checkpoint swept, `latest` read)",
     )
 
 
@@ -468,6 +487,9 @@ def test_reward_failing_on_every_row_stops_the_job(tmp_path, fault_record):
         steps_lost=steps_lost([r["step"] for r in rows]),
         data_lost=f"{sum(r['skipped'] for r in rows)} of {len(rows)} batches not trained on (no reward to train "
         f"on); the job stops instead of running on",
+        run_dir=run_dir,
+        exit_code=code,
+        detected_s="each step (counted); the stop at step 3 (`faults.reward_error_steps`)",
     )
 
 
@@ -496,4 +518,7 @@ def test_a_run_that_trains_nothing_exits_nonzero(tmp_path, fault_record):
         f"{quoted(line_with(out, 'the run trained nothing', tmp_path))}; exit code {code} (was 0)",
         steps_lost=steps_lost([r["step"] for r in rows]),
         data_lost=f"{sum(r['skipped'] for r in rows)} of {len(rows)} batches not trained on (no signal)",
+        run_dir=run_dir,
+        exit_code=code,
+        detected_s="each step (skipped, counted); the exit code at the end",
     )

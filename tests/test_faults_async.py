@@ -81,6 +81,7 @@ def test_rollout_actor_killed_with_batches_queued(job, staleness, estimator, fau
         f"{same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]})",
         steps_lost=steps_lost(steps),
         data_lost=data_lost(rows, want),
+        matrix="rollout actor dies",
     )
 
 
@@ -113,6 +114,7 @@ def test_learner_rank_killed_under_native_ray(job, fault_record):
         f"weights {same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]})",
         steps_lost=steps_lost(seen, in_flight=4),
         data_lost=data_lost(rows, expected_digests(j.cfg, 5)),
+        matrix="learner rank dies",
     )
 
 
@@ -205,6 +207,10 @@ def test_a_stop_in_the_producer_thread_ends_the_job_as_a_stop(tmp_path, monkeypa
         f"`--resume` completed steps {last + 1}-6",
         steps_lost="0",
         data_lost=data_lost(resumed, expected_digests_local(run_dir, 6)),
+        run_dir=run_dir,
+        exit_code=f"{code}, then 0 on `--resume`",
+        detected_s="at once: the producer's stop reaches the loop at its next batch",
+        matrix="rollout actor dies",
     )
 
 
@@ -285,4 +291,8 @@ def test_a_partly_applied_nonfinite_step_is_a_new_version(tmp_path, fault_record
         f"recorded (checksums); `faults/partly_nonfinite_steps` = 1",
         steps_lost="0",
         data_lost="none: the step's first half trained, its second skipped (counted)",
+        run_dir=Path(cfg.train.run_dir),
+        exit_code=0,
+        detected_s="at the update (each optimizer step's gradients are checked)",
+        matrix="partly non-finite update",
     )

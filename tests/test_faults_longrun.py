@@ -58,6 +58,8 @@ def test_a_stop_after_the_update_at_staleness_2_checkpoints_the_step(job, fault_
         f"checkpoint was scheduled; `--resume` completed steps {last + 1}-7",
         steps_lost="0",
         data_lost=data_lost(rows, expected_digests(j.cfg, 7)),
+        exit_code="3, then 0 on `--resume`",
+        matrix="rollout actor dies",
     )
 
 
@@ -80,6 +82,8 @@ def test_a_hung_engine_is_replaced_after_its_deadline(job, tmp_path, monkeypatch
     assert waiting and len(hung) == 1, j.lines
     assert all(m["samples"] == 32 for m in j.seen)
     rows = metrics_of(j.run_dir)
+    at = dict(zip(j.lines, j.line_times))
+    waited = at[hung[0]] - at[waiting[0]] + 10  # the first waiting line comes 10 s into the wait
     fault_record(
         fault="the engine's 3rd `generate` hangs, its process alive (`FBRL_INJECT_HANG_GENERATE`), "
         "`faults.call_timeout_s=40`",
@@ -88,6 +92,8 @@ def test_a_hung_engine_is_replaced_after_its_deadline(job, tmp_path, monkeypatch
         f"engine weights {same_weights(j.rollout, j.learner)} the learner's (version {j.rollout.versions()[0]})",
         steps_lost="0 (step 3's batch waited one deadline)",
         data_lost=data_lost(rows, expected_digests(j.cfg, 4)),
+        detected_s=f"10 s: the first waiting line; killed and replaced {waited:.0f} s into the wait (deadline 40 s)",
+        matrix="an engine hangs",
     )
 
 
@@ -129,6 +135,8 @@ def test_bounded_checkpoints_and_a_torn_tail_still_resume(job, fault_record):
         f"and completed steps 6-8; checkpoints 7, 8 kept",
         steps_lost="1 (step 6, whose trainer state was empty)",
         data_lost=data_lost(rows, expected_digests(j.cfg, 8)),
+        exit_code="0, then 0 on `--resume`",
+        detected_s="at `--resume` (each checkpoint's trainer state parsed, the metrics tail read)",
     )
 
 
@@ -160,6 +168,9 @@ def test_a_second_driver_on_a_run_in_use_is_refused(tmp_path, fault_record):
         f"the first completed steps 1-4, exit 0, checkpoints 1-4 intact",
         steps_lost="0",
         data_lost=data_lost(metrics_of(run_dir), expected_digests(_cfg(run_dir), 4)),
+        run_dir=run_dir,
+        exit_code=f"{code} (the second), 0 (the first)",
+        detected_s=refused_s,
     )
 
 

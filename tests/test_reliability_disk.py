@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import errno
 
-from fault_harness import check_checkpoints, metrics_of
+from fault_harness import check_checkpoints, data_lost, fault_record, metrics_of  # noqa: F401
 from test_faults_async import local_args
+from test_reliability_signals import expected_digests_of
 
 
-def test_a_full_disk_mid_checkpoint_stops_cleanly_and_resume_completes(tmp_path, monkeypatch, capsys):
+def test_a_full_disk_mid_checkpoint_stops_cleanly_and_resume_completes(tmp_path, monkeypatch, capsys, fault_record):
     import rl.train.checkpoints
     from actors.cli import main
 
@@ -36,8 +37,19 @@ def test_a_full_disk_mid_checkpoint_stops_cleanly_and_resume_completes(tmp_path,
     assert [r["step"] for r in metrics_of(run_dir)] == [1, 2]  # step 2 was logged; the resume runs it again
     monkeypatch.setattr(rl.train.checkpoints, "save_file", real)
     assert main(["train", "--no-ray", "--resume", str(run_dir)]) == 0
-    assert [r["step"] for r in metrics_of(run_dir)] == [1, 2, 3]
+    rows = metrics_of(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3]
     check_checkpoints(run_dir, 3, [1, 2, 3])
+    fault_record(
+        fault="the disk full (ENOSPC, injected) while step 2's checkpoint is written, in-process workers (torch engine)",
+        outcome=f"one line: “{line[0].replace(str(tmp_path), '…')[:200]} …”; the half-written checkpoint deleted, "
+        f"`latest` still step 1; `--resume` ran step 2 again and completed step 3",
+        steps_lost="1 (step 2, logged before its checkpoint failed, run again)",
+        data_lost=data_lost(rows, expected_digests_of(run_dir, 3)),
+        run_dir=run_dir,
+        exit_code=f"{code}, then 0 on `--resume`",
+        detected_s="at the write that failed (the OSError's errno)",
+    )
 
 
 def test_a_full_disk_is_recognised_through_a_worker_error():

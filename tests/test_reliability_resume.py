@@ -5,7 +5,7 @@ learner)."""
 from __future__ import annotations
 
 import pytest
-from fault_harness import expected_digests, metrics_of
+from fault_harness import data_lost, expected_digests, fault_record, metrics_of  # noqa: F401
 from test_faults_async import local_args
 
 
@@ -13,7 +13,7 @@ class Killed(BaseException):
     """Stands for a SIGKILL of the driver: nothing after it runs (not an Exception, so nothing handles it)."""
 
 
-def test_killed_between_the_checkpoint_and_the_row_resume_logs_every_step_once(tmp_path, monkeypatch):
+def test_killed_between_the_checkpoint_and_the_row_resume_logs_every_step_once(tmp_path, monkeypatch, fault_record):
     """The driver dies in step 2's policy export, after step 2's checkpoint is in place: `--resume` continues from
     it, and metrics.jsonl holds steps 1-4 once each, with the prompts an uninterrupted run draws."""
     from actors.cli import main
@@ -37,3 +37,14 @@ def test_killed_between_the_checkpoint_and_the_row_resume_logs_every_step_once(t
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     cfg = load_train_config(type("Args", (), {"config": None, "overrides": [], "resume": str(run_dir)})())[1]
     assert [r["prompts_digest"] for r in rows] == expected_digests(cfg, 4)
+    fault_record(
+        fault="the driver dies in step 2's policy export, after its checkpoint is in place (an exception that "
+        "nothing handles stands for the SIGKILL), in-process workers (torch engine)",
+        outcome="`latest` named step 2; `--resume` continued at step 3 and completed step 4; metrics.jsonl holds "
+        "step 2, written before the checkpoint, once",
+        steps_lost="0",
+        data_lost=data_lost(rows, expected_digests(cfg, 4)),
+        run_dir=run_dir,
+        exit_code="killed, then 0 on `--resume`",
+        detected_s="at `--resume` (the checkpoint `latest` names)",
+    )

@@ -8,7 +8,7 @@ import os
 import signal
 
 import pytest
-from fault_harness import check_checkpoints, metrics_of
+from fault_harness import check_checkpoints, data_lost, expected_digests, fault_record, metrics_of  # noqa: F401
 from test_faults_async import local_args
 
 
@@ -28,7 +28,7 @@ class SignalsDuring:
         return self.inner.update(*args, **kwargs)
 
 
-def test_sighup_checkpoints_the_step_and_exits_143(tmp_path, monkeypatch, capsys):
+def test_sighup_checkpoints_the_step_and_exits_143(tmp_path, monkeypatch, capsys, fault_record):
     """SIGHUP during step 2's update: step 2 finishes, is logged once and checkpointed, exit code 143, and
     `--resume` completes the run."""
     import actors.placement
@@ -52,7 +52,26 @@ def test_sighup_checkpoints_the_step_and_exits_143(tmp_path, monkeypatch, capsys
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # the handler went with the job
     monkeypatch.setattr(actors.placement, "build_workers", real)
     assert main(["train", "--no-ray", "--resume", str(run_dir)]) == 0
-    assert [r["step"] for r in metrics_of(run_dir)] == [1, 2, 3, 4]
+    rows = metrics_of(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    stop = next(x for x in err.splitlines() if "stopped after step" in x)
+    fault_record(
+        fault="SIGHUP to the driver during step 2's update (a closed terminal or ssh session), in-process workers "
+        "(torch engine)",
+        outcome=f"step 2 finished, logged once and checkpointed: “{stop.replace(str(tmp_path), '…').strip()}”; "
+        f"exit code {code}; the handler removed with the job; `--resume` completed steps 3-4",
+        steps_lost="0",
+        data_lost=data_lost(rows, expected_digests_of(run_dir, 4)),
+        run_dir=run_dir,
+        exit_code=f"{code}, then 0 on `--resume`",
+        detected_s="at once (the handler asks for a stop after the step)",
+    )
+
+
+def expected_digests_of(run_dir, steps: int) -> list[str]:
+    from rl.config import load_config
+
+    return expected_digests(load_config(str(run_dir / "config.yaml"), []), steps)
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGHUP, 143), (signal.SIGQUIT, 143), (signal.SIGINT, 130)])

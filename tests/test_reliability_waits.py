@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fault_harness import metrics_of, no_processes_left, output, start_train
+from fault_harness import fault_record, metrics_of, no_processes_left, output, start_train  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 CKPT = str(ROOT / "checkpoints" / "tiny-arith-mixed")
@@ -99,7 +99,7 @@ def test_a_spent_restart_bound_kills_the_hung_reward_actor_before_the_stop(monke
 
 
 @pytest.mark.slow
-def test_a_hung_reward_actor_with_no_restart_left_ends_the_job(tmp_path):
+def test_a_hung_reward_actor_with_no_restart_left_ends_the_job(tmp_path, fault_record):
     """The reward actor hangs in step 2's `score` (`FBRL_INJECT_HANG_SCORE`), `faults.max_reward_restarts=0`: past
     the call's deadline it is killed and the job stops (exit 3) with a line naming it, step 1 checkpointed, within
     the deadline plus a bounded teardown, every process of the job gone."""
@@ -147,3 +147,15 @@ def test_a_hung_reward_actor_with_no_restart_left_ends_the_job(tmp_path):
     assert [r["step"] for r in metrics_of(run_dir)] == [1]
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000001"
     no_processes_left(mark)
+    stop = next(x for x in out.splitlines() if "stopped: reward actor hung" in x)
+    fault_record(
+        fault=f"the reward actor hangs in step 2's `score` (`FBRL_INJECT_HANG_SCORE`), "
+        f"`faults.max_reward_restarts=0`, `faults.call_timeout_s={deadline}`",
+        outcome=f"the actor killed, then the stop: “{stop.strip()[:220]} …”; step 1 checkpointed; the driver gone "
+        f"{hung_to_exit:.0f} s after the hang; no process left",
+        steps_lost="step 2 in flight (not trained; `--resume` runs it)",
+        data_lost="none: step 1 in metrics.jsonl once, step 2 never logged",
+        run_dir=run_dir,
+        exit_code=code,
+        detected_s=f"{deadline} s (the call's deadline); exit {hung_to_exit:.0f} s after the hang",
+    )

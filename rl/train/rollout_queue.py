@@ -144,7 +144,9 @@ class RolloutQueue:
     """Batches `first_step..last_step` in order (see the module docstring). `generate(step, version)` makes a
     batch's rollouts from policy `version` through `rollout` (a `Serialized` worker); `score(batch)` adds its
     rewards. `published_step` / `version`: the last step whose weights the engines already hold, and their version.
-    Use as a context manager: leaving it stops the producer."""
+    `check()`: with a producer thread, called under the engines' lock before each batch after its first (the
+    engines idle then, between the producer's calls): a dead or wedged engine is replaced before that batch needs
+    it. Use as a context manager: leaving it stops the producer."""
 
     def __init__(
         self,
@@ -158,8 +160,10 @@ class RolloutQueue:
         published_step: int,
         version: int,
         background: bool | None = None,
+        check: Callable[[], object] | None = None,
     ):
         self._generate, self._score, self._rollout = generate, score, rollout
+        self._check = check  # the producer's engine health check before each batch after its first
         self.first, self.last = first_step, last_step
         self.max_staleness, self.checkpoint_every = max_staleness, checkpoint_every
         self.background = max_staleness > 0 if background is None else background
@@ -235,6 +239,8 @@ class RolloutQueue:
             with self._cond:
                 self._started = step
                 self._cond.notify_all()
+            if self._check is not None and self.background and step > self.first:
+                self._check()
             batch = self._generate(step, version)
         return self._score(batch)
 
