@@ -45,6 +45,9 @@ CASES = [  # (what the user got wrong, overrides; {d} is the scratch directory)
         "--resume of a 2-rank ZeRO-2 run with 1 learner rank",
         ["--resume", "{d}/two-ranks", "learner.num_workers=1"],
     ),
+    ("empty data file", ["data.task=jsonl", "data.train_path={d}/empty.jsonl", "train.eval_every=0"]),
+    ("corrupt parquet file", ["data.task=parquet", "data.train_path={d}/corrupt.parquet", "train.eval_every=0"]),
+    ("--resume with a larger rollout.max_tokens", ["--resume", "{d}/one-step", "rollout.max_tokens=213"]),
 ]
 
 
@@ -79,6 +82,30 @@ def make_inputs(d: Path) -> None:
     run = RunDir(str(d / "two-ranks"))
     run.write_config(load_config(None, ["learner.num_workers=2", "learner.zero_stage=2"]))
     run.save_checkpoint(1, _TwoRanks(), {"version": 1})
+    (d / "empty.jsonl").write_text("")
+    (d / "corrupt.parquet").write_bytes(b"PAR1 not really a parquet file PAR1")
+    one_step(d / "one-step")
+
+
+def one_step(path: Path) -> None:
+    """A run of the default job with one checkpoint, its sampler over the rows that job keeps."""
+    import json
+
+    from rl.config import load_config
+    from rl.data.loaders import load_task_split
+    from rl.data.prompts import PromptFitter, prompt_token_limit
+    from rl.data.tokenizer import load_tokenizer
+    from rl.train.run_dir import RunDir
+
+    cfg = load_config(None, [f"train.run_dir={path}"])
+    fitter = PromptFitter(load_tokenizer(cfg.model.path), prompt_token_limit(cfg), cfg.data.overlong_prompts)
+    rows, _ = fitter.fit(load_task_split(cfg.data, "train"), "train")
+    RunDir(str(path)).write_config(cfg)
+    ckpt = path / "checkpoints" / "step_000001"
+    (ckpt / "learner").mkdir(parents=True)
+    sampler = {"seed": cfg.train.seed, "epoch": 0, "pos": 4, "num_rows": len(rows), "shuffle": True}
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": 1, "version": 2, "sampler": sampler}))
+    (path / "checkpoints" / "latest").write_text(ckpt.name)
 
 
 def main(argv: list[str] | None = None) -> int:

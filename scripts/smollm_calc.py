@@ -58,12 +58,15 @@ def write_data(gsm8k: Path, out: Path, word_problems: int) -> dict[str, int]:
     return counts
 
 
-def continued_training(work: Path, start: Path, data: Path, overrides: list[str]) -> None:
+def continued_training(work: Path, start: Path, data: Path, names: set[str]) -> None:
+    """The continued-training models among `names` ({"fbt-calc", "std-calc"}) that do not exist yet."""
     from rl.config import load_config
     from rl.pretrain.trainer import train
 
     common = [f"model.path={start}", f"data.train_path={data / 'train.jsonl'}", f"data.test_path={data / 'val.jsonl'}"]
     for name, extra in (("fbt-calc", []), ("std-calc", ["pretrain.pass_schedule=[[1.0, 1]]"])):
+        if name not in names:
+            continue
         if (work / name / "config.json").is_file():
             log(f"{work / name} exists: continued training skipped")
             continue
@@ -166,7 +169,7 @@ def main(argv=None) -> int:
     data = work / "calc-data"
     if not (data / "train.jsonl").is_file():
         log(f"data: {write_data(Path(args.gsm8k), data, args.word_problems)} rows -> {data}")
-    continued_training(work, start, data, [])
+    continued_training(work, start, data, {RUNS[name][0] for name in args.runs})  # only what the runs need
     for name in args.runs:
         rl_run(name, work, out, args.steps, args.overrides)
         summarize(out)
