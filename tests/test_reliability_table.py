@@ -148,6 +148,17 @@ def test_no_record_is_older_than_the_code_it_covers():
     assert render.stale_rows(committed_records(), ROOT) == []
 
 
+def test_the_bad_input_table_is_not_older_than_the_checks_it_measures():
+    """The bad-input table's note names the commit it ran at; a change to the checks since fails here."""
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout: the commits cannot be compared")
+    page = (ROOT / "docs" / "RELIABILITY.md").read_text()
+    block = page.split(table.BAD_BEGIN)[1].split(table.BAD_END)[0]
+    (commit,) = re.findall(r"at commit (\S+?),? in \d+ s", block)
+    assert len([x for x in block.splitlines() if x.startswith("| ")]) >= 20
+    assert render.staleness(commit, ROOT, render.INPUT_COVERED) is None
+
+
 def test_a_change_to_covered_code_makes_a_record_stale(tmp_path):
     """stale_rows on a scratch repository: a record at the first commit is fresh until a covered file changes."""
 

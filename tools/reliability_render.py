@@ -62,6 +62,10 @@ COVERED = (
 )
 
 
+# The code the bad-input table covers: the checks `fbrl train` runs before Ray starts, and the script that runs them.
+INPUT_COVERED = ("actors/cli/preflight.py", "actors/cli/launch.py", "bench/bad_input.py")
+
+
 def cell(text) -> str:
     """A value as one markdown table cell: on one line, its pipes escaped."""
     return " ".join(str(text).split()).replace("|", "\\|")
@@ -170,19 +174,22 @@ def git(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
 
 
+def staleness(commit: str, root: Path, paths: tuple[str, ...]) -> str | None:
+    """Why a table measured at `commit` no longer describes the code at `paths` (None: it does): a commit since
+    touched them, or `commit` ran on uncommitted changes or is not a commit of this checkout."""
+    if " " in commit or git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        return f"recorded at {commit!r}, not a commit of this checkout"
+    changed = git(root, "log", "--format=%h %s", f"{commit}..HEAD", "--", *paths).stdout.strip()
+    if changed:
+        return f"recorded at {commit}, older than the code they cover (changed since: {changed.splitlines()[0]} ...)"
+    return None
+
+
 def stale_rows(records: list[dict], root: Path) -> list[str]:
-    """One line per record whose commit is older than the last change to the code the table covers (`COVERED`),
-    or that ran on uncommitted changes or a commit this checkout does not hold."""
+    """One line per commit of `records` that is stale for the code the fault table covers (`COVERED`)."""
     problems = []
     for commit in dict.fromkeys(str(r["commit"]) for r in records):
-        tests = [r["test"] for r in records if str(r["commit"]) == commit]
-        if " " in commit or git(root, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-            problems.append(f"{', '.join(tests)}: recorded at {commit!r}, not a commit of this checkout")
-            continue
-        changed = git(root, "log", "--format=%h %s", f"{commit}..HEAD", "--", *COVERED).stdout.strip()
-        if changed:
-            problems.append(
-                f"{', '.join(tests)}: recorded at {commit}, older than the code they cover "
-                f"(changed since: {changed.splitlines()[0]} ...)"
-            )
+        why = staleness(commit, root, COVERED)
+        if why:
+            problems.append(f"{', '.join(r['test'] for r in records if str(r['commit']) == commit)}: {why}")
     return problems
