@@ -35,6 +35,7 @@ def test_sighup_checkpoints_the_step_and_exits_143(tmp_path, monkeypatch, capsys
     from actors.cli import main
 
     real = actors.placement.build_workers
+    before = signal.getsignal(signal.SIGHUP)  # SIG_DFL, or SIG_IGN under nohup
 
     def build(cfg, use_ray, **kwargs):
         rollout, learner, rewards = real(cfg, use_ray, **kwargs)
@@ -49,7 +50,7 @@ def test_sighup_checkpoints_the_step_and_exits_143(tmp_path, monkeypatch, capsys
     assert "stopped after step 2, which is checkpointed" in err and "Traceback" not in out + err, err
     assert [r["step"] for r in metrics_of(run_dir)] == [1, 2]
     check_checkpoints(run_dir, 2, [2])
-    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # the handler went with the job
+    assert signal.getsignal(signal.SIGHUP) is before  # the handler went with the job
     monkeypatch.setattr(actors.placement, "build_workers", real)
     assert main(["train", "--no-ray", "--resume", str(run_dir)]) == 0
     rows = metrics_of(run_dir)

@@ -250,11 +250,14 @@ def main() -> int:
             path.touch()
             ids, wall, failures = run_tests(path, args.retries, args.update)
             records = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            kept = Path(tempfile.gettempdir()) / "fbrl_fault_records.partial.jsonl"
+            shutil.copyfile(path, kept)  # what passed is not lost when one test fails
         names = [i.split("::")[-1] for i in ids]
         if not ids or [r["test"] for r in records] != names:
             print(
-                f"{len(records)} of {len(ids)} tests passed and recorded: the tables are not rewritten\n"
-                + "\n".join(failures),
+                f"{len(records)} of {len(ids)} tests passed and recorded: the tables are not rewritten; their "
+                f"records are in {kept} (`--records {kept} --update --allow-missing` renders them, then "
+                f"`--update TEST_ID` adds the others)\n" + "\n".join(failures),
                 file=sys.stderr,
             )
             return 1
