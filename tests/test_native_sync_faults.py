@@ -89,6 +89,7 @@ def test_file_ray_and_unstarted_native_transports_still_replace(monkeypatch):
 
     monkeypatch.setattr(rollout_mod, "kill", lambda actor: None)
     monkeypatch.setattr(ray, "get", lambda ref: ref)
+    monkeypatch.setattr(ray, "wait", lambda refs, **_: (list(refs), []))  # the new actor's first call: answered
 
     class Handle(str):
         class _Version:

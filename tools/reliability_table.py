@@ -189,7 +189,8 @@ def bad_input_table() -> list[str] | None:
     if run.returncode != 0:
         return None
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return [x for x in run.stdout.splitlines() if x.startswith("|")] + [
+    rows = [x.replace(f"{ROOT}/", "") for x in run.stdout.splitlines() if x.startswith("|")]  # repository paths
+    return rows + [
         "",
         f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m tools.reliability_table` "
         f"(`python -m bench.bad_input`) at commit {source_commit()}, in {time.monotonic() - t0:.0f} s (load average "
