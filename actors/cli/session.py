@@ -80,6 +80,7 @@ class Session:
     def __exit__(self, kind, error, tb) -> bool:
         from rl.train.faults import RunStopped
 
+        error = interruption(error) or error
         if isinstance(error, RunStopped):
             self.stopped = error
         elif isinstance(error, Interrupted):  # a second signal, or one during start-up: the last checkpoint stands
@@ -185,6 +186,18 @@ class Interrupted(BaseException):
     def __init__(self, signum: int):
         super().__init__(f"{signal.Signals(signum).name} received")
         self.exit_code = stop_exit_code(signum)
+
+
+def interruption(error: BaseException | None) -> Interrupted | None:
+    """The `Interrupted` behind `error`, if any: raised inside an extension's wait (Ray's `ray.wait` checks for
+    signals in Cython), it comes back wrapped ("SystemError: ... returned a result with an exception set")."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Interrupted):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 class StopSignals:
