@@ -236,3 +236,56 @@ def test_identity_fusion_refuses_gate_product():
     model, _ = tiny_model()
     with pytest.raises(ValueError, match="no identity setting"):
         P.identity_fusion_(model)
+
+
+def test_stop_after_writes_the_full_runs_checkpoint_at_that_step(tmp_path, monkeypatch):
+    """`pretrain.stop_after=4` of 10 steps: the schedules still span 10 steps, so its model is the one a full
+    10-step run holds after step 4 (captured at that run's step-4 save), not a 4-step run's."""
+    copy_corpus(tmp_path / "train.jsonl", 400, 0)
+    copy_corpus(tmp_path / "val.jsonl", 32, 1)
+    saved = []
+    real_save = P.save_checkpoint
+    monkeypatch.setattr(
+        P,
+        "save_checkpoint",
+        lambda model, *a, **k: (
+            saved.append({n: t.clone() for n, t in model.state_dict().items()}),
+            real_save(model, *a, **k),
+        ),
+    )
+
+    def run(*overrides):
+        cfg = load_config(
+            None,
+            [
+                "model.path=null",
+                "model.init={backbone: llama, hidden_size: 32, num_layers: 1, num_heads: 1, num_kv_heads: 1, "
+                "intermediate_size: 64}",
+                "data.task=jsonl",
+                f"data.train_path={tmp_path / 'train.jsonl'}",
+                f"data.test_path={tmp_path / 'val.jsonl'}",
+                "pretrain.batch_size=8",
+                "pretrain.seq_len=32",
+                "pretrain.lr=3e-3",
+                "pretrain.warmup=2",
+                "pretrain.val_batches=1",
+                "pretrain.pass_schedule=[[0.3,1],[1.0,2]]",
+                "pretrain.threads=1",
+                "logging.progress=false",
+                *overrides,
+            ],
+        )
+        saved.clear()
+        summary = P.train(cfg, log=lambda m: None)
+        return summary, list(saved)
+
+    full, full_saves = run("pretrain.steps=10", "pretrain.eval_every=4", f"pretrain.out_dir={tmp_path / 'full'}")
+    short, short_saves = run("pretrain.steps=10", "pretrain.stop_after=4", f"pretrain.out_dir={tmp_path / 'cut'}")
+    alone, alone_saves = run("pretrain.steps=4", f"pretrain.out_dir={tmp_path / 'alone'}")
+    assert short["steps_done"] == 4 and short["stop_after"] == 4 and len(short_saves) == 1
+    assert [h["step"] for h in full["val_history"]] == [0, 4, 8, 10]
+    step4 = full_saves[0]  # the full run's save after step 4
+    assert all(torch.equal(step4[n], short_saves[0][n]) for n in step4)
+    assert not all(torch.equal(step4[n], alone_saves[0][n]) for n in step4)  # a 4-step schedule differs
+    with pytest.raises(Exception, match="stop_after"):
+        load_config(None, ["pretrain.steps=10", "pretrain.stop_after=11"])

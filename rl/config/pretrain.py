@@ -37,6 +37,9 @@ class PretrainConfig:
     """Multi-pass pretraining / SFT (`fbrl pretrain`)."""
 
     steps: int = 2000
+    # end after this many steps while the schedules (learning rate, passes) still span `steps`: a budgeted run
+    # whose checkpoint is the one the full run writes at that step (null: run all `steps`)
+    stop_after: int | None = None
     batch_size: int = 32
     seq_len: int = 96
     lr: float = 1e-3
@@ -75,6 +78,8 @@ class PretrainConfig:
     threads: int = 2
 
     def validate(self):
+        if self.stop_after is not None and not 1 <= self.stop_after <= self.steps:
+            yield "stop_after", f"must be within 1..steps ({self.steps}), got {self.stop_after}"
         fr = [f for f, _ in self.pass_schedule]
         if not fr or fr != sorted(fr) or fr[-1] != 1.0 or fr[0] <= 0:
             yield "pass_schedule", f"fractions must increase in (0, 1] and end at 1.0, got {fr}"

@@ -290,7 +290,8 @@ def train(cfg: Config, log=print) -> dict:
     history.append({"step": 0, "val": val})
     log("step 0 val " + _val_line(val, k_eval))
     t_loop = time.time()
-    for step in range(p.steps):
+    last = p.stop_after or p.steps
+    for step in range(last):
         exact = exact_step(step, p)
         k = "exact" if exact else passes_for_step(step, p.steps, p)
         k_counts[k] = k_counts.get(k, 0) + 1
@@ -317,7 +318,7 @@ def train(cfg: Config, log=print) -> dict:
                 + f" lr={sched.get_last_lr()[0]:.2e} gnorm={float(grad_norm):.2f} tok/s={tokens / el:.0f}"
                 + f" elapsed={el:.0f}s cpu={time.process_time() - cpu_start:.0f}s"
             )
-        if (p.eval_every and (step + 1) % p.eval_every == 0) or step + 1 == p.steps:
+        if (p.eval_every and (step + 1) % p.eval_every == 0) or step + 1 == last:
             val = validation_losses(model, val_batches, k_eval, p.feedback_on, with_exact)
             history.append(
                 {
@@ -328,7 +329,7 @@ def train(cfg: Config, log=print) -> dict:
                 }
             )
             log(f"step {step + 1} val " + _val_line(val, k_eval))
-            if step + 1 < p.steps:
+            if step + 1 < last:
                 save_checkpoint(
                     model, tokenizer, p.out_dir, _extra_files(cfg, history, k_counts, t_start, cpu_start, False), lora
                 )
@@ -349,6 +350,7 @@ def _summary(cfg, history, k_counts, t_start, cpu_start, finished: bool) -> dict
     return {
         "finished": finished,
         "steps_done": history[-1]["step"],
+        "stop_after": cfg.pretrain.stop_after,  # of `steps`: the schedules spanned those
         "wall_time_s": round(time.time() - t_start, 1),
         "cpu_time_s": round(time.process_time() - cpu_start, 1),
         "threads": cfg.pretrain.threads,
