@@ -321,6 +321,37 @@ def test_compare_report_equals_each_estimator_run_alone(model, rollouts):
             assert float(((a - b) * real).norm() / (b * real).norm()) <= TOL
 
 
+def test_compare_with_prompts_run_once_equals_every_pass_whole(model, rollouts):
+    """Soft decoding: the comparison runs each micro-batch's prompts once and the passes over the responses only.
+    Every figure of the report but the times (log-prob errors, KL, top-1 agreement, K/V relative L2 per layer, by
+    position) equals the report whose passes run over prompt and response. Tolerance: fp32 in other shapes, the
+    same 1e-5 as above (relative for the K/V errors, which are ratios of norms)."""
+    from rl.estimators.comparison import compare_estimators
+
+    mode, batch = rollouts
+    if mode != "soft":
+        pytest.skip("fused prompts carry feedback: every pass runs whole")
+    shared = compare_estimators(model, batch, mode, max_passes=3, micro_batch_size=2)
+    whole = compare_estimators(model, batch, mode, max_passes=3, micro_batch_size=2, share_prompts=False)
+
+    def flat(rep, path=""):
+        if isinstance(rep, dict):
+            return {k2: v2 for k, v in rep.items() if "time" not in k for k2, v2 in flat(v, f"{path}.{k}").items()}
+        if isinstance(rep, list):
+            return {k2: v2 for i, v in enumerate(rep) for k2, v2 in flat(v, f"{path}[{i}]").items()}
+        return {path: rep}
+
+    a, b = flat(shared), flat(whole)
+    assert a.keys() == b.keys()
+    kv_keys = [k for k in a if "rel_l2" in k]
+    assert kv_keys and max(abs(b[k]) for k in kv_keys) > 1e-3  # the K/V errors are not all zero: they compare
+    for key in a:
+        if isinstance(a[key], (int, float)) and not isinstance(a[key], bool):
+            assert abs(a[key] - b[key]) <= TOL * max(1.0, abs(b[key])), (key, a[key], b[key])
+        else:
+            assert a[key] == b[key], key
+
+
 TINY_CKPT = TINY_ARITH
 
 

@@ -21,7 +21,10 @@ format of rl/samples/states.py (bf16, fp8 with a per-row scale): the estimator e
 format costs (`rollout.record_states_dtype`).
 
 The parallel passes and log-dists are computed per micro-batch of rows and pooled, so memory stays bounded by the
-micro-batch (plus the recurrence's states and cache of the whole batch).
+micro-batch (plus the recurrence's states and cache of the whole batch). In `soft` decoding every estimator reads
+the prompt plainly, so each micro-batch's prompts run once (timed, and that time counted in every estimator's) and
+each estimator's passes run over the response positions only, attending to the prompts' K/V — the learner's
+prompt-once forward (rl/estimators/shared_prompt.py). `fused` prompts carry feedback: there every pass runs whole.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ import time
 import torch
 
 import rl.samples.states as state_formats
-from rl.estimators.batch_inputs import fusion_masks, micro_batches
+from rl.estimators.batch_inputs import fusion_masks, micro_batches, recorded_carried
 from rl.estimators.likelihood import exact_states_and_kv, last_pass_inputs, response_log_dists, run_pass
+from rl.estimators.shared_prompt import PromptCache, _embed, _fuse, _row_layout, _stack, prompt_share_of
+from rl.model.fusion import positions_from_mask
 from rl.samples.batch import LearnerBatch, Sample, collate
 
 # storage formats whose replay error is reported besides the states as recorded (rl/samples/states.py; config names)
@@ -143,18 +148,79 @@ class _Totals:
             self.ref_v[i] += float(((v0 * m) ** 2).sum())
 
 
-def _exact_part(model, mb, h_all, kv_all, rows: slice, temperature, totals: _Totals) -> _Exact:
+def _exact_part(model, mb, h_all, kv_all, rows: slice, temperature, totals: _Totals, seg=None) -> _Exact:
     """Micro-batch `rows` of the whole batch's recurrence (states `h_all`, cache `kv_all`), its log-dists timed
-    into exact's time."""
+    into exact's time. With `seg` (soft prompts shared), its K/V are taken at the response positions only, the
+    layout of the estimators' response passes."""
     dev, L = h_all.device, mb.input_ids.shape[1]
     t0 = time.perf_counter()
     logp = response_log_dists(model, h_all[rows, :L], mb, temperature)
     totals.exact_seconds += time.perf_counter() - t0
     mask, tok = mb.response_mask.to(dev), mb.response_ids.to(dev)[..., None]
     kv = [(k[rows, :, :L], v[rows, :, :L]) for k, v in kv_all]
-    ex = _Exact(logp, torch.gather(logp, -1, tok)[..., 0] * mask, kv, mask, _kv_mask(mb).to(dev), tok)
+    kv_mask = _kv_mask(mb).to(dev)
+    if seg is not None:
+        kv, kv_mask = [(seg.at_response(k), seg.at_response(v)) for k, v in kv], seg.share.response_mask.bool()
+    ex = _Exact(logp, torch.gather(logp, -1, tok)[..., 0] * mask, kv, mask, kv_mask, tok)
     totals.add(mb, ex)
     return ex
+
+
+@dataclasses.dataclass
+class _Segments:
+    """A soft micro-batch's prompts run once (plain, as every estimator reads them), for response-only passes."""
+
+    share: object  # rl.estimators.shared_prompt.PromptShare
+    cache: PromptCache
+    h_rows: torch.Tensor  # [B, P, d] each row's prompt states
+    last_prompt_state: torch.Tensor  # [B, d]: what the first response position fuses
+    e_resp: torch.Tensor  # [B, T, d] the response segment's embeddings
+    L: int
+    seconds: float  # the prompt pass: counted in every estimator's time
+
+    def at_response(self, t: torch.Tensor) -> torch.Tensor:
+        """[B, heads, L, head_dim] in the row layout -> [B, heads, T, head_dim] at each row's response positions."""
+        idx = self.share.response_pos.clamp(max=t.shape[2] - 1)
+        return t.gather(2, idx[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
+
+    def response_pass(self, model, carried, mask):
+        """(h in the row layout [B, L, d], the response positions' K/V [B, heads, T, head_dim] per layer)."""
+        cache = self.cache.for_rows(detached=True)
+        x = _fuse(model, self.e_resp, carried, mask) if carried is not None else self.e_resp
+        h, _ = _stack(model, x, self.cache.mask(), self.share.response_pos, cache)
+        P = self.h_rows.shape[1]
+        kv = [(layer.keys[:, :, P:], layer.values[:, :, P:]) for layer in cache.layers]
+        return _row_layout(self.h_rows, h, self.share, self.L), kv
+
+    def feeding(self, h_rows_layout: torch.Tensor) -> torch.Tensor:
+        """What a next pass fuses at the response positions: the previous position's state."""
+        idx = (self.share.response_pos - 1).clamp(max=h_rows_layout.shape[1] - 1)
+        return torch.gather(h_rows_layout, 1, idx[..., None].expand(-1, -1, h_rows_layout.shape[-1]))
+
+    def recorded(self, model, mb, fb) -> torch.Tensor:
+        """Replay's recorded states at the response positions."""
+        carried = recorded_carried(model, mb, fb)
+        idx = self.share.response_pos.clamp(max=carried.shape[1] - 1)
+        return torch.gather(carried, 1, idx[..., None].expand(-1, -1, carried.shape[-1]))
+
+
+def _segments(model, mb, fb) -> _Segments:
+    """The micro-batch's distinct prompts run once, plainly, keeping their K/V (timed)."""
+    t0 = time.perf_counter()
+    dev = fb.device
+    share = prompt_share_of(mb, fb, dev)
+    h_prompt, cache = _stack(
+        model,
+        _embed(model, share.prompt_ids),
+        share.prompt_mask,
+        positions_from_mask(share.prompt_mask),
+        use_cache=True,
+    )
+    h_rows = h_prompt.index_select(0, share.inverse)
+    last = h_rows[torch.arange(len(share.inverse), device=dev), share.prompt_lens - 1]
+    seg = _Segments(share, PromptCache(cache, share), h_rows, last, _embed(model, share.response_ids), 0, 0.0)
+    seg.L, seg.seconds = mb.input_ids.shape[1], time.perf_counter() - t0
+    return seg
 
 
 def _score(model, pools: list[_Pool], ex: _Exact, mb, decode_mode, name, passes, prev, temperature, masks):
@@ -171,6 +237,42 @@ def _score(model, pools: list[_Pool], ex: _Exact, mb, decode_mode, name, passes,
     for pool in pools:
         pool.add(lp, logp, kv, ex)
     return h, t1 - t0, t2 - t1
+
+
+def _score_segment(model, pools, ex: _Exact, mb, seg: _Segments, carried, mask, temperature):
+    """`_score` with the prompt shared: one response-only pass."""
+    t0 = time.perf_counter()
+    h, kv = seg.response_pass(model, carried, mask)
+    t1 = time.perf_counter()
+    logp = response_log_dists(model, h, mb, temperature)
+    t2 = time.perf_counter()
+    lp = torch.gather(logp, -1, ex.tok)[..., 0] * ex.mask
+    for pool in pools:
+        pool.add(lp, logp, kv, ex)
+    return h, t1 - t0, t2 - t1
+
+
+def _score_segments(model, pools, ex: _Exact, mb, seg: _Segments, fb, max_passes, temperature, formats) -> None:
+    """`_score_micro_batch` in soft decoding with each prompt run once: every estimator's time is the prompt pass
+    plus its own response passes (kpass K: the chain's passes 1..K) and log-dists."""
+    feed = seg.share.feedback
+    chain, prev = seg.seconds, None
+    for k in range(1, max_passes + 1):  # K=1 feeds nothing back: the very pass of standard (scored once for both)
+        same = [pools[k]] + ([pools["standard"]] if k == 1 else [])
+        carried = seg.feeding(prev) if prev is not None else None
+        prev, t_pass, t_dist = _score_segment(model, same, ex, mb, seg, carried, feed, temperature)
+        chain += t_pass
+        for pool in same:
+            pool.seconds += chain + t_dist
+    variants = [("replay", mb)]
+    for f in formats:  # the states after a round trip through a storage format
+        stored = state_formats.encode(mb.states, state_formats.CONFIG_NAMES[f])
+        variants.append((f"replay_{f}", dataclasses.replace(mb, states=state_formats.decode(stored))))
+    for key, b in variants:
+        _, t_pass, t_dist = _score_segment(
+            model, [pools[key]], ex, mb, seg, seg.recorded(model, b, fb), feed, temperature
+        )
+        pools[key].seconds += seg.seconds + t_pass + t_dist
 
 
 def _score_micro_batch(model, pools, ex: _Exact, mb, decode_mode, max_passes, temperature, formats) -> None:
@@ -207,6 +309,7 @@ def compare_estimators(
     temperature: float = 1.0,
     micro_batch_size: int | None = 8,
     state_formats_compared=STORED_FORMATS,
+    share_prompts: bool = True,
 ) -> dict:
     """Every estimator against `exact` on one batch (needs `batch.states` for replay). Returns the report dict:
     `passes` (one record per K = 1..max_passes, each with `k`), `replay`, `replay_formats` (replay after storing
@@ -214,7 +317,9 @@ def compare_estimators(
     `engine` (the engine's own log-probs against exact).
 
     The recurrence runs once over all rows (its steps are sequential: one batch amortizes them); the parallel
-    passes and the full-vocabulary log-dists run per micro-batch of rows, which bounds memory."""
+    passes and the full-vocabulary log-dists run per micro-batch of rows, which bounds memory. `share_prompts`
+    (soft decoding): each micro-batch's prompts run once and the passes over the responses only (the figures are
+    the same up to rounding; false: every pass over prompt and response)."""
     if max_passes < 1:
         raise ValueError(f"max_passes must be >= 1, got {max_passes}")
     unknown = [f for f in state_formats_compared if f not in state_formats.CONFIG_NAMES]
@@ -231,7 +336,14 @@ def compare_estimators(
     totals.exact_seconds += time.perf_counter() - t0
     size = micro_batch_size if micro_batch_size and micro_batch_size < len(batch) else len(batch)
     for start, mb in zip(range(0, len(batch), size), micro_batches(batch, micro_batch_size)):
-        ex = _exact_part(model, mb, h_all, kv_all, slice(start, start + len(mb)), temperature, totals)
+        rows = slice(start, start + len(mb))
+        if decode_mode == "soft" and share_prompts:
+            fb = fusion_masks(model, mb, decode_mode)[0]
+            seg = _segments(model, mb, fb)
+            ex = _exact_part(model, mb, h_all, kv_all, rows, temperature, totals, seg)
+            _score_segments(model, pools, ex, mb, seg, fb, max_passes, temperature, state_formats_compared)
+            continue
+        ex = _exact_part(model, mb, h_all, kv_all, rows, temperature, totals)
         _score_micro_batch(model, pools, ex, mb, decode_mode, max_passes, temperature, state_formats_compared)
     n_tok = max(float(batch.response_mask.sum()), 1.0)
     record = lambda key: pools[key].record(totals.ref_k, totals.ref_v)
