@@ -107,6 +107,22 @@ class _Pool:
         }
 
 
+def _responses_trimmed(mb: LearnerBatch) -> LearnerBatch:
+    """The micro-batch's response columns cut to its longest response (its log-dists are pooled, not
+    concatenated with other micro-batches')."""
+    R = max(int(mb.response_lens.max()), 1)
+    if R >= mb.response_mask.shape[1]:
+        return mb
+    cut = lambda t: None if t is None else t[:, :R]
+    return dataclasses.replace(
+        mb,
+        response_mask=cut(mb.response_mask),
+        engine_logprobs=cut(mb.engine_logprobs),
+        states=cut(mb.states),
+        extras={},
+    )
+
+
 def _kv_mask(batch: LearnerBatch) -> torch.Tensor:
     """[B, L] bool: cache positions of the response tokens (P_b .. P_b + R_b - 1)."""
     L = batch.input_ids.shape[1]
@@ -330,13 +346,15 @@ def compare_estimators(
     pools = {k: _Pool(n_layers) for k in (*range(1, max_passes + 1), "replay", "standard")}
     pools.update({f"replay_{f}": _Pool(n_layers) for f in state_formats_compared})
     totals = _Totals(n_layers)
+    # rows by length: micro-batches of like lengths pad (and compute) less; every figure pools tokens
+    batch = batch.select(torch.argsort(batch.prompt_lens + batch.response_lens, stable=True))
     whole = next(micro_batches(batch, None))  # trailing all-padding columns trimmed
     t0 = time.perf_counter()
     h_all, kv_all = exact_states_and_kv(model, whole, decode_mode)
     totals.exact_seconds += time.perf_counter() - t0
     size = micro_batch_size if micro_batch_size and micro_batch_size < len(batch) else len(batch)
     for start, mb in zip(range(0, len(batch), size), micro_batches(batch, micro_batch_size)):
-        rows = slice(start, start + len(mb))
+        rows, mb = slice(start, start + len(mb)), _responses_trimmed(mb)
         if decode_mode == "soft" and share_prompts:
             fb = fusion_masks(model, mb, decode_mode)[0]
             seg = _segments(model, mb, fb)
