@@ -1,12 +1,12 @@
-"""`fbrl compare-likelihood`'s comparison before and after it ran each estimator once, side by side, printed as JSON.
+"""`fbrl compare-likelihood`'s comparison at a git revision and in the working tree, side by side, printed as JSON.
 
     python -m bench.compare_likelihood_speed [--checkpoint DIR] [--before REV] [--n-samples 32] [--max-tokens 128]
                                              [--max-passes 6] [--task arith] [--threads 1]
 
 Rolls out `--n-samples` samples from the checkpoint as the command does (torch engine, soft mode, T = 1, states
-recorded), then runs `compare_estimators` of git revision `--before` (loaded from the repository's history; it
-re-ran every estimator to time it and built exact's K/V in an extra pass) and of the working tree on the same
-samples. Prints each one's CPU and wall seconds, the ratio, the rollout's time (the same for both: the command's
+recorded), then runs `compare_estimators` of git revision `--before` (loaded from the repository's history; by
+default the last one whose soft passes ran over prompt and response, in rows of any length order; `--before
+e313d44`: the one that re-ran every estimator to time it) and of the working tree on the same samples. Prints each one's CPU and wall seconds, the ratio, the rollout's time (the same for both: the command's
 total is rollout + comparison), and the largest difference between the two reports' numbers other than times.
 """
 
@@ -27,7 +27,7 @@ from rl.estimators import comparison
 from rl.samples.batch import collate
 
 REPO = Path(__file__).resolve().parents[1]
-BEFORE = "e313d44"  # the last revision whose comparison re-ran every estimator to time it
+BEFORE = "081e084"  # the last revision whose soft passes ran over prompt and response, rows in any order
 
 
 def module_at(rev: str, path: str, name: str) -> types.ModuleType:
@@ -40,6 +40,7 @@ def module_at(rev: str, path: str, name: str) -> types.ModuleType:
         raise SystemExit(f"--before {rev}: cannot read {path} from git ({e}); run from a git checkout") from None
     module = types.ModuleType(name)
     module.__file__ = f"{rev}:{path}"
+    sys.modules[name] = module  # dataclasses resolve string annotations through the module's entry
     exec(compile(source, module.__file__, "exec"), module.__dict__)
     return module
 
