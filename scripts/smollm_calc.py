@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gsm8k", required=True, help="GSM8K's training split as JSONL (question, answer per line)")
     ap.add_argument("--work", default=str(ROOT / "runs" / "smollm2"))
     ap.add_argument("--out", default=str(ROOT / "runs" / "smollm_calc"))
-    ap.add_argument("--steps", type=int, default=10, help="RL steps per run")
+    ap.add_argument("--steps", type=int, default=5, help="RL steps per run")
     ap.add_argument(
         "--pretrain-stop-after", type=int, default=16, help="continued training: end at this step of its schedule"
     )
