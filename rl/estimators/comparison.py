@@ -336,11 +336,7 @@ def compare_estimators(
     passes and the full-vocabulary log-dists run per micro-batch of rows, which bounds memory. `share_prompts`
     (soft decoding): each micro-batch's prompts run once and the passes over the responses only (the figures are
     the same up to rounding; false: every pass over prompt and response)."""
-    if max_passes < 1:
-        raise ValueError(f"max_passes must be >= 1, got {max_passes}")
-    unknown = [f for f in state_formats_compared if f not in state_formats.CONFIG_NAMES]
-    if unknown:
-        raise ValueError(f"state formats {unknown}: expected some of {sorted(state_formats.CONFIG_NAMES)}")
+    _check_arguments(max_passes, state_formats_compared)
     model.eval()
     n_layers = model.config.num_hidden_layers
     pools = {k: _Pool(n_layers) for k in (*range(1, max_passes + 1), "replay", "standard")}
@@ -355,14 +351,17 @@ def compare_estimators(
     size = micro_batch_size if micro_batch_size and micro_batch_size < len(batch) else len(batch)
     for start, mb in zip(range(0, len(batch), size), micro_batches(batch, micro_batch_size)):
         rows, mb = slice(start, start + len(mb)), _responses_trimmed(mb)
+        args = (max_passes, temperature, state_formats_compared)
         if decode_mode == "soft" and share_prompts:
             fb = fusion_masks(model, mb, decode_mode)[0]
             seg = _segments(model, mb, fb)
-            ex = _exact_part(model, mb, h_all, kv_all, rows, temperature, totals, seg)
-            _score_segments(model, pools, ex, mb, seg, fb, max_passes, temperature, state_formats_compared)
-            continue
-        ex = _exact_part(model, mb, h_all, kv_all, rows, temperature, totals)
-        _score_micro_batch(model, pools, ex, mb, decode_mode, max_passes, temperature, state_formats_compared)
+            _score_segments(
+                model, pools, _exact_part(model, mb, h_all, kv_all, rows, temperature, totals, seg), mb, seg, fb, *args
+            )
+        else:
+            _score_micro_batch(
+                model, pools, _exact_part(model, mb, h_all, kv_all, rows, temperature, totals), mb, decode_mode, *args
+            )
     n_tok = max(float(batch.response_mask.sum()), 1.0)
     record = lambda key: pools[key].record(totals.ref_k, totals.ref_v)
     return {
@@ -378,6 +377,14 @@ def compare_estimators(
         "standard": record("standard"),
         "replay_formats": {f: record(f"replay_{f}") for f in state_formats_compared},
     }
+
+
+def _check_arguments(max_passes: int, formats) -> None:
+    if max_passes < 1:
+        raise ValueError(f"max_passes must be >= 1, got {max_passes}")
+    unknown = [f for f in formats if f not in state_formats.CONFIG_NAMES]
+    if unknown:
+        raise ValueError(f"state formats {unknown}: expected some of {sorted(state_formats.CONFIG_NAMES)}")
 
 
 def compare_samples(model, samples: list[Sample], pad_id: int = 0, **kwargs) -> dict:
