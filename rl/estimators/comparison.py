@@ -189,7 +189,6 @@ class _Segments:
     share: object  # rl.estimators.shared_prompt.PromptShare
     cache: PromptCache
     h_rows: torch.Tensor  # [B, P, d] each row's prompt states
-    last_prompt_state: torch.Tensor  # [B, d]: what the first response position fuses
     e_resp: torch.Tensor  # [B, T, d] the response segment's embeddings
     L: int
     seconds: float  # the prompt pass: counted in every estimator's time
@@ -223,8 +222,7 @@ class _Segments:
 def _segments(model, mb, fb) -> _Segments:
     """The micro-batch's distinct prompts run once, plainly, keeping their K/V (timed)."""
     t0 = time.perf_counter()
-    dev = fb.device
-    share = prompt_share_of(mb, fb, dev)
+    share = prompt_share_of(mb, fb, fb.device)
     h_prompt, cache = _stack(
         model,
         _embed(model, share.prompt_ids),
@@ -233,39 +231,41 @@ def _segments(model, mb, fb) -> _Segments:
         use_cache=True,
     )
     h_rows = h_prompt.index_select(0, share.inverse)
-    last = h_rows[torch.arange(len(share.inverse), device=dev), share.prompt_lens - 1]
-    seg = _Segments(share, PromptCache(cache, share), h_rows, last, _embed(model, share.response_ids), 0, 0.0)
-    seg.L, seg.seconds = mb.input_ids.shape[1], time.perf_counter() - t0
+    seg = _Segments(
+        share, PromptCache(cache, share), h_rows, _embed(model, share.response_ids), mb.input_ids.shape[1], 0.0
+    )
+    seg.seconds = time.perf_counter() - t0
     return seg
 
 
-def _score(model, pools: list[_Pool], ex: _Exact, mb, decode_mode, name, passes, prev, temperature, masks):
-    """Run estimator `name`'s final pass once, score it against `ex` into each of `pools` (estimators that compute
-    the very same pass). Returns (h, seconds of the pass, seconds of its log-dists): that run is the one timed
-    (the comparison's pass also keeps the K/V cache)."""
+def _score(model, pools: list[_Pool], ex: _Exact, mb, temperature, run_pass_once):
+    """Run an estimator's final pass once (`run_pass_once()` -> (h in the row layout, its K/V)) and score it against
+    `ex` into each of `pools` (estimators that compute the very same pass). Returns (h, seconds of the pass,
+    seconds of its log-dists): that run is the one timed."""
     t0 = time.perf_counter()
+    h, kv = run_pass_once()
+    t1 = time.perf_counter()
+    logp = response_log_dists(model, h, mb, temperature)
+    t2 = time.perf_counter()
+    lp = torch.gather(logp, -1, ex.tok)[..., 0] * ex.mask
+    for pool in pools:
+        pool.add(lp, logp, kv, ex)
+    return h, t1 - t0, t2 - t1
+
+
+def _whole_pass(model, mb, decode_mode, name, passes, prev, masks):
+    """Estimator `name`'s final pass over prompt and response, keeping its K/V cache."""
     carried, fmask = last_pass_inputs(model, mb, decode_mode, name, passes, prev_hidden=prev, masks=masks)
-    h, kv = run_pass(model, mb, carried, fmask, with_kv=True)
-    t1 = time.perf_counter()
-    logp = response_log_dists(model, h, mb, temperature)
-    t2 = time.perf_counter()
-    lp = torch.gather(logp, -1, ex.tok)[..., 0] * ex.mask
-    for pool in pools:
-        pool.add(lp, logp, kv, ex)
-    return h, t1 - t0, t2 - t1
+    return run_pass(model, mb, carried, fmask, with_kv=True)
 
 
-def _score_segment(model, pools, ex: _Exact, mb, seg: _Segments, carried, mask, temperature):
-    """`_score` with the prompt shared: one response-only pass."""
-    t0 = time.perf_counter()
-    h, kv = seg.response_pass(model, carried, mask)
-    t1 = time.perf_counter()
-    logp = response_log_dists(model, h, mb, temperature)
-    t2 = time.perf_counter()
-    lp = torch.gather(logp, -1, ex.tok)[..., 0] * ex.mask
-    for pool in pools:
-        pool.add(lp, logp, kv, ex)
-    return h, t1 - t0, t2 - t1
+def _replay_variants(mb, formats) -> list[tuple[str, LearnerBatch]]:
+    """Replay's rows as recorded, then after a round trip of the states through each storage format."""
+    variants = [("replay", mb)]
+    for f in formats:
+        stored = state_formats.encode(mb.states, state_formats.CONFIG_NAMES[f])
+        variants.append((f"replay_{f}", dataclasses.replace(mb, states=state_formats.decode(stored))))
+    return variants
 
 
 def _score_segments(model, pools, ex: _Exact, mb, seg: _Segments, fb, max_passes, temperature, formats) -> None:
@@ -276,17 +276,14 @@ def _score_segments(model, pools, ex: _Exact, mb, seg: _Segments, fb, max_passes
     for k in range(1, max_passes + 1):  # K=1 feeds nothing back: the very pass of standard (scored once for both)
         same = [pools[k]] + ([pools["standard"]] if k == 1 else [])
         carried = seg.feeding(prev) if prev is not None else None
-        prev, t_pass, t_dist = _score_segment(model, same, ex, mb, seg, carried, feed, temperature)
+        prev, t_pass, t_dist = _score(model, same, ex, mb, temperature, lambda: seg.response_pass(model, carried, feed))
         chain += t_pass
         for pool in same:
             pool.seconds += chain + t_dist
-    variants = [("replay", mb)]
-    for f in formats:  # the states after a round trip through a storage format
-        stored = state_formats.encode(mb.states, state_formats.CONFIG_NAMES[f])
-        variants.append((f"replay_{f}", dataclasses.replace(mb, states=state_formats.decode(stored))))
-    for key, b in variants:
-        _, t_pass, t_dist = _score_segment(
-            model, [pools[key]], ex, mb, seg, seg.recorded(model, b, fb), feed, temperature
+    for key, b in _replay_variants(mb, formats):
+        carried = seg.recorded(model, b, fb)
+        _, t_pass, t_dist = _score(
+            model, [pools[key]], ex, mb, temperature, lambda: seg.response_pass(model, carried, feed)
         )
         pools[key].seconds += seg.seconds + t_pass + t_dist
 
@@ -302,17 +299,18 @@ def _score_micro_batch(model, pools, ex: _Exact, mb, decode_mode, max_passes, te
     alike = {1: "standard"} if decode_mode == "soft" else {}
     for k in range(1, max_passes + 1):
         same = [pools[k]] + ([pools[alike[k]]] if k in alike else [])
-        prev, t_pass, t_dist = _score(model, same, ex, mb, decode_mode, "kpass", k, prev, temperature, masks)
+        run = lambda: _whole_pass(model, mb, decode_mode, "kpass", k, prev, masks)
+        prev, t_pass, t_dist = _score(model, same, ex, mb, temperature, run)
         chain += t_pass
         for pool in same:
             pool.seconds += chain + t_dist
-    variants = [("replay", mb)] + [("standard", mb)] * (decode_mode != "soft")
-    for f in formats:  # the states after a round trip through a storage format (they do not change the masks)
-        stored = state_formats.encode(mb.states, state_formats.CONFIG_NAMES[f])
-        variants.append((f"replay_{f}", dataclasses.replace(mb, states=state_formats.decode(stored))))
+    # stored formats change the states only, not the masks
+    variants = _replay_variants(mb, formats) + [("standard", mb)] * (decode_mode != "soft")
     for key, b in variants:
         name = "standard" if key == "standard" else "replay"
-        _, t_pass, t_dist = _score(model, [pools[key]], ex, b, decode_mode, name, 1, None, temperature, masks)
+        _, t_pass, t_dist = _score(
+            model, [pools[key]], ex, b, temperature, lambda: _whole_pass(model, b, decode_mode, name, 1, None, masks)
+        )
         pools[key].seconds += t_masks + t_pass + t_dist
 
 
