@@ -108,6 +108,34 @@ def test_tokenizer_round_trip_and_autotokenizer(tmp_path):
     assert loaded.encode("é", add_special_tokens=False) == [loaded.unk_token_id]
 
 
+def test_load_tokenizer_is_autotokenizer_without_its_imports(tmp_path):
+    """A checkpoint's own tokenizer is loaded by its class name: the same tokenizer AutoTokenizer gives (class,
+    vocabulary, special tokens, settings, ids), without importing torch or the model classes in a driver."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer, PreTrainedConfig
+
+    from rl.data.tokenizer import load_tokenizer
+
+    for checkpoint in ("tiny-arith", "tiny-cups"):
+        path = f"checkpoints/{checkpoint}"
+        ours, auto = load_tokenizer(path), AutoTokenizer.from_pretrained(path, config=PreTrainedConfig())
+        assert type(ours) is type(auto) and ours.get_vocab() == auto.get_vocab()
+        assert ours.special_tokens_map == auto.special_tokens_map and ours.all_special_ids == auto.all_special_ids
+        assert (ours.model_max_length, ours.padding_side, ours.chat_template) == (
+            auto.model_max_length,
+            auto.padding_side,
+            auto.chat_template,
+        )
+        text = "Q: 12+3*4=? Put the answer in \\boxed{}.\nA: é"
+        assert ours(text)["input_ids"] == auto(text)["input_ids"]
+    probe = "import sys; from rl.data.tokenizer import load_tokenizer; load_tokenizer('checkpoints/tiny-arith'); "
+    probe += "print(sorted(m for m in ('torch', 'transformers.modeling_utils') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
+
+
 def test_jsonl_write_read_and_errors_name_file_line(tmp_path):
     rows = arith.generate("val", 20, difficulties=ALL)
     p = tmp_path / "val.jsonl"

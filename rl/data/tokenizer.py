@@ -50,6 +50,10 @@ def build_tokenizer(alphabet: str = ALPHABET, add_bos: bool = True, model_max_le
     return fast
 
 
+# tokenizer_config.json's names for the class that wraps a tokenizer.json as it is (transformers 5; 4)
+TOKENIZERS_BACKEND = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
 def save_tokenizer(directory: str | Path, **kwargs):
     """Build and `save_pretrained` into `directory` (e.g. a checkpoint dir); returns the tokenizer."""
     tok = build_tokenizer(**kwargs)
@@ -61,9 +65,18 @@ def load_tokenizer(directory: str | Path):
     """The tokenizer saved in `directory` (a checkpoint, or a tokenizer alone)."""
     import json
 
+    directory = Path(directory)
+    settings = directory / "tokenizer_config.json"
+    named = json.loads(settings.read_text()).get("tokenizer_class") if settings.is_file() else None
+    if named in TOKENIZERS_BACKEND and (directory / "tokenizer.json").is_file():
+        # The `tokenizers` library's own class, loaded by name: AutoTokenizer would also import torch and the model
+        # classes (~2 s of a driver's start-up, which never runs the model) to pick this same class.
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(directory))
     from transformers import AutoTokenizer, PreTrainedConfig
 
-    config = Path(directory) / "config.json"
+    config = directory / "config.json"
     kwargs = {}
     if config.is_file() and str(json.loads(config.read_text()).get("model_type", "")).startswith("fbt_"):
         # An FBT's model type is registered by `import rl.model`, which a process that never loads the model (the
