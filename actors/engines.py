@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rl.algos.registry import lookup
+from rl.registry import lookup
 
 
 @dataclass(frozen=True)

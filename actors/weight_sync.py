@@ -34,13 +34,15 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from actors.engines import engine_kind
 from actors.supervision import describe, lost_object
-from rl.algos.registry import lookup
+from rl.registry import lookup
 from rl.train.faults import RunStopped
+
+if TYPE_CHECKING:  # torch is imported where tensors are handled: `fbrl train`'s input checks use this module
+    import torch
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,8 @@ class RayBuckets:
 
 
 def pack_bucket(named: list[tuple[str, torch.Tensor]]) -> dict:
+    import torch
+
     return {
         name: (
             str(t.dtype).removeprefix("torch."),
@@ -187,6 +191,8 @@ def pack_bucket(named: list[tuple[str, torch.Tensor]]) -> dict:
 
 
 def unpack_bucket(bucket: dict) -> dict[str, torch.Tensor]:
+    import torch
+
     with warnings.catch_warnings():  # the arrays are read-only views of the object store; nothing writes to them
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         return {

@@ -10,8 +10,10 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # `fbrl train`'s input checks use this module (the KV cache's size) before torch is needed
+    import torch
 
 WORKER_EXTENSION = "rollout.vllm_worker_ext.FBTWorkerExtension"
 

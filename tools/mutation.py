@@ -37,7 +37,7 @@ TARGETS = {
     "algos.advantages": ("rl/algos/advantages.py", None, ["tests/test_algos.py", "tests/test_loop_filters.py"]),
     "algos.losses": ("rl/algos/losses.py", None, ["tests/test_algos.py", "tests/test_algos_mismatch.py"]),
     "algos.mismatch": ("rl/algos/mismatch.py", None, ["tests/test_algos_mismatch.py"]),
-    "algos.registry": ("rl/algos/registry.py", None, ["tests/test_algos.py"]),
+    "registry": ("rl/registry.py", None, ["tests/test_algos.py"]),
     "rewards.answer": ("rewards/answer.py", None, ["tests/test_rewards_answer.py", "tests/test_rewards_math.py"]),
     "rewards.math": (
         "rewards/math.py",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable, Sequence
 import torch
 from torch import Tensor
 
-from .registry import lookup, make_register
+from rl.registry import lookup, make_register
 
 GroupIds = Tensor | Sequence[Hashable]
 AdvantageFn = Callable[..., Tensor]

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rl.registry import lookup, make_register
+
 from .mismatch import IS_LEVELS, get_is_correction, mismatch_metrics, rollout_correction
-from .registry import lookup, make_register
 
 Count = int | float | Tensor | None
 

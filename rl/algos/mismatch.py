@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .registry import lookup, make_register
+from rl.registry import lookup, make_register
 
 IS_LEVELS = ("token", "sequence", "geometric")
 # name -> fn(ratio [B,T] (already at the level, masked positions arbitrary), mask [B,T] bool, cap, bounds)

@@ -22,7 +22,7 @@ from rl.config.serialize import flatten, plain, yaml_dump
 from rl.data.tasks import TASKS
 from rl.decode_modes import DECODE_MODES
 from rl.errors import InputError
-from rl.samples.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
+from rl.samples.temperature import TEMPERATURE_MAX, TEMPERATURE_MIN
 
 DecodeMode = Literal[DECODE_MODES]  # rl/decode_modes.py: the one list of decode modes
 _TEMPERATURE_NOTE = "for training rollouts (vLLM's limits, enforced by both engines)"

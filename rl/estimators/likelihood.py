@@ -45,9 +45,9 @@ from dataclasses import dataclass
 
 import torch
 
-from rl.algos.registry import lookup, make_register
 from rl.decode_modes import DECODE_MODES
 from rl.estimators.batch_inputs import fusion_masks, micro_batches, model_device, recorded_carried, response_feedback
+from rl.registry import lookup, make_register
 from rl.samples.batch import LearnerBatch
 from rl.samples.logprob_contract import behaviour_log_softmax, entropy_of
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-TEMPERATURE_MIN = 1e-2  # vLLM raises smaller positive temperatures to this (its _MAX_TEMP), silently
-TEMPERATURE_MAX = 2.0  # vLLM's SamplingParams refuses anything above
+from rl.samples.temperature import TEMPERATURE_MAX, TEMPERATURE_MIN  # noqa: F401 (part of this contract)
+
 SORT_CHUNK = 2**24  # top-p sorts this many entries at a time (values + int64 indices: 12 bytes each)
 
 

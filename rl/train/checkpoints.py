@@ -23,9 +23,6 @@ import socket
 import warnings
 from pathlib import Path
 
-import torch
-from safetensors.torch import load_file, save_file
-
 from rl.atomic_files import disk_full, fsync_dir, fsync_tree, replace_dir, write_text
 from rl.config.checkpointing import KeepBestConfig
 from rl.train.best_checkpoints import BestCheckpoints
@@ -54,7 +51,7 @@ class Checkpoints:
             check_saved(tmp / "learner", learner.save_checkpoint(str(tmp / "learner")), self.path)
             state = dict(trainer_state, step=step, python_rng=_jsonable(random.getstate()))
             write_text(tmp / "trainer_state.json", json.dumps(state, indent=1, sort_keys=True))
-            save_file({"torch_rng": torch.get_rng_state()}, str(tmp / "rng.safetensors"))
+            _save_torch_rng(tmp / "rng.safetensors")
             fsync_tree(tmp)  # after a power loss `latest` must not name files the disk never got
             final = self.ckpt_root / name
             replace_dir(tmp, final)  # a re-run of the same step: the old one stays whole until the new one is in
@@ -140,7 +137,7 @@ class Checkpoints:
         learner.load_checkpoint(str(path / "learner"))
         state = json.loads((path / "trainer_state.json").read_text())
         random.setstate(_tupled(state.pop("python_rng")))
-        torch.set_rng_state(load_file(str(path / "rng.safetensors"))["torch_rng"])
+        _load_torch_rng(path / "rng.safetensors")
         return state
 
 
@@ -201,3 +198,19 @@ def _jsonable(x):
 
 def _tupled(x):
     return tuple(_tupled(v) for v in x) if isinstance(x, list) else x
+
+
+# torch is imported where it is used: the run directory's rules (which import this module) are checked before a job
+# starts, and `fbrl train` starts Ray as soon as they hold
+def _save_torch_rng(path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"torch_rng": torch.get_rng_state()}, str(path))
+
+
+def _load_torch_rng(path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
+    torch.set_rng_state(load_file(str(path))["torch_rng"])
