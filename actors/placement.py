@@ -33,9 +33,11 @@ the quieting switches of actors/console.py (whose output then stays in Ray's log
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +106,68 @@ def init_ray(cfg) -> None:
         # the soak's GCS grew +7 % per 100 steps (~10 tasks per step). Without a dashboard nothing reads them.
         kwargs["_system_config"]["task_events_report_interval_ms"] = 0
     start_local_ray(**kwargs)
+
+
+class RayStart:
+    """`init_ray(cfg)` in a thread of its own, so that Ray comes up while the driver checks the job's inputs (Ray's
+    daemons start on the other core while this one imports and checks). `wait()` hands over the started Ray (or
+    raises what its start raised); `stop()` shuts it down, and is what a refused input calls: its one line, then
+    no Ray left. Nothing is started when Ray is already up in this process.
+
+    The thread lives until `stop()`: Ray starts its daemons with PR_SET_PDEATHSIG, which on Linux fires when the
+    *thread* that started a process ends, not the process, so a thread that returned would take GCS and raylet
+    with it. It is a daemon thread: if the driver dies, Ray's daemons die with it, as they do without it."""
+
+    def __init__(self, cfg):
+        import ray  # here, not in the thread: its import never interleaves with the main thread's imports
+
+        self.seconds, self.error = 0.0, None
+        self._up, self._stopped = threading.Event(), threading.Event()
+        if ray.is_initialized():
+            self._up.set()
+            return
+        self._t0 = time.perf_counter()
+        threading.Thread(target=self._start, args=(cfg,), name="fbrl-ray-start", daemon=True).start()
+
+    def _start(self, cfg) -> None:
+        quiet = _DropMessage("SIGTERM handler is not set")  # ours is installed by the session, in the main thread
+        logging.getLogger("ray._private.worker").addFilter(quiet)
+        try:
+            init_ray(cfg)
+        except BaseException as e:  # raised in the main thread by wait()
+            self.error = e
+        finally:
+            logging.getLogger("ray._private.worker").removeFilter(quiet)
+            self.seconds = time.perf_counter() - self._t0
+            self._up.set()
+        self._stopped.wait()
+
+    def wait(self) -> float:
+        """Block until Ray is up; the seconds its start took (0 when it was up already). Raises its start's error."""
+        self._up.wait()
+        if self.error is not None:
+            raise self.error
+        return self.seconds
+
+    def stop(self) -> None:
+        """Shut Ray down (once it has finished starting), then let the thread end."""
+        import ray
+
+        self._up.wait()
+        try:
+            if ray.is_initialized():
+                ray.shutdown()
+        finally:
+            self._stopped.set()
+
+
+class _DropMessage(logging.Filter):
+    def __init__(self, start: str):
+        super().__init__()
+        self.start = start
+
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith(self.start)
 
 
 def start_local_ray(**kwargs) -> None:

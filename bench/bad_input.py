@@ -4,13 +4,17 @@
     python -m bench.bad_input --only save_before --only keep_best    # the cases whose name holds a word
 
 Each case runs `fbrl train ...` in a fresh process from a scratch directory and measures the wall time from
-process start to exit (Python start and the torch / transformers imports included: that is what a user waits).
-Every case must exit with code 2, print one `fbrl train: error: ...` line, start no Ray and create no run dir.
+process start to its error line, and to its exit (Python's start and the imports included: that is what a user
+waits). `fbrl train` starts Ray as soon as its config has loaded, beside the checks: a mistake the config itself
+shows exits at once; one found by the later checks (files, tokenizer, data) prints its line at once, then waits
+for that Ray to finish starting and stops it. Every case must exit with code 2, print one `fbrl train: error: ...`
+line and nothing else, leave no Ray process running and create no run dir.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,16 +126,20 @@ def main(argv: list[str] | None = None) -> int:
         PYTHONPATH=str(ROOT),
     )
     failures = 0
+    # Ray's files under a directory of this run's (short: its socket paths live there), so that a Ray process left
+    # behind is recognisable by its command line
+    ray_tmp = tempfile.mkdtemp(prefix="fbrl-bad-", dir="/tmp")
+    env["RAY_TMPDIR"] = ray_tmp
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         make_inputs(d)
-        print("| input | message (`fbrl train: error: ...`) | seconds until the error |")
-        print("|---|---|---|")
+        print("| input | message (`fbrl train: error: ...`) | seconds until the error | until exit |")
+        print("|---|---|---|---|")
         t0 = time.monotonic()  # the floor: starting Python and importing what `fbrl train` needs before any check
         subprocess.run([sys.executable, "-c", "import rl.config, transformers"], cwd=d, env=env, check=True)
         print(
             f"| (baseline: `python -c 'import rl.config, transformers'`, no check at all) | - | "
-            f"{time.monotonic() - t0:.1f} |",
+            f"{time.monotonic() - t0:.1f} | - |",
             flush=True,
         )
         for what, overrides in CASES:
@@ -140,31 +148,60 @@ def main(argv: list[str] | None = None) -> int:
             argv = [o.format(d=d) for o in overrides]
             if "--resume" not in argv and not any(a.startswith("train.run_dir=") for a in argv):
                 argv.append(f"train.run_dir={d}/run")
-            t0 = time.monotonic()
-            p = subprocess.run(
-                [sys.executable, "-m", "actors.cli", "train", *argv],
-                cwd=d,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-            seconds = time.monotonic() - t0
-            message = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else "(nothing on stderr)"
+            line_s, seconds, code, out, err = run_case(argv, d, env)
+            message = err.strip().splitlines()[-1] if err.strip() else "(nothing on stderr)"
             ok = (
-                p.returncode == 2
+                code == 2
                 and message.startswith("fbrl train: error: ")
-                and "Traceback" not in p.stderr
+                and len(err.strip().splitlines()) == 1
+                and out == ""
                 and not (d / "run").exists()
-                and "Ray" not in p.stdout
+                and not ray_processes(ray_tmp)
             )
             failures += not ok
             shown = message.removeprefix("fbrl train: error: ").replace(tmp, "…").replace("|", "\\|")
             print(
-                f"| {what} | {shown[:260]} | {seconds:.1f}{'' if ok else ' **(not refused as required)**'} |",
+                f"| {what} | {shown[:260]} | {line_s:.1f} | {seconds:.1f}{'' if ok else ' **(not refused as required)**'} |",
                 flush=True,
             )
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     return 1 if failures else 0
+
+
+def run_case(argv: list[str], cwd: Path, env: dict) -> tuple[float, float, int, str, str]:
+    """`fbrl train ARGV`: (seconds until its first line on stderr, seconds until it exited, exit code, stdout,
+    stderr)."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "actors.cli", "train", *argv],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    first = p.stderr.readline()
+    line_s = time.monotonic() - t0
+    out, rest = p.communicate(timeout=600)
+    return line_s, time.monotonic() - t0, p.returncode, out, first + rest
+
+
+def ray_processes(ray_tmp: str, wait_s: float = 10.0) -> list[str]:
+    """Command lines of the processes still alive, `wait_s` seconds at most after the driver exited, of a Ray whose
+    files are under `ray_tmp` (Linux)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if ray_tmp in cmd:
+                found.append(cmd)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -200,6 +202,48 @@ def test_cli_bad_input_exit_code_and_time(tmp_path):
     ), p.stderr
     assert "Traceback" not in p.stderr and "Ray" not in p.stdout + p.stderr and not (tmp_path / "r").exists()
     assert seconds < 60, seconds  # imports only (torch); start-up of Ray + engines is what is avoided
+
+
+def test_cli_input_refused_while_ray_starts_leaves_nothing(tmp_path):
+    """A bad input the checks find after the config loaded (a reward file that is not there): Ray is already
+    starting beside those checks, and the refusal is still its one line, exit code 2, no run directory, and none of
+    that Ray's processes left running."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="fbrl-", dir="/tmp"))  # short: Ray's socket paths live under it
+    env = dict(os.environ, **ENV, PYTHONPATH=str(ROOT), RAY_TMPDIR=str(ray_tmp))
+    argv = ["train", "reward.fns=[{fn: missing.py:score}]", f"train.run_dir={tmp_path}/r"]
+    try:
+        p = subprocess.run(
+            [sys.executable, "-m", "actors.cli", *argv],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout)
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("fbrl train: error: ") and "reward file not found" in lines[0]
+        assert not (tmp_path / "r").exists()
+        assert list(ray_tmp.glob("ray/session_*")), "Ray was not started beside the checks"
+        left = [pid for pid in os.listdir("/proc") if pid.isdigit() and str(ray_tmp) in _cmdline(pid)]
+        assert not left, [_cmdline(pid)[:120] for pid in left]
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_config_loads_without_torch():
+    """`fbrl train` starts Ray once its config has loaded: loading it (run-directory rules included) imports no torch,
+    whose ~1.5 s would otherwise come before Ray's start instead of beside it."""
+    probe = "import sys; from actors.cli.launch import job_config; job_config(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_untrusted_files_load_without_pickle_or_remote_code():

@@ -179,8 +179,8 @@ def run_tests(records: Path, retries: int, ids: list[str] | None = None) -> tupl
 
 
 def bad_input_table() -> list[str] | None:
-    """`python -m bench.bad_input`'s table (every bad input through `fbrl train` itself: exit 2, one line, no Ray,
-    no run directory) with a line saying when, at which commit and under what load; None when a case failed."""
+    """`python -m bench.bad_input`'s table (every bad input through `fbrl train` itself: exit 2, one line, no Ray
+    process left, no run directory) with a line saying when, at which commit and under what load; None when a case failed."""
     t0 = time.monotonic()
     run = subprocess.run(
         [sys.executable, "-m", "bench.bad_input"], cwd=ROOT, env=dict(os.environ, **ENV), capture_output=True, text=True
@@ -194,8 +194,8 @@ def bad_input_table() -> list[str] | None:
         "",
         f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `python -m tools.reliability_table` "
         f"(`python -m bench.bad_input`) at commit {source_commit()}, in {time.monotonic() - t0:.0f} s (load average "
-        f"at the end {load}, on {os.cpu_count()} cores): every case exited 2 with one line, started no Ray and made no "
-        f"run directory.",
+        f"at the end {load}, on {os.cpu_count()} cores): every case exited 2 with one line, left no Ray process running "
+        f"and made no run directory.",
     ]
 
 

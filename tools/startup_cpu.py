@@ -50,13 +50,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config", nargs="?", default="configs/tiny.yaml")
     ap.add_argument("overrides", nargs="*", help="key=value overrides of the job")
+    ap.add_argument("--processes", action="store_true", help="also list every process with its CPU seconds")
     args = ap.parse_args(argv)
     run_dir = Path(tempfile.mkdtemp(prefix="fbrl-startup-")) / "run"
     cmd = [sys.executable, "-m", "actors.cli", "train", args.config, f"train.run_dir={run_dir}"]
     cmd += ["logging.progress=false", *args.overrides]
     t0 = time.perf_counter()
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ready, by_role = None, {}
+    ready, by_role, processes = None, {}, []
     for line in job.stdout:
         if "workers ready" in line:
             ready = line.strip()
@@ -65,6 +66,7 @@ def main(argv=None) -> int:
                 if found:
                     name = role(found[1]) if pid != job.pid else "driver (fbrl train)"
                     by_role[name] = by_role.get(name, 0.0) + found[0]
+                    processes.append((found[0], pid, found[1]))
             break
     wall = time.perf_counter() - t0
     job.send_signal(signal.SIGINT)  # twice: stop at once, the job tears its Ray down
@@ -77,6 +79,9 @@ def main(argv=None) -> int:
     print(f"{ready}\n(this tool's clock: {wall:.1f} s; {os.cpu_count()} cores)")
     for name, cpu in sorted(by_role.items(), key=lambda kv: -kv[1]):
         print(f"{cpu:7.1f} CPU s  {name}")
+    if args.processes:
+        for cpu, pid, command in sorted(processes, reverse=True):
+            print(f"{cpu:7.1f} CPU s  pid {pid:<7d} {command[:110]}")
     total = sum(by_role.values())
     print(f"{total:7.1f} CPU s  in all: at least {total / (os.cpu_count() or 1):.1f} s of wall time on these cores")
     return 0

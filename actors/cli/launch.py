@@ -148,40 +148,57 @@ def _redacted_keys(data, marker: str, prefix: str = "") -> list[str]:
 
 
 def run(args) -> int:
-    """`fbrl train ARGV`: argv → Config (`prepare`), then the job (`run_prepared`); the exit code."""
+    """`fbrl train ARGV`: argv → Config (`load_train_config`), then `run_job`; the exit code."""
     if args.print_config:
         return print_config(args)
     t_start = time.perf_counter()
     try:
-        cfg, label, run_dir, tokenizer, data = prepare(args)
+        label, cfg, resumed = load_train_config(args)
     except (InputError, OSError) as e:
         return bad_input(e)
-    return run_prepared(cfg, label, run_dir, tokenizer, data, no_ray=args.no_ray, t_start=t_start)
+    return run_job(cfg, label, resumed, overwrite=args.overwrite, no_ray=args.no_ray, t_start=t_start)
 
 
-def run_job(cfg, label: str, resumed=None, *, overwrite=False, no_ray=False, python_fns=None) -> int:
+def run_job(cfg, label: str, resumed=None, *, overwrite=False, no_ray=False, python_fns=None, t_start=None) -> int:
     """One job from its Config (`job_config`'s) to its exit code, as `fbrl train` runs it: the path of
     `actors.api.train`. `resumed`: the run directory it continues, None for a new run. `python_fns`: reward
-    functions that `reward.fns` names `python:<name>`."""
-    t_start = time.perf_counter()
+    functions that `reward.fns` names `python:<name>`. Ray starts while the inputs are checked (the config itself is
+    valid by now); a refused input prints its line, then stops that Ray: exit code 2, nothing left running."""
+    t_start = t_start if t_start is not None else time.perf_counter()
+    ray_start = None
+    if not no_ray:
+        from actors.placement import RayStart
+
+        _environment(cfg)  # Ray's processes, and so its workers, inherit these
+        ray_start = RayStart(cfg)
     try:
         cfg, run_dir, tokenizer, data = prepare_job(
             cfg, resumed, resume=resumed is not None, overwrite=overwrite, in_process=no_ray, python_fns=python_fns
         )
-    except (InputError, OSError) as e:
-        return bad_input(e)
-    return run_prepared(cfg, label, run_dir, tokenizer, data, no_ray=no_ray, python_fns=python_fns, t_start=t_start)
+    except BaseException as e:
+        code = bad_input(e) if isinstance(e, (InputError, OSError)) else None
+        if ray_start is not None:
+            ray_start.stop()
+        if code is None:
+            raise
+        return code
+    return run_prepared(
+        cfg, label, run_dir, tokenizer, data, no_ray=no_ray, python_fns=python_fns, t_start=t_start, ray_start=ray_start
+    )
 
 
-def run_prepared(cfg, label, run_dir, tokenizer, data, *, no_ray=False, python_fns=None, t_start=None) -> int:
-    """A checked job (`prepare_job`'s results) run: session → workers → the loop → summary; the exit code."""
+def run_prepared(
+    cfg, label, run_dir, tokenizer, data, *, no_ray=False, python_fns=None, t_start=None, ray_start=None
+) -> int:
+    """A checked job (`prepare_job`'s results) run: session → workers → the loop → summary; the exit code.
+    `ray_start`: the Ray being started beside the checks (`actors.placement.RayStart`), None to start it here."""
     announce(cfg, label, run_dir)
     from actors.cli.session import Session
     from rl.loop import train
 
     t_start = t_start if t_start is not None else time.perf_counter()
     started_at = time.time() - (time.perf_counter() - t_start)  # the origin of a train.save_before duration
-    with Session(cfg, run_dir, no_ray, t_start) as session:
+    with Session(cfg, run_dir, no_ray, t_start, ray_start) as session:
         rollout, learner, rewards = session.start_workers(python_fns)
         train(
             cfg,

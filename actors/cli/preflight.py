@@ -1,4 +1,5 @@
-"""Checks of a training job's inputs that run before Ray or any engine starts, so bad input fails in seconds.
+"""Checks of a training job's inputs that run before any worker or engine starts, so bad input fails in seconds
+(`fbrl train` starts Ray beside them once the config has loaded, and stops it when they refuse the job).
 
 `check_job(cfg)` raises `BadInput` (an `rl.errors.InputError`, as config, data and reward errors are) with one
 message naming what is wrong; `fbrl train` prints it without a traceback and exits with code 2. It checks:

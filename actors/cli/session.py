@@ -1,7 +1,7 @@
 """One `fbrl train` job from the first line it prints to its exit code: `Session` owns the stop signals, Ray, the
 workers' start, the trackers, the live plots, the progress bar, closing the rewards, shutdown and the summary.
 
-    with Session(cfg, run_dir, no_ray, t_start) as session:
+    with Session(cfg, run_dir, no_ray, t_start, ray_start) as session:
         rollout, learner, rewards = session.start_workers(python_fns)
         train(..., log=session.log, progress=session.on_step, faults=session.faults, stop_requested=session.stop.reason)
     return session.exit_code()
@@ -20,10 +20,13 @@ from pathlib import Path
 
 
 class Session:
-    def __init__(self, cfg, run_dir, no_ray: bool, t_start: float):
+    def __init__(self, cfg, run_dir, no_ray: bool, t_start: float, ray_start=None):
+        """`ray_start`: the Ray already being started (`actors.placement.RayStart`, launch.py starts it beside the
+        input checks); None: started by `start_workers`."""
         from rl.train.faults import FaultLog
 
         self.cfg, self.run_dir, self.no_ray, self.t_start = cfg, run_dir, no_ray, t_start
+        self.ray_start = ray_start
         self.faults = FaultLog(print)
         self.stop = StopSignals()
         self.steps = {}  # step -> its metrics (a step run again: the last)
@@ -39,16 +42,18 @@ class Session:
     def start_workers(self, python_fns=None):
         """Ray (unless --no-ray), the rollout, learner and reward workers, then the trackers, the plots and the bar."""
         from actors import console
-        from actors.placement import build_workers, init_ray
+        from actors.placement import RayStart, build_workers
         from actors.trackers import Trackers
         from rl.report.live_plots import LivePlots
 
         cfg = self.cfg
-        t_ray = time.perf_counter()
+        t_wait = time.perf_counter()
+        ray_s = None
         if not self.no_ray:
-            init_ray(cfg)
+            self.ray_start = self.ray_start or RayStart(cfg)
+            ray_s = self.ray_start.wait()
             self.stop.install()  # ray.init installs its own SIGTERM handler (kill Ray, exit 1): ours goes back on top
-        t_ray = time.perf_counter() - t_ray
+        ray_wait_s = time.perf_counter() - t_wait
         print(workers_line(cfg, not self.no_ray), flush=True)
         t_workers, startup = time.perf_counter(), {}
         workers = build_workers(
@@ -58,7 +63,7 @@ class Session:
         if self.no_ray:  # in-process engines and ranks end with the job, not whenever they are garbage-collected
             self.in_process = workers[:2]
         now = time.perf_counter()
-        print(ready_line(now - t_workers, t_ray, startup, now - self.t_start), flush=True)
+        print(ready_line(now - t_workers, ray_s, ray_wait_s, startup, now - self.t_start), flush=True)
         self.worker_logs = worker_logs_dir(self.no_ray)
         self.trackers = Trackers(cfg, self.run_dir)
         self.bar = console.progress_bar(cfg.train.steps, cfg.logging.progress)
@@ -104,7 +109,8 @@ class Session:
         wandb_dir = self.trackers.close() if self.trackers is not None else None
         for part in self.in_process:  # a vLLM engine collected later would tear down a live engine's groups
             part.close()
-        shutdown_ray(self.no_ray)
+        if self.ray_start is not None:
+            self.ray_start.stop()
         written = self.plots.wait() if self.plots is not None else self.run_dir.plot()
         self.stop.uninstall()
         return written, str(Path(wandb_dir).parent) if wandb_dir else None  # the run's folder, not its files/
@@ -255,14 +261,16 @@ def workers_line(cfg, use_ray: bool) -> str:
     )
 
 
-def ready_line(workers_s: float, ray_s: float, startup: dict, since_start_s: float) -> str:
-    """`workers ready in N s (...)`: the start-up broken down (Ray, then each role's actors, which come up at once)."""
+def ready_line(workers_s: float, ray_s: float | None, ray_wait_s: float, startup: dict, since_start_s: float) -> str:
+    """`workers ready in N s (...)`: the start-up broken down: Ray's start (beside the input checks: how much of it
+    was left to wait for after them), then when each role's actors were up (they come up at once)."""
     from actors.placement import startup_line
 
     line = f"workers ready in {workers_s:.0f} s"
     if startup:
         threads = startup.pop("threads", [])
-        line += f" (Ray {ray_s:.1f} s before them; {startup_line(startup, threads)}; {since_start_s:.0f} s since start)"
+        ray = f"Ray {ray_s:.1f} s, {ray_wait_s:.1f} s of it after the input checks" if ray_s else "Ray up already"
+        line += f" ({ray}; {startup_line(startup, threads)}; {since_start_s:.0f} s since start)"
     return line
 
 
@@ -284,12 +292,3 @@ def worker_logs_dir(no_ray: bool) -> str | None:
         return ray._private.worker._global_node.get_logs_dir_path() if ray.is_initialized() else None
     except Exception:  # a private API: the summary line is optional
         return None
-
-
-def shutdown_ray(no_ray: bool) -> None:
-    if no_ray:
-        return
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
