@@ -116,10 +116,12 @@ def test_load_tokenizer_is_autotokenizer_without_its_imports(tmp_path):
 
     from transformers import AutoTokenizer, PreTrainedConfig
 
-    from rl.data.tokenizer import load_tokenizer
+    from rl.data.tokenizer import build_tokenizer, load_tokenizer
 
-    for checkpoint in ("tiny-arith", "tiny-cups"):
-        path = f"checkpoints/{checkpoint}"
+    chat = build_tokenizer()  # with a chat template, which save_pretrained writes to a file of its own
+    chat.chat_template = "{% for m in messages %}<bos>{{ m['content'] }}<eos>{% endfor %}"
+    chat.save_pretrained(str(tmp_path / "chat"))
+    for path in ("checkpoints/tiny-arith", "checkpoints/tiny-cups", str(tmp_path / "chat")):
         ours, auto = load_tokenizer(path), AutoTokenizer.from_pretrained(path, config=PreTrainedConfig())
         assert type(ours) is type(auto) and ours.get_vocab() == auto.get_vocab()
         assert ours.special_tokens_map == auto.special_tokens_map and ours.all_special_ids == auto.all_special_ids
@@ -130,6 +132,10 @@ def test_load_tokenizer_is_autotokenizer_without_its_imports(tmp_path):
         )
         text = "Q: 12+3*4=? Put the answer in \\boxed{}.\nA: é"
         assert ours(text)["input_ids"] == auto(text)["input_ids"]
+        if ours.chat_template:
+            talk = [{"role": "user", "content": text}]
+            assert ours.apply_chat_template(talk, tokenize=False) == auto.apply_chat_template(talk, tokenize=False)
+    assert ours.chat_template  # the last one's template was read back
     probe = "import sys; from rl.data.tokenizer import load_tokenizer; load_tokenizer('checkpoints/tiny-arith'); "
     probe += "print(sorted(m for m in ('torch', 'transformers.modeling_utils') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout

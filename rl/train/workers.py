@@ -11,9 +11,10 @@ Faults: rollout and reward workers replace a dead actor and redo its call themse
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from rl.samples.batch import Sample
+if TYPE_CHECKING:  # the reward actor imports this module and never handles a tensor: no torch for it
+    from rl.samples.batch import Sample
 
 
 class RolloutWorkers(Protocol):
