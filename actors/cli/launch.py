@@ -192,10 +192,14 @@ def run_prepared(
 ) -> int:
     """A checked job (`prepare_job`'s results) run: session → workers → the loop → summary; the exit code.
     `ray_start`: the Ray being started beside the checks (`actors.placement.RayStart`), None to start it here."""
-    announce(cfg, label, run_dir)
-    from actors.cli.session import Session
-    from rl.loop import train
-
+    try:
+        announce(cfg, label, run_dir)
+        from actors.cli.session import Session
+        from rl.loop import train
+    except BaseException:
+        if ray_start is not None:  # the session, which stops it otherwise, never began
+            ray_start.stop()
+        raise
     t_start = t_start if t_start is not None else time.perf_counter()
     started_at = time.time() - (time.perf_counter() - t_start)  # the origin of a train.save_before duration
     with Session(cfg, run_dir, no_ray, t_start, ray_start) as session:
