@@ -1,4 +1,4 @@
-"""Bad input refused before Ray or any engine starts, run-directory rules, secrets and untrusted files, and the
+"""Bad input refused before any worker or engine starts, run-directory rules, secrets and untrusted files, and the
 pieces of fault handling that need no Ray (prompt fitting, stop rules, a skipped non-finite step, absurd rewards).
 The faults injected into real jobs are in tests/test_faults.py; docs/RELIABILITY.md has the tables."""
 
@@ -35,7 +35,7 @@ def write_task_with_long_prompt(path: Path, n: int) -> None:
     write_jsonl(rows[: n // 2] + [long] + rows[n // 2 :], path)
 
 
-# ---- bad input: refused before Ray or any engine starts -----------------------------------------------------------
+# ---- bad input: refused before any worker or engine starts --------------------------------------------------------
 def prepare(*argv: str, cwd: Path | None = None):
     """`fbrl train ARGV`'s checks (actors.cli.launch.prepare), in this process."""
     import argparse

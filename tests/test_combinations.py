@@ -1,5 +1,5 @@
 """Every combination of the settings that interact either passes the load-time checks and resolves (its weight
-transport included) or is refused before Ray starts, naming both settings. The cross: rollout engine × weight sync
+transport included) or is refused by them, naming both settings. The cross: rollout engine × weight sync
 × estimator × decode mode × LoRA × dtype × staleness × GPUs (and colocation) × Ray or in-process (--no-ray).
 The rules expected to refuse are stated here once more, independently of the code, so a rule dropped from the
 load-time checks (the job would then fail minutes later inside a worker) or a rule added by mistake turns this

@@ -1,5 +1,5 @@
-"""Bad input that used to surface only once the workers ran (a traceback, exit code 1) is refused before Ray
-starts: one line naming the problem, exit code 2 (an empty data file, a corrupt parquet file, `--resume` with a
+"""Bad input that used to surface only once the workers ran (a traceback, exit code 1) is refused before any
+worker starts: one line naming the problem, exit code 2 (an empty data file, a corrupt parquet file, `--resume` with a
 larger `rollout.max_tokens`)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`--resume` with a learner that cannot load the checkpoint (another world size or ZeRO stage, or --no-ray's one
-rank for a checkpoint of several): refused before anything starts, exit 2, in one line naming both sizes and the
+rank for a checkpoint of several): refused before any worker starts, exit 2, in one line naming both sizes and the
 command that starts a new run from the checkpoint's weights. Before, a changed size was refused without a way on,
 and `--no-ray` loaded a 2-rank ZeRO-2 checkpoint into one rank and died in DeepSpeed with a traceback."""
 

@@ -62,7 +62,7 @@ COVERED = (
 )
 
 
-# The code the bad-input table covers: the checks `fbrl train` runs before Ray starts, and the script that runs them.
+# The code the bad-input table covers: the checks `fbrl train` runs before any worker starts, and the script that runs them.
 INPUT_COVERED = ("actors/cli/preflight.py", "actors/cli/launch.py", "bench/bad_input.py")
 
 

@@ -2,7 +2,7 @@
 
 DeepSpeed ZeRO 1-3 keeps one optimizer partition per rank (`*zero_pp_rank_<r>_*optim_states.pt`) and loads them
 only at the world size and stage that saved them (otherwise it raises inside the rank, after Ray and every worker
-have started). So `--resume` compares first, before anything starts, and a mismatch is one line naming both sizes
+have started). So `--resume` compares first, before any worker starts, and a mismatch is one line naming both sizes
 and the way on: resume at the saved size, or start a new run from the checkpoint's consolidated weights
 (`learner/model/`, a save_pretrained directory), whose Adam moments and data order start afresh.
 A checkpoint without partitions (ZeRO-0, the torch learner) holds its whole state in files every rank reads, so
