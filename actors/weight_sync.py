@@ -77,7 +77,7 @@ TRANSPORTS: dict[str, Transport] = {}
 # ---- choosing the transport ---------------------------------------------------------------------------------
 def transport_problem(cfg, in_process: bool) -> str | None:
     """Why `rollout.weight_sync` cannot work with the rest of the config (None: it can), naming both keys. Config
-    only, so `fbrl train` refuses it before Ray starts (actors/cli/preflight.py); `in_process`: --no-ray."""
+    only, so `fbrl train` refuses it before any worker starts (actors/cli/preflight.py); `in_process`: --no-ray."""
     r, want = cfg.rollout, cfg.rollout.weight_sync
     gpu = r.num_gpus_per_engine > 0 and cfg.learner.num_gpus_per_worker > 0
     if want != "auto":

@@ -202,9 +202,15 @@ def _tupled(x):
 
 # torch is imported where it is used: the run directory's rules (which import this module) are checked before a job
 # starts, and `fbrl train` starts Ray as soon as they hold
+def save_file(tensors: dict, path: str) -> None:
+    """safetensors' `save_file`, imported (with torch) on first use."""
+    from safetensors.torch import save_file as save
+
+    save(tensors, path)
+
+
 def _save_torch_rng(path: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     save_file({"torch_rng": torch.get_rng_state()}, str(path))
 
