@@ -45,6 +45,7 @@ FBRL_VENV=${FBRL_VENV:-$FBRL_ROOT/.venv}
 TRL_VENV=${TRL_VENV:-$FBRL_ROOT/.venv-peer}
 FBRL_CONFIG=${FBRL_CONFIG:-$FBRL_ROOT/configs/tiny.yaml}
 FBRL_CONFIG=$(realpath "$FBRL_CONFIG"); [ -n "$HF_DIR" ] && HF_DIR=$(realpath "$HF_DIR")  # the runs cd elsewhere
+FBRL_VENV=$(realpath "$FBRL_VENV"); TRL_VENV=$(realpath "$TRL_VENV")  # `make peer-compare` passes .venv-peer
 WORK=${WORK:-$TMP/peer_trl_work}
 NICE=${NICE:-10}
 RUN=$WORK/run_$(date +%Y%m%d-%H%M%S)_${STEPS}
