@@ -1,7 +1,5 @@
 """`python -m actors.cli ...` is `fbrl ...` (subprocess tests and benchmarks run it with the interpreter they use)."""
 
-import sys
+from actors.cli import entry
 
-from actors.cli import main
-
-sys.exit(main())
+entry()
