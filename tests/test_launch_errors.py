@@ -17,7 +17,22 @@ from rl.train.run_dir import RunDirError
 
 
 def _args():
-    return argparse.Namespace(print_config=False)
+    return argparse.Namespace(print_config=False, overwrite=False, no_ray=True)
+
+
+def fail_at(monkeypatch, stage: str, error: BaseException) -> None:
+    """`error` raised where `fbrl train` loads its config (`load_train_config`) or checks its inputs
+    (`prepare_job`, after the config loaded)."""
+
+    def fail(*args, **kwargs):
+        raise error
+
+    if stage == "prepare_job":
+        monkeypatch.setattr(launch, "load_train_config", lambda args: ("cfg.yaml", None, None))
+    monkeypatch.setattr(launch, stage, fail)
+
+
+STAGES = ["load_train_config", "prepare_job"]
 
 
 @pytest.mark.parametrize(
@@ -31,22 +46,18 @@ def _args():
         FileNotFoundError("configs/none.yaml"),
     ],
 )
-def test_input_errors_are_one_line(monkeypatch, capsys, error):
-    def prepare(args):
-        raise error
-
-    monkeypatch.setattr(launch, "prepare", prepare)
+@pytest.mark.parametrize("stage", STAGES)
+def test_input_errors_are_one_line(monkeypatch, capsys, error, stage):
+    fail_at(monkeypatch, stage, error)
     assert launch.run(_args()) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err == f"fbrl train: error: {error}\n"
 
 
 @pytest.mark.parametrize("bug", [ValueError("too many values to unpack"), KeyError("rollout"), TypeError("x")])
-def test_other_errors_keep_their_traceback(monkeypatch, capsys, bug):
-    def prepare(args):
-        raise bug
-
-    monkeypatch.setattr(launch, "prepare", prepare)
+@pytest.mark.parametrize("stage", STAGES)
+def test_other_errors_keep_their_traceback(monkeypatch, capsys, bug, stage):
+    fail_at(monkeypatch, stage, bug)
     with pytest.raises(type(bug)) as info:
         launch.run(_args())
     assert info.value is bug

@@ -108,7 +108,8 @@ def test_every_import_form_is_seen():
 
 # The floors of rl/, lowest first: a unit imports its own floor's units and lower ones, never a higher floor.
 RL_FLOORS = [
-    {"rl.errors", "rl.atomic_files", "rl.decode_modes", "rl.backbones", "rl.algos"},  # plain helpers, the GRPO math
+    # plain helpers, the registries' helper, the GRPO math
+    {"rl.errors", "rl.atomic_files", "rl.decode_modes", "rl.backbones", "rl.registry", "rl.algos"},
     {"rl.samples", "rl.hub"},  # what engines and learners exchange; where models come from
     {"rl.model"},
     {"rl.data"},

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import torch
 
-from rl.samples.temperature import TEMPERATURE_MAX, TEMPERATURE_MIN  # noqa: F401 (part of this contract)
-
 SORT_CHUNK = 2**24  # top-p sorts this many entries at a time (values + int64 indices: 12 bytes each)
 
 

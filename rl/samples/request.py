@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rl.decode_modes import DECODE_MODES
-from rl.samples.logprob_contract import TEMPERATURE_MAX, TEMPERATURE_MIN
 from rl.samples.states import STATE_DTYPES
+from rl.samples.temperature import TEMPERATURE_MAX, TEMPERATURE_MIN
 
 
 @dataclass(frozen=True)
