@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+from bench.bad_input import ray_processes
+
 CONFIG = ROOT / "configs" / "tiny.yaml"
 ENV = dict(WANDB_MODE="offline", VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
 MY_REWARDS = "def zero(prompts, completions, answers, **fields):\n    return [0.0] * len(completions)\n"
@@ -225,17 +227,10 @@ def test_cli_input_refused_while_ray_starts_leaves_nothing(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("fbrl train: error: ") and "reward file not found" in lines[0]
         assert not (tmp_path / "r").exists()
         assert list(ray_tmp.glob("ray/session_*")), "Ray was not started beside the checks"
-        left = [pid for pid in os.listdir("/proc") if pid.isdigit() and str(ray_tmp) in _cmdline(pid)]
-        assert not left, [_cmdline(pid)[:120] for pid in left]
+        left = ray_processes(str(ray_tmp))
+        assert not left, [cmd[:120] for cmd in left]
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
-
-
-def _cmdline(pid: str) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def test_untrusted_files_load_without_pickle_or_remote_code():
