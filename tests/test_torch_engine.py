@@ -182,6 +182,24 @@ def test_stop_tokens_early_exit_and_reset_tokens(model):
     assert eos_engine.eos_token_ids == (2,)
 
 
+def test_stopped_rows_left_in_the_batch_change_nothing(model, monkeypatch):
+    """Stopped rows stay in the batch until they are COMPACT_FRACTION of it: each sample still ends at its first
+    stop token, with the tokens and log-probs it gets when stopped rows leave the batch at once."""
+    import rollout.torch_engine as torch_engine
+
+    engine = TorchEngine(model, eos_token_ids=())
+    stops = tuple(range(4, model.config.vocab_size, 5))  # a fifth of the vocabulary: rows stop at every step
+    params = SamplingParams(n=8, temperature=1.0, max_tokens=12, seed=3, stop_token_ids=stops)
+    lazy = engine.generate(PROMPTS, params)
+    monkeypatch.setattr(torch_engine, "COMPACT_FRACTION", 0.0)
+    eager = engine.generate(PROMPTS, params)
+    assert {s.finish_reason for s in lazy} == {"stop", "length"}
+    for s in lazy:
+        ends = [j for j, t in enumerate(s.response_ids) if t in stops]
+        assert ends == ([len(s.response_ids) - 1] if s.finish_reason == "stop" else []), s.response_ids
+    assert [(s.response_ids, s.logprobs) for s in lazy] == [(s.response_ids, s.logprobs) for s in eager]
+
+
 def test_same_seed_same_samples_regardless_of_batch(model):
     engine = TorchEngine(model)
     params = SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=5)
