@@ -13,6 +13,7 @@
   policy moved; the signed parts add up to the total.
 """
 
+import dataclasses
 import random
 import threading
 import time
@@ -205,6 +206,15 @@ def test_rows_of_the_current_version_run_the_exact_recurrence_once():
         s.policy_version = 1
     probe.measure(samples, 1, state)
     assert calls == ["exact", "replay", "exact"]
+    # standard decoding feeds nothing back: the estimator is the plain forward exact already ran, not run again
+    standard = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, decode_mode="standard"))
+    plain = TorchEngine(model).generate([[1, 5, 6, 7]], dataclasses.replace(params, decode_mode="standard"))
+    probe = MismatchProbe(standard, lambda: load_fbt(CKPT), pad_id_of(model))
+    run = probe._logprobs
+    probe._logprobs = lambda estimator, m, batch: calls.append(estimator) or run(estimator, m, batch)
+    calls.clear()
+    out = probe.measure(plain, 0, state)
+    assert calls == ["exact"] and out["estimator"] == 0.0 and out["engine"] < 1e-5
 
 
 # ---- the loop, on real in-process workers --------------------------------------------------------------------------

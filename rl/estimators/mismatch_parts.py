@@ -14,7 +14,8 @@ log-prob. It splits exactly (per token, signed) into three parts:
 - **staleness**: what the policy moved since the sample was drawn, both sides exact: exactly 0 at s = 0.
 - **estimator**: the estimator's own error under the current weights. For an FBT this is where staleness meets
   the latent states: `replay` feeds the states θ_v recorded to θ_V (its error grows with staleness), `kpass`
-  recomputes them under θ_V (its error is the K-pass truncation only), `exact` is 0.
+  recomputes them under θ_V (its error is the K-pass truncation only), `exact` is 0, and so is every estimator in
+  standard decoding (no position is fed back: each is the plain forward, not run a second time).
 
 `exact` is the teacher-forced recurrence (rl/estimators/likelihood.py) under each version's weights. The learner keeps a
 CPU copy of the weights of every version it trained at in the last `max_staleness + 1` (`WeightHistory`), records the
@@ -133,7 +134,9 @@ class MismatchProbe:
         batch = collate(samples, self.pad_id, with_states=needs_recorded_states(estimator))
         model = self._model(state)
         exact_now = self._logprobs("exact", model, batch)
-        est_now = exact_now if estimator == "exact" else self._logprobs(estimator, model, batch)
+        # In standard decoding no position is fed back: every estimator is the one plain forward exact is.
+        same = estimator == "exact" or self.cfg.rollout.decode_mode == "standard"
+        est_now = exact_now if same else self._logprobs(estimator, model, batch)
         exact_then = torch.zeros_like(exact_now)
         known = torch.zeros(len(samples), dtype=torch.bool)
         for v in sorted({s.policy_version for s in samples}):
