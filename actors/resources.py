@@ -44,17 +44,38 @@ def role_threads(
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
-def native_bf16_flag(cpuinfo: str | None = None) -> str | None:
-    """The first flag of NATIVE_BF16_FLAGS this CPU lists in /proc/cpuinfo (or in `cpuinfo`'s text); None where
-    it lists none or the file is unreadable (not Linux)."""
+# the x86 vector ISAs torch's CPU kernels dispatch to, best first, with the /proc/cpuinfo flags each needs
+VECTOR_ISAS = (("AVX512", {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"}), ("AVX2", {"avx2", "fma"}))
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str] | None:
+    """The flags /proc/cpuinfo (or `cpuinfo`'s text) lists; None where it is unreadable (not Linux)."""
     if cpuinfo is None:
         try:
             with open("/proc/cpuinfo") as f:
                 cpuinfo = f.read()
         except OSError:
             return None
-    flags = {w for line in cpuinfo.splitlines() if line.startswith("flags") for w in line.split(":", 1)[-1].split()}
+    return {w for line in cpuinfo.splitlines() if line.startswith("flags") for w in line.split(":", 1)[-1].split()}
+
+
+def native_bf16_flag(cpuinfo: str | None = None) -> str | None:
+    """The first flag of NATIVE_BF16_FLAGS this CPU lists in /proc/cpuinfo (or in `cpuinfo`'s text); None where
+    it lists none or the file is unreadable (not Linux)."""
+    flags = cpu_flags(cpuinfo) or set()
     return next((f for f in NATIVE_BF16_FLAGS if f in flags), None)
+
+
+def cpu_vector_isa(cpuinfo: str | None = None) -> str:
+    """What `torch.backends.cpu.get_cpu_capability()` says on an x86 CPU (AVX512, AVX2 or DEFAULT), read from
+    /proc/cpuinfo, so the driver names it without importing torch (~1.3 CPU-s before its workers could start).
+    ATEN_CPU_CAPABILITY, which torch obeys, is obeyed here too. "unknown" where the flags cannot be read."""
+    forced = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().upper()
+    flags = cpu_flags(cpuinfo)
+    if flags is None:
+        return forced or "unknown"
+    isas = [name for name, needs in VECTOR_ISAS if needs <= flags] + ["DEFAULT"]
+    return forced if forced in isas else isas[0]
 
 
 def precision_line(cfg, cpu_capability: str, bf16_flag: str | None) -> str:

@@ -3,7 +3,9 @@ whether the CPU computes bf16 natively, read from /proc/cpuinfo's flags."""
 
 from types import SimpleNamespace
 
-from actors.resources import native_bf16_flag, precision_line
+import torch
+
+from actors.resources import cpu_vector_isa, native_bf16_flag, precision_line
 
 AVX2_ONLY = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
 SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
@@ -35,3 +37,16 @@ def test_precision_line_says_the_choice_and_what_the_cpu_offers():
     chosen = precision_line(job("bfloat16", True), "AVX512", "amx_bf16")
     assert chosen.endswith("engine bfloat16, learner bf16 (CPU AVX512, native bf16: amx_bf16)")
     assert precision_line(job("bfloat16", True, gpus=1), "AVX2", None).endswith("(GPU job)")
+
+
+def test_vector_isa_from_cpuinfo_is_what_torch_dispatches_to(monkeypatch):
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert cpu_vector_isa(AVX2_ONLY) == "AVX2"
+    assert cpu_vector_isa("flags\t: avx2 fma avx512f avx512bw avx512vl avx512dq\n") == "AVX512"
+    assert cpu_vector_isa("flags\t: avx2 fma avx512f\n") == "AVX2"  # AVX-512 without BW/VL/DQ: torch uses AVX2
+    assert cpu_vector_isa("flags\t: sse2 avx\n") == "DEFAULT"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # a user's cap, which torch obeys
+    assert cpu_vector_isa(SAPPHIRE_RAPIDS + "flags\t: avx512bw avx512vl avx512dq fma\n") == "AVX2"
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512", "DEFAULT"):  # x86 (other ISAs: torch's names)
+        assert cpu_vector_isa() == torch.backends.cpu.get_cpu_capability()

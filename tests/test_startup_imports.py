@@ -23,6 +23,20 @@ def test_config_loads_without_torch():
     assert modules_after("from actors.cli.launch import job_config; job_config()", "torch") == []
 
 
+def test_checks_and_first_lines_import_no_torch(tmp_path):
+    """The driver's checks (`prepare_job`: checkpoint, tokenizer, rewards, data) and its first lines (`announce`,
+    the precision line included) import no torch: the workers start as soon as Ray is up, and the driver's torch
+    is imported beside their start (`import_torch_beside_workers`), not before it."""
+    code = (
+        "from actors.cli.launch import announce, job_config, prepare_job\n"
+        f"label, cfg, _ = job_config(None, ['train.run_dir={tmp_path / 'run'}'])\n"
+        "cfg, run_dir, tok, data = prepare_job(cfg, None, resume=False)\n"
+        "assert len(data.train_rows) > 0\n"
+        "announce(cfg, label, run_dir)"
+    )
+    assert modules_after(code, "torch") == []
+
+
 def test_reward_actor_builds_its_scorer_without_torch():
     """The reward actor's module and the default job's scorer: no torch, no transformers (~1 CPU-s of its start)."""
     code = (

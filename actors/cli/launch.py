@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -195,15 +196,18 @@ def run_prepared(
     try:
         announce(cfg, label, run_dir)
         from actors.cli.session import Session
-        from rl.loop import train
     except BaseException:
         if ray_start is not None:  # the session, which stops it otherwise, never began
             ray_start.stop()
         raise
     t_start = t_start if t_start is not None else time.perf_counter()
     started_at = time.time() - (time.perf_counter() - t_start)  # the origin of a train.save_before duration
+    if not no_ray:
+        import_torch_beside_workers()
     with Session(cfg, run_dir, no_ray, t_start, ray_start) as session:
         rollout, learner, rewards = session.start_workers(python_fns)
+        from rl.loop import train  # its torch was imported beside the workers' start
+
         train(
             cfg,
             tokenizer,
@@ -219,6 +223,24 @@ def run_prepared(
             started_at=started_at,
         )
     return session.exit_code()
+
+
+def import_torch_beside_workers() -> threading.Thread:
+    """Import torch in a thread while the workers start. The driver needs it only for the loop; the checks before
+    it import none, so Ray's workers start as soon as the checks end, and the driver's ~1.3 CPU-s of torch
+    overlaps their start instead of coming before it. `rl.loop`, imported once the workers are up, waits for this
+    import if it is still running (Python's import lock). Only torch: the driver's other imports meanwhile are
+    Ray's and fbrl's own, which torch's do not touch."""
+
+    def run():
+        try:
+            import torch  # noqa: F401
+        except Exception:  # the same import in the main thread raises it where it is reported
+            pass
+
+    thread = threading.Thread(target=run, name="fbrl-import-torch", daemon=True)
+    thread.start()
+    return thread
 
 
 def bad_input(error) -> int:
@@ -245,17 +267,15 @@ def print_config(args) -> int:
 def announce(cfg, config_path, run_dir) -> None:
     """The console set up for the job, then its first lines: where results land, the engine's and learner's
     precision (and whether this CPU computes bf16 natively), and a decode mode the checkpoint was not trained for."""
-    import torch
-
     from actors import console
-    from actors.resources import native_bf16_flag, precision_line
+    from actors.resources import cpu_vector_isa, native_bf16_flag, precision_line
     from rl.decode_modes import mode_warning
 
     console.plain_text_streams()
     console.quiet_third_party(cfg.logging.verbose)
     _environment(cfg)
     print(f"fbrl train: {config_path} -> {run_dir.path.absolute()}", flush=True)  # first: where results land
-    print(precision_line(cfg, torch.backends.cpu.get_cpu_capability(), native_bf16_flag()), flush=True)
+    print(precision_line(cfg, cpu_vector_isa(), native_bf16_flag()), flush=True)
     for wanted, key in (
         (cfg.rollout.decode_mode, "rollout.decode_mode"),
         (cfg.train.eval_decode_modes, "train.eval_decode_modes"),

@@ -132,7 +132,7 @@ def check_data(cfg, tokenizer, model_config: dict):
     from types import SimpleNamespace
 
     from rl.data.jsonl import DataError
-    from rl.train.job import JobData
+    from rl.train.job_data import JobData
 
     try:
         data = JobData.load(cfg, tokenizer, SimpleNamespace(**model_config))

@@ -1,7 +1,7 @@
 """What one RL job runs with, and the bookkeeping around its steps, so that rl/loop.py holds only the step.
 
-`JobData` (the task's rows fitted to the prompt limit: loaded once, by the checks before the job starts),
-`JobParts` (the config, the data, the workers, the run directory, how it reports),
+`JobData` (rl/train/job_data.py: the task's rows fitted to the prompt limit, loaded once by the checks before
+the job starts), `JobParts` (the config, the data, the workers, the run directory, how it reports),
 `JobState` (what outlives a pass of the loop when the learner is rebuilt mid-job), and the calls the loop makes
 around each step: `start_pass` (a new run, a resume or a rebuilt learner: where the pass starts, the first weight
 sync and the step-0 eval), `heldout` (the held-out eval as a metrics row), `sync_weights`, `check_engines` (the
@@ -15,59 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rl.config import Config
-from rl.data.jsonl import DataError
-from rl.data.loaders import PromptSampler, load_task_split, reward_columns
-from rl.data.prompts import PromptFitter, prompt_token_limit
-from rl.data.tasks import TASKS
+from rl.data.loaders import PromptSampler
+from rl.data.prompts import PromptFitter
 from rl.report.metrics import eval_metrics
 from rl.report.step_lines import console_line, eval_line
 from rl.train.deadline import Deadline
 from rl.train.faults import FaultLog, RunGuard
 from rl.train.heldout import heldout_accuracy
+from rl.train.job_data import JobData
 from rl.train.rollout_queue import Serialized, multiturn_rollouts
 from rl.train.run_dir import RunDir, restore_step, weights_file
 from rl.train.workers import LearnerWorkers, RewardWorkers, RolloutWorkers
-
-
-@dataclass
-class JobData:
-    """The task's train split (and test split when the job evaluates), fitted to the prompt-length limit, with the
-    over-long prompts of each counted."""
-
-    fitter: PromptFitter
-    train_rows: list[dict]
-    eval_rows: list[dict]
-    over_long: dict[str, int]  # "train data" / "eval data" -> prompts over the limit (dropped or truncated)
-
-    @classmethod
-    def load(cls, cfg: Config, tokenizer, model_config=None) -> JobData:
-        """A `DataError` names the config key of the split that failed (`data`, or `data.<split>_path`)."""
-        fitter = PromptFitter(tokenizer, prompt_token_limit(cfg, model_config), cfg.data.overlong_prompts)
-        rows, over_long = {}, {}
-        for split, n, what in (("train", None, "train data"), ("test", cfg.train.eval_n, "eval data")):
-            if split == "test" and cfg.train.eval_every == 0:
-                rows[split] = []
-                continue
-            try:
-                loaded = load_task_split(cfg.data, split, n, tokenizer, cfg.reward.answer_needed_by())
-                rows[split], over_long[what] = fitter.fit(loaded, what)
-            except DataError as e:
-                key = "data" if TASKS[cfg.data.task].generated else f"data.{split}_path"
-                raise DataError(f"{key}: {e}") from None
-        reward_columns(rows["train"] + rows["test"])  # a column that would shadow a reward argument fails now
-        return cls(fitter, rows["train"], rows["test"], over_long)
-
-    def report(self, faults: FaultLog, log: Callable[[str], None]) -> None:
-        """The over-long prompts counted in `faults`, and one log line per split that had any."""
-        for what, over in self.over_long.items():
-            if over:
-                action = "dropped" if self.fitter.mode == "drop" else "truncated"
-                faults.add(f"prompts_{action}", over)
-                rows = len(self.train_rows if what == "train data" else self.eval_rows)
-                log(
-                    f"{what}: {over} prompts longer than {self.fitter.limit} tokens {action} "
-                    f"(data.overlong_prompts={self.fitter.mode}); {rows} rows remain"
-                )
 
 
 @dataclass
