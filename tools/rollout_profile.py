@@ -10,6 +10,12 @@ loop's sampler, `rl.train.requests.sampling_params`: stop at EOS, the estimator'
 request's wall and CPU seconds and tokens, and the engine's start-up time. The first request carries whatever a
 fresh engine process pays once (allocations, kernel selection, any JIT); the median of the others is the steady
 state.
+
+    python -m tools.rollout_profile --threads 2 --compact 0,0.25 rollout.decode_mode=standard
+
+`--compact A,B,...` (the torch engine): each request is generated once per value of the engine's
+`COMPACT_FRACTION` (the share of a batch that stopped rows reach before they leave it), in turn, and the medians
+are printed side by side with whether every value gave the same tokens.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default=str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"))
     ap.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads (rollout.num_threads)")
     ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--compact", default=None, help="torch engine: COMPACT_FRACTION values to alternate, e.g. 0,0.25")
     ap.add_argument("overrides", nargs="*", help="fbrl config overrides (key=value)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -55,6 +62,8 @@ def main(argv=None) -> int:
         f"{torch.get_num_threads()} threads",
         flush=True,
     )
+    if args.compact is not None:
+        return compare_compaction(engine, fitter, sampler, cfg, tok, args)
     walls = []
     for k in range(args.reps):
         prompts = [fitter.encode(r) for r in sampler.next(cfg.train.prompts_per_step)]
@@ -73,6 +82,31 @@ def main(argv=None) -> int:
             f"rollout_profile: first request {walls[0]:.2f} s, median of the rest {statistics.median(walls[1:]):.3f} s",
             flush=True,
         )
+    return 0
+
+
+def compare_compaction(engine, fitter, sampler, cfg, tok, args) -> int:
+    """`--compact`: every request once per COMPACT_FRACTION value, in turn; medians side by side (the first
+    request of each value, which pays the engine's warm-up, left out)."""
+    import rollout.torch_engine as torch_engine
+    from rl.train.requests import sampling_params
+
+    values = [float(v) for v in args.compact.split(",")]
+    walls = {v: [] for v in values}
+    same = True
+    for k in range(args.reps):
+        prompts = [fitter.encode(r) for r in sampler.next(cfg.train.prompts_per_step)]
+        outputs = []
+        for v in values:
+            torch_engine.COMPACT_FRACTION = v
+            t = time.perf_counter()
+            samples = engine.generate(prompts, sampling_params(cfg, tok.eos_token_id, seed=k))
+            walls[v].append(time.perf_counter() - t)
+            outputs.append([s.response_ids for s in samples])
+        same = same and all(o == outputs[0] for o in outputs)
+    medians = {v: statistics.median(w[1:] or w) for v, w in walls.items()}
+    line = ", ".join(f"{v:g}: {m:.3f} s ({m / medians[values[0]]:.2f}x)" for v, m in medians.items())
+    print(f"rollout_profile: COMPACT_FRACTION median s/request {line}; same tokens: {same}", flush=True)
     return 0
 
 
