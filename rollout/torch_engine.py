@@ -62,8 +62,8 @@ from rollout.prompt_batch import left_pad, prefill_groups
 from rollout.sampling import row_keys, sample_tokens, uniforms
 
 # Stopped rows leave the batch once they are this share of it. Each removal copies the whole KV cache of the rows
-# kept; on a small model a step's time barely depends on its rows, so removing rows at every stop spent more in
-# those copies than it saved (tiny job: 0.28 -> 0.25 s per request at 0.25; SmolLM2 shape: unchanged within noise).
+# kept: removing rows at every stop spent more in those copies than the stopped rows cost by staying a few steps
+# (the tiny job's requests 0.86x the time at 0.25; docs/BENCHMARKS.md, `tools.rollout_profile --compact`).
 COMPACT_FRACTION = 0.25
 
 
